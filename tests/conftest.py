@@ -1,0 +1,67 @@
+"""Shared fixtures. Real services (PostgreSQL, Docker) are used where the test command brought them up; a test
+that needs one skips with the reason when it is missing, unless TUNER_REQUIRE_SERVICES=1 (CI), where it fails."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+REQUIRE_SERVICES = os.environ.get("TUNER_REQUIRE_SERVICES") == "1"
+
+
+def missing_service(what: str, why: str) -> None:
+    message = f"{what} is not available: {why}"
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{message} (TUNER_REQUIRE_SERVICES=1 requires it)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> str:
+    """URL of a PostgreSQL database the test command created (TUNER_TEST_POSTGRES_URL)."""
+    url = os.environ.get("TUNER_TEST_POSTGRES_URL")
+    if not url:
+        missing_service("PostgreSQL", "TUNER_TEST_POSTGRES_URL is not set (scripts/test sets it)")
+    assert url is not None
+    try:
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        engine.dispose()
+    except Exception as e:  # any failure to connect means "not available"
+        missing_service("PostgreSQL", f"cannot connect to {url}: {e}")
+    return url
+
+
+@pytest.fixture
+def postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """A fresh, empty schema-less database for one test, dropped afterwards."""
+    import sqlalchemy as sa
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    base = sa.engine.make_url(postgres_server_url)
+    yield base.set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def docker_client():  # type: ignore[no-untyped-def]
+    """A Docker SDK client to an engine that answers a ping."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as e:
+        missing_service("Docker engine", f"{type(e).__name__}: {e}")
+    return client

@@ -1,0 +1,187 @@
+"""vLLM's start-up memory arithmetic, shared by the emulator (to start or fail as vLLM does) and the
+study's feasibility filter (to skip, before any launch, a flag set that cannot start).
+
+    requested    = total x gpu_memory_utilization
+    available_kv = requested - (weights + activation peak of a dummy run of max_num_batched_tokens + non-torch)
+    num_blocks   = available_kv // (block_size x kv_bytes_per_token)
+
+CUDA graphs are captured after the KV cache is allocated, so they and the sampler's transient buffers must fit
+in the `1 - utilization` headroom left beside other processes' memory: that is what runs out at 0.97+.
+Figures are per GPU: weights and KV heads are split over tensor-parallel ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.catalog.gpus import GpuProfile
+from tuner.catalog.models import ModelProfile
+from tuner.flags import ResolvedFlags, validate
+
+GIB = 1024**3
+
+# Calibration (bf16 8B class): activation bytes a batched token, non-torch memory (CUDA context, NCCL).
+_ACT_HIDDEN_FACTOR = 16
+_ACT_INTERMEDIATE_FACTOR = 6
+_SAMPLER_COPIES = 3  # logits, probabilities, sorted copy for top-p/top-k, in fp32
+NON_TORCH_BYTES = int(0.60 * GIB)
+NON_TORCH_TP_EXTRA_BYTES = int(0.35 * GIB)
+WEIGHT_BUFFERS_BYTES = int(0.03 * GIB)  # rotary caches and other buffers loaded beside the weights
+_GRAPH_BASE_BYTES = int(0.06 * GIB)
+_GRAPH_PER_SIZE_BYTES = int(0.0075 * GIB)
+_RUNTIME_SLACK_BYTES = int(0.05 * GIB)
+
+# Failure classes, shared with the launchers' log reader.
+INVALID_FLAGS = "invalid_flags"
+INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"
+NO_KV_MEMORY = "no_kv_memory"
+KV_CACHE_TOO_SMALL = "kv_cache_too_small"
+CUDA_OOM = "cuda_oom"
+
+
+@dataclass(frozen=True)
+class StartupPlan:
+    """What a start of vLLM with these flags does, figure by figure. `reason` is None for a good start."""
+
+    total_bytes: int
+    requested_bytes: int
+    free_bytes: int
+    weights_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    available_kv_bytes: int
+    kv_bytes_per_token: int  # per GPU
+    num_gpu_blocks: int
+    kv_tokens: int
+    max_concurrency: float
+    cuda_graph_bytes: int
+    headroom_bytes: int
+    reason: str | None = None
+    message: str | None = None
+    estimated_max_model_len: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def cuda_graph_capture_sizes(flags: ResolvedFlags) -> list[int]:
+    if flags.enforce_eager:
+        return []
+    top = min(512, flags.max_num_seqs)
+    return [s for s in (1, 2, 4) if s <= top] + list(range(8, top + 1, 8))
+
+
+def cuda_graph_bytes(model: ModelProfile, flags: ResolvedFlags) -> int:
+    sizes = cuda_graph_capture_sizes(flags)
+    if not sizes:
+        return 0
+    scale = (model.num_layers * model.hidden_size) / (32 * 4096) / flags.tensor_parallel_size
+    return int(_GRAPH_BASE_BYTES + len(sizes) * _GRAPH_PER_SIZE_BYTES * scale)
+
+
+def sampler_bytes(model: ModelProfile, num_seqs: int) -> int:
+    return num_seqs * model.vocab_size * 4 * _SAMPLER_COPIES
+
+
+def activation_bytes(model: ModelProfile, flags: ResolvedFlags) -> int:
+    """Peak increase of a profiling run: a forward of max_num_batched_tokens plus a sampler run of max_num_seqs."""
+    tp = flags.tensor_parallel_size
+    per_token = (
+        _ACT_HIDDEN_FACTOR * model.hidden_size + _ACT_INTERMEDIATE_FACTOR * model.intermediate_size // tp
+    ) * model.dtype_bytes
+    return flags.max_num_batched_tokens * per_token + sampler_bytes(model, flags.max_num_seqs)
+
+
+def runtime_need_bytes(model: ModelProfile, flags: ResolvedFlags, num_running: int) -> int:
+    """Memory needed outside vLLM's budget while `num_running` requests decode: graphs + transient buffers."""
+    return cuda_graph_bytes(model, flags) + num_running * model.vocab_size * 8 + _RUNTIME_SLACK_BYTES
+
+
+def plan_startup(
+    model: ModelProfile, gpu: GpuProfile, flags: ResolvedFlags, memory_in_use_gib: float = 0.0
+) -> StartupPlan:
+    """Replay vLLM's start-up checks in vLLM's order; the first that fails gives the reason and message."""
+    tp = flags.tensor_parallel_size
+    total = gpu.memory_bytes
+    u = flags.gpu_memory_utilization
+    requested = int(total * u) if 0 < u <= 1 else 0
+    free = max(0, total - int(memory_in_use_gib * GIB))
+    weights = model.weight_bytes // tp + WEIGHT_BUFFERS_BYTES
+    act = activation_bytes(model, flags)
+    non_torch = NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
+    available = requested - weights - act - non_torch
+    bpt = model.kv_bytes_per_token(flags.kv_dtype_bytes) // tp
+    blocks = max(0, available) // (flags.block_size * bpt) if bpt else 0
+    kv_tokens = blocks * flags.block_size
+    graphs = cuda_graph_bytes(model, flags)
+    headroom = free - requested
+
+    def plan(reason: str | None = None, message: str | None = None, est: int | None = None) -> StartupPlan:
+        return StartupPlan(
+            total_bytes=total,
+            requested_bytes=requested,
+            free_bytes=free,
+            weights_bytes=weights,
+            activation_bytes=act,
+            non_torch_bytes=non_torch,
+            available_kv_bytes=available,
+            kv_bytes_per_token=bpt,
+            num_gpu_blocks=blocks,
+            kv_tokens=kv_tokens,
+            max_concurrency=kv_tokens / flags.max_model_len if flags.max_model_len > 0 else 0.0,
+            cuda_graph_bytes=graphs,
+            headroom_bytes=headroom,
+            reason=reason,
+            message=message,
+            estimated_max_model_len=est,
+        )
+
+    invalid = validate(flags, model)
+    if invalid:
+        return plan(INVALID_FLAGS, invalid)
+    if free < requested:
+        return plan(
+            INSUFFICIENT_FREE_MEMORY,
+            f"Free memory on device ({free / GIB:.2f}/{total / GIB:.2f} GiB) on startup is less than desired "
+            f"GPU memory utilization ({u}, {requested / GIB:.2f} GiB). Decrease GPU memory utilization or "
+            "reduce GPU memory used by other processes.",
+        )
+    if weights > free:
+        return plan(
+            CUDA_OOM,
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1002.00 MiB. GPU 0 has a total "
+            f"capacity of {total / GIB:.2f} GiB of which {max(0, free - (weights - 2 * GIB)) / 2**20:.2f} MiB "
+            "is free. Including non-PyTorch memory, this process has "
+            f"{(weights - GIB) / GIB:.2f} GiB memory in use.",
+        )
+    if available <= 0:
+        return plan(
+            NO_KV_MEMORY,
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            "initializing the engine.",
+        )
+    blocks_needed = -(-flags.max_model_len // flags.block_size)
+    needed = blocks_needed * flags.block_size * bpt
+    if needed > available:
+        return plan(
+            KV_CACHE_TOO_SMALL,
+            f"To serve at least one request with the models's max seq len ({flags.max_model_len}), "
+            f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({available / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
+            f"{kv_tokens}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            "initializing the engine.",
+            kv_tokens,
+        )
+    if graphs + _RUNTIME_SLACK_BYTES > headroom:
+        return plan(CUDA_OOM, cuda_oom_message(graphs, total, max(0, headroom)))
+    return plan()
+
+
+def cuda_oom_message(tried_bytes: int, total_bytes: int, free_bytes: int) -> str:
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried_bytes / 2**20:.2f} MiB. "
+        f"GPU 0 has a total capacity of {total_bytes / GIB:.2f} GiB of which {free_bytes / 2**20:.2f} MiB is "
+        "free. Of the allocated memory, most is reserved by PyTorch's KV cache. If reserved but unallocated "
+        "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+    )

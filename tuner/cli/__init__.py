@@ -1,0 +1,42 @@
+"""The `tuner` command. Thin: each sub-module parses its options, calls one function, renders with Rich.
+
+Domain errors (`TunerError`) are printed once, as one line, without a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+from rich.console import Console
+
+from tuner.errors import ConfigError, TunerError
+
+app = typer.Typer(
+    name="tuner",
+    rich_markup_mode="rich",
+    no_args_is_help=True,
+    add_completion=False,
+    help="Tune vLLM launch flags for the most throughput within your latency and success-rate SLOs.\n\n"
+    "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]",
+)
+
+err_console = Console(stderr=True)
+
+# Each module registers its commands on `app` when imported; one module a feature.
+_COMMAND_MODULES: list[str] = []
+
+for _name in _COMMAND_MODULES:
+    importlib.import_module(_name)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=True)
+    except ConfigError as e:
+        err_console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        sys.exit(2)
+    except TunerError as e:
+        err_console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        sys.exit(1)
