@@ -21,7 +21,7 @@ from tuner.flags import ResolvedFlags, validate
 GIB = 1024**3
 
 # Calibration (bf16 8B class): activation bytes a batched token, non-torch memory (CUDA context, NCCL).
-_ACT_HIDDEN_FACTOR = 16
+_ACT_HIDDEN_FACTOR = 8
 _ACT_INTERMEDIATE_FACTOR = 6
 _SAMPLER_COPIES = 3  # logits, probabilities, sorted copy for top-p/top-k, in fp32
 NON_TORCH_BYTES = int(0.60 * GIB)
