@@ -36,7 +36,7 @@ GPUS: dict[str, GpuProfile] = {
     for g in (
         GpuProfile("rtx4090", "NVIDIA GeForce RTX 4090", 23.64, 1008, 165.2),
         GpuProfile("rtx5090", "NVIDIA GeForce RTX 5090", 31.36, 1792, 209.5),
-        GpuProfile("l4", "NVIDIA L4", 22.03, 300, 121.0),
+        GpuProfile("l4", "NVIDIA L4", 22.05, 300, 121.0),
         GpuProfile("a100-40gb", "NVIDIA A100-SXM4-40GB", 39.38, 1555, 312.0),
         GpuProfile("a100-80gb", "NVIDIA A100-SXM4-80GB", 79.15, 2039, 312.0),
         GpuProfile("h100-80gb", "NVIDIA H100 80GB HBM3", 79.19, 3350, 989.0),
