@@ -1,0 +1,393 @@
+"""A trial's flags as something to paste: `vllm serve` flags, a `--config` YAML, `docker run`, a compose service,
+a Kubernetes Deployment + Service, JSON, or the `LLM(**kwargs)` of vLLM's Python API.
+
+Every format that has comments carries the provenance (study, trial, image, GPU, model, workload hash, what was
+measured, when), so a pasted line can be traced back to the measurement behind it. Secrets appear only by name:
+`-e HF_TOKEN` passes the caller's variable through, compose interpolates `${HF_TOKEN}`, Kubernetes reads a Secret;
+no secret value is ever read here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from tuner.errors import ConfigError
+from tuner.flags import VllmFlags
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "FORMATS",
+    "DeployOptions",
+    "Provenance",
+    "container_args",
+    "render",
+    "serve_args",
+]
+
+FORMATS = ("vllm-args", "vllm-config", "docker", "compose", "kubernetes", "json", "python")
+DEFAULT_IMAGE = "vllm/vllm-openai:latest"
+_CONTAINER_HF_CACHE = "/root/.cache/huggingface"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DNS_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """No `&id001` anchors: a manifest a person reads should spell every value out."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _yaml(doc: Any) -> str:
+    return yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a set of flags came from, written beside them."""
+
+    study: str
+    trial: int
+    baseline: bool = False
+    image: str | None = None
+    gpu: str | None = None
+    model: str | None = None
+    launcher: str | None = None
+    workload_hash: str | None = None
+    output_tok_s: float | None = None
+    latency_p95_s: float | None = None
+    ttft_p95_s: float | None = None
+    e2e_p95_s: float | None = None
+    success_rate: float | None = None
+    slos: tuple[str, ...] = ()
+    tuner_version: str | None = None
+    exported_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "study": self.study,
+            "trial": self.trial,
+            "baseline": self.baseline,
+            "image": self.image,
+            "gpu": self.gpu,
+            "model": self.model,
+            "launcher": self.launcher,
+            "workload_hash": self.workload_hash,
+            "output_tok_s": self.output_tok_s,
+            "latency_p95_s": self.latency_p95_s,
+            "ttft_p95_s": self.ttft_p95_s,
+            "e2e_p95_s": self.e2e_p95_s,
+            "success_rate": self.success_rate,
+            "slos": list(self.slos),
+            "tuner_version": self.tuner_version,
+            "exported_at": self.exported_at.isoformat(timespec="seconds"),
+        }
+        return d
+
+    def comment_lines(self) -> list[str]:
+        """Short lines, without the comment marker; each a single line whatever the stored strings hold."""
+        which = "baseline (vLLM defaults)" if self.baseline else "tuned"
+        lines = [f"tuner export: study {self.study!r}, trial {self.trial} ({which})"]
+        where = [(k, v) for k, v in (("GPU", self.gpu), ("model", self.model), ("image", self.image)) if v]
+        where += [("launcher", self.launcher)] if self.launcher else []
+        if where:
+            lines.append("measured on: " + ", ".join(f"{k} {v}" for k, v in where))
+        measured = []
+        if self.output_tok_s is not None:
+            measured.append(f"{self.output_tok_s:,.1f} output tok/s")
+        if self.latency_p95_s is not None:
+            measured.append(f"latency P95 {self.latency_p95_s:.3f} s")
+        if self.ttft_p95_s is not None:
+            measured.append(f"TTFT P95 {self.ttft_p95_s:.3f} s")
+        if self.e2e_p95_s is not None:
+            measured.append(f"e2e P95 {self.e2e_p95_s:.3f} s")
+        if self.success_rate is not None:
+            measured.append(f"success {self.success_rate:.1%}")
+        if measured:
+            lines.append("measured: " + ", ".join(measured))
+        if self.slos:
+            lines.append("SLOs: " + ", ".join(self.slos))
+        if self.workload_hash:
+            lines.append(f"workload hash: {self.workload_hash}")
+        stamp = self.exported_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        lines.append(f"exported {stamp}" + (f" by tuner {self.tuner_version}" if self.tuner_version else ""))
+        return [_one_line(line) for line in lines]
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """What the deployment around the flags looks like; everything but the model has a usual default."""
+
+    model: str
+    image: str = DEFAULT_IMAGE
+    served_model_name: str | None = None
+    port: int = 8000
+    name: str = "vllm"
+    hf_cache: str | None = None  # host directory of the Hugging Face cache; None = $HOME/.cache/huggingface
+    secret_env: tuple[str, ...] = ("HF_TOKEN",)
+    k8s_secret: str = "hf-token"
+
+    def __post_init__(self) -> None:
+        if not self.model.strip():
+            raise ConfigError("export needs a model name (a Hugging Face id or a path), got an empty one")
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 1..65535, got {self.port}")
+        for name in self.secret_env:
+            if not _ENV_NAME.match(name):
+                raise ConfigError(f"secret variable name {name!r} is not a valid environment variable name")
+
+    @property
+    def dns_name(self) -> str:
+        """`name` made a valid Kubernetes object name (RFC 1123 label)."""
+        label = _DNS_LABEL.sub("-", self.name.lower()).strip("-")[:63].strip("-")
+        return label or "vllm"
+
+
+def serve_args(flags: VllmFlags, options: DeployOptions) -> list[str]:
+    """The arguments after `vllm serve`: the model positional, then the flags."""
+    return [options.model, *_server_args(flags, options)]
+
+
+def container_args(flags: VllmFlags, options: DeployOptions) -> list[str]:
+    """The arguments appended to the vllm/vllm-openai entrypoint (`--model` works with old and new images)."""
+    return ["--model", options.model, *_server_args(flags, options)]
+
+
+def render(fmt: str, flags: VllmFlags, options: DeployOptions, provenance: Provenance | None = None) -> str:
+    """The flags in format `fmt` (one of FORMATS), ready to paste, ending with a newline."""
+    renderers = {
+        "vllm-args": _vllm_args,
+        "vllm-config": _vllm_config,
+        "docker": _docker,
+        "compose": _compose,
+        "kubernetes": _kubernetes,
+        "json": _json,
+        "python": _python,
+    }
+    if fmt not in renderers:
+        raise ConfigError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    return renderers[fmt](flags, options, provenance)
+
+
+def _server_args(flags: VllmFlags, options: DeployOptions) -> list[str]:
+    args: list[str] = []
+    if options.served_model_name:
+        args += ["--served-model-name", options.served_model_name]
+    if options.port != 8000:
+        args += ["--port", str(options.port)]
+    return args + flags.to_args()
+
+
+def _comments(provenance: Provenance | None, marker: str = "#") -> str:
+    if provenance is None:
+        return ""
+    return "".join(f"{marker} {line}\n" for line in provenance.comment_lines())
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _vllm_args(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
+    return _comments(provenance) + shlex.join(["vllm", "serve", *serve_args(flags, options)]) + "\n"
+
+
+def _vllm_config(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
+    # vLLM's --config file: the long option names as keys; a false boolean becomes --no-<key>.
+    config: dict[str, Any] = {"model": options.model}
+    if options.served_model_name:
+        config["served-model-name"] = options.served_model_name
+    if options.port != 8000:
+        config["port"] = options.port
+    for key, value in _flag_items(flags):
+        config[key] = value
+    body = _yaml(config)
+    usage = "usage: vllm serve --config vllm-config.yaml"
+    return _comments(provenance) + f"# {usage}\n" + body
+
+
+def _flag_items(flags: VllmFlags) -> list[tuple[str, Any]]:
+    """(option name without dashes, typed value) for every flag `to_args()` would pass."""
+    items: list[tuple[str, Any]] = []
+    args = flags.to_args()
+    i = 0
+    while i < len(args):
+        name = args[i].removeprefix("--")
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            items.append((name, _typed(flags, name, args[i + 1])))
+            i += 2
+        else:
+            # A bare switch: `--no-x` is x=false, `--x` is x=true.
+            if name.startswith("no-"):
+                items.append((name.removeprefix("no-"), False))
+            else:
+                items.append((name, True))
+            i += 1
+    return items
+
+
+def _typed(flags: VllmFlags, name: str, text: str) -> Any:
+    field_name = name.replace("-", "_")
+    dumped = flags.model_dump()
+    if field_name in dumped and dumped[field_name] is not None:
+        return dumped[field_name]
+    if field_name in flags.extra:
+        return flags.extra[field_name]
+    return text
+
+
+def _docker_lines(flags: VllmFlags, options: DeployOptions) -> list[str]:
+    cache = '"$HOME/.cache/huggingface"' if options.hf_cache is None else shlex.quote(options.hf_cache)
+    lines = [
+        "docker run --runtime nvidia --gpus all --ipc=host",
+        f"-p {options.port}:{options.port}",
+        f"-v {cache}:{_CONTAINER_HF_CACHE}",
+    ]
+    lines += [f"-e {name}" for name in options.secret_env]
+    lines.append(shlex.quote(options.image))
+    lines.append(shlex.join(container_args(flags, options)))
+    return lines
+
+
+def _docker(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
+    # `-e NAME` without a value hands the caller's variable to the container: the token never appears here.
+    return _comments(provenance) + " \\\n  ".join(_docker_lines(flags, options)) + "\n"
+
+
+def _compose(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
+    tp = flags.tensor_parallel_size
+    cache = "${HOME}/.cache/huggingface" if options.hf_cache is None else options.hf_cache.replace("$", "$$")
+    service: dict[str, Any] = {
+        "image": options.image,
+        # Compose interpolates `$` in every string: escape the flags' own.
+        "command": [a.replace("$", "$$") for a in container_args(flags, options)],
+        "ports": [f"{options.port}:{options.port}"],
+        "ipc": "host",
+        "volumes": [f"{cache}:{_CONTAINER_HF_CACHE}"],
+        "environment": {name: "${" + name + "}" for name in options.secret_env},
+        "deploy": {
+            "resources": {
+                "reservations": {
+                    "devices": [{"driver": "nvidia", "count": tp if tp > 1 else "all", "capabilities": ["gpu"]}]
+                }
+            }
+        },
+    }
+    if not options.secret_env:
+        del service["environment"]
+    doc = {"services": {options.dns_name: service}}
+    usage = "usage: docker compose -f compose.yaml up -d   (with HF_TOKEN exported in your shell)"
+    return _comments(provenance) + f"# {usage}\n" + _yaml(doc)
+
+
+def _kubernetes(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
+    name = options.dns_name
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tuner"}
+    annotations = {}
+    if provenance is not None:
+        annotations = {
+            "tuner/study": provenance.study,
+            "tuner/trial": str(provenance.trial),
+            "tuner/workload-hash": provenance.workload_hash or "",
+        }
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": options.image,
+        "args": container_args(flags, options),
+        "ports": [{"name": "http", "containerPort": options.port}],
+        "env": [
+            {"name": env, "valueFrom": {"secretKeyRef": {"name": options.k8s_secret, "key": env}}}
+            for env in options.secret_env
+        ],
+        "resources": {"limits": {"nvidia.com/gpu": flags.tensor_parallel_size}},
+        "volumeMounts": [
+            {"name": "hf-cache", "mountPath": _CONTAINER_HF_CACHE},
+            # vLLM's workers share tensors through /dev/shm: the pod's answer to `--ipc=host`.
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 90,
+        },
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 15},
+    }
+    if not container["env"]:
+        del container["env"]
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels, **({"annotations": annotations} if annotations else {})},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [container],
+                    "volumes": [
+                        # Swap for a PersistentVolumeClaim to keep downloaded weights across restarts.
+                        {"name": "hf-cache", "emptyDir": {}},
+                        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                    ],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": name},
+            "ports": [{"name": "http", "port": options.port, "targetPort": "http"}],
+        },
+    }
+    secret_hint = ""
+    if options.secret_env:
+        keys = " ".join(f'--from-literal={env}="${env}"' for env in options.secret_env)
+        secret_hint = f"# needs: kubectl create secret generic {options.k8s_secret} {keys}\n"
+    return (
+        _comments(provenance)
+        + secret_hint
+        + yaml.dump_all([deployment, service], Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+    )
+
+
+def _json(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
+    doc: dict[str, Any] = {
+        "model": options.model,
+        "image": options.image,
+        "flags": flags.as_dict(),
+        "vllm_serve_args": serve_args(flags, options),
+        "container_args": container_args(flags, options),
+        "secret_env": list(options.secret_env),
+        "provenance": provenance.as_dict() if provenance is not None else None,
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _python(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
+    # vLLM's LLM class has larger scheduler defaults than the server: every tuned value is written out, so the
+    # engine gets what was measured (an unset one is left to vLLM, as in the trial).
+    kwargs: dict[str, Any] = {"model": options.model, **flags.as_dict()}
+    if options.served_model_name:
+        kwargs["served_model_name"] = options.served_model_name
+    body = "".join(f"    {k!r}: {v!r},\n" for k, v in kwargs.items())
+    return (
+        _comments(provenance)
+        + "".join(f"# {env} is read from the environment; never write its value here.\n" for env in options.secret_env)
+        + "from vllm import LLM\n\n"
+        + "engine_kwargs = {\n"
+        + body
+        + "}\n"
+        + "llm = LLM(**engine_kwargs)\n"
+    )
