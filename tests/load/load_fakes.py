@@ -1,0 +1,206 @@
+"""Fake servers for the load tests: httpx.MockTransport handlers, and raw loopback servers that misbehave."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+
+
+def chunk(text: str = "x", *, chat: bool = False) -> bytes:
+    if chat:
+        return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode() + b"\n\n"
+    return b"data: " + json.dumps({"choices": [{"index": 0, "text": text}]}).encode() + b"\n\n"
+
+
+def usage_chunk(prompt: int, completion: int) -> bytes:
+    body = {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(tokens: int, *, prompt: int = 8, usage: bool = True, done: bool = True, chat: bool = False) -> bytes:
+    out = b"".join(chunk(chat=chat) for _ in range(tokens))
+    if usage:
+        out += usage_chunk(prompt, tokens)
+    return out + (DONE if done else b"")
+
+
+class FakeVllm:
+    """A MockTransport server: each request streams `max_tokens` chunks, `token_s` wall seconds apart.
+
+    Counts requests in flight (from the handler's start to the end of its stream) and their peak.
+    """
+
+    def __init__(self, *, token_s: float = 0.0, ttft_s: float = 0.0, slots: int | None = None) -> None:
+        self.token_s = token_s
+        self.ttft_s = ttft_s
+        self.in_flight = 0
+        self.peak = 0
+        self.bodies: list[dict[str, object]] = []
+        self.arrivals: list[float] = []
+        self.slots = asyncio.Semaphore(slots) if slots else None
+        self.metrics_text: str | None = None
+
+    async def handler(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            if self.metrics_text is None:
+                return httpx.Response(404)
+            return httpx.Response(200, text=self.metrics_text)
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        self.arrivals.append(asyncio.get_running_loop().time())
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        n = int(body.get("max_tokens", 4))
+        chat = "messages" in body
+
+        finished = False
+
+        def finish() -> None:
+            # Once, at the last byte or when the client goes away (MockTransport may never close the generator).
+            nonlocal finished
+            if not finished:
+                finished = True
+                self.in_flight -= 1
+                if self.slots is not None:
+                    self.slots.release()
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                if self.slots is not None:
+                    await self.slots.acquire()
+                await asyncio.sleep(self.ttft_s)
+                for i in range(n):
+                    if i:
+                        await asyncio.sleep(self.token_s)
+                    yield chunk(chat=chat)
+                yield usage_chunk(len(body.get("prompt", [])), n)
+                finish()
+                yield DONE
+            finally:
+                finish()
+
+        return httpx.Response(200, content=stream(), headers={"content-type": "text/event-stream"})
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.MockTransport(self.handler), base_url="http://fake")
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+_OK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class BrokenServer:
+    """A real loopback HTTP server whose replies cycle through `modes`, one per request.
+
+    Modes: ok, http_500, http_400, cut (stream ends before [DONE]), garbage (not SSE), stall (never answers),
+    reset (closes the connection before any response).
+    """
+
+    def __init__(self, modes: list[str], *, tokens: int = 4, stall_s: float = 30.0) -> None:
+        self.modes = modes
+        self.tokens = tokens
+        self.stall_s = stall_s
+        self.count = 0
+        self.metrics_text: str | None = None
+        self._tasks: set[asyncio.Task[object]] = set()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            while True:
+                try:
+                    head_and_body = await _read_request_with_path(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                path, _body = head_and_body
+                if path == "/metrics":
+                    text = (self.metrics_text or "").encode()
+                    status = b"200 OK" if self.metrics_text is not None else b"404 Not Found"
+                    writer.write(b"HTTP/1.1 %s\r\ncontent-length: %d\r\n\r\n%s" % (status, len(text), text))
+                    await writer.drain()
+                    continue
+                mode = self.modes[self.count % len(self.modes)]
+                self.count += 1
+                if not await self._reply(mode, writer):
+                    return
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _reply(self, mode: str, writer: asyncio.StreamWriter) -> bool:
+        """Write one reply; False when the connection is to be closed."""
+        if mode == "ok":
+            writer.write(_OK_HEAD + _chunked(sse(self.tokens)) + b"0\r\n\r\n")
+        elif mode in ("http_500", "http_400"):
+            code = 500 if mode == "http_500" else 400
+            body = json.dumps({"error": {"message": f"fake {code} error", "code": code}}).encode()
+            reason = b"Internal Server Error" if code == 500 else b"Bad Request"
+            writer.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (code, reason, len(body), body)
+            )
+        elif mode == "cut":
+            writer.write(_OK_HEAD + _chunked(sse(self.tokens, usage=False, done=False)))
+            await writer.drain()
+            return False
+        elif mode == "garbage":
+            writer.write(_OK_HEAD + _chunked(b"<html>oops</html>\n\n") + b"0\r\n\r\n")
+        elif mode == "stall":
+            await asyncio.sleep(self.stall_s)
+            return False
+        elif mode == "reset":
+            return False
+        await writer.drain()
+        return True
+
+    @contextlib.asynccontextmanager
+    async def serve(self) -> AsyncIterator[str]:
+        server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.close()
+            # Stalled handlers are cancelled, not waited for, so the server stops at once.
+            for t in list(self._tasks):
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await server.wait_closed()
+
+
+async def _read_request_with_path(reader: asyncio.StreamReader) -> tuple[str, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    first = head.split(b"\r\n", 1)[0].split(b" ")
+    path = first[1].decode() if len(first) > 1 else "/"
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    body = await reader.readexactly(length) if length else b""
+    return path, body
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound then released): connections to it are refused."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,202 @@
+"""Scheduling: closed loop keeps exactly N in flight, open loop keeps its rate, warm-up is excluded, stops stop."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import pytest
+from load_fakes import BrokenServer, FakeVllm, free_port
+
+from tuner.clock import Clock
+from tuner.load import Arrival, UniformLength, Workload, run_load
+from tuner.load.arrival import interarrival_gaps
+from tuner.load.runner import LoadProgress
+
+WL = Workload(input_len=16, output_len=5, seed=3)
+
+
+async def test_closed_loop_keeps_exactly_n_in_flight() -> None:
+    # Output lengths vary 1..20 tokens: a batch (gather) would idle users until the longest ends; a closed loop
+    # replaces each finished request at once, so the server sees N in flight nearly all the time, never more.
+    fake = FakeVllm(token_s=0.002)
+    wl = Workload(input_len=16, output_len=UniformLength(low=1, high=20), seed=3)
+    samples: list[int] = []
+
+    async def sample() -> None:
+        while True:
+            samples.append(fake.in_flight)
+            await asyncio.sleep(0.002)
+
+    async with fake.client() as client:
+        sampler = asyncio.create_task(sample())
+        try:
+            result = await run_load("http://fake", "m", wl, Arrival(concurrency=8, requests=160), client=client)
+        finally:
+            sampler.cancel()
+    assert fake.peak == 8 and result.peak_in_flight == 8
+    assert max(samples) == 8
+    middle = samples[len(samples) // 5 : -len(samples) // 5]
+    assert statistics.fmean(middle) > 7.0
+    assert result.summary.requests_sent == 160 and result.summary.requests_succeeded == 160
+    assert result.summary.concurrency > 6.5
+    assert result.mode == "closed loop, 8 users"
+    assert [r.index for r in result.records] == list(range(160))
+
+
+def test_poisson_gaps_have_the_rate_and_the_spread() -> None:
+    gaps = interarrival_gaps(Arrival(rate=20.0, requests=1, seed=1))
+    sample = [next(gaps) for _ in range(4000)]
+    assert statistics.fmean(sample) == pytest.approx(1 / 20, rel=0.05)
+    # Exponential: coefficient of variation 1.
+    assert statistics.stdev(sample) / statistics.fmean(sample) == pytest.approx(1.0, rel=0.1)
+    again = interarrival_gaps(Arrival(rate=20.0, requests=1, seed=1))
+    assert [next(again) for _ in range(10)] == sample[:10]
+
+
+def test_gamma_burstiness_keeps_the_mean_and_changes_the_spread() -> None:
+    for shape in (0.25, 4.0):
+        gaps = interarrival_gaps(Arrival(rate=10.0, requests=1, burstiness=shape, seed=2))
+        sample = [next(gaps) for _ in range(4000)]
+        assert statistics.fmean(sample) == pytest.approx(0.1, rel=0.1)
+        cv = statistics.stdev(sample) / statistics.fmean(sample)
+        assert cv == pytest.approx(shape**-0.5, rel=0.15)  # gamma CV = 1/sqrt(shape)
+    constant = interarrival_gaps(Arrival(rate=4.0, requests=1, process="constant"))
+    assert {next(constant) for _ in range(5)} == {0.25}
+
+
+async def test_open_loop_sends_at_the_rate() -> None:
+    # 60 arrivals at 200 emulated req/s with the clock scaled x10: 20 req/s of wall time, ~3 wall seconds.
+    fake = FakeVllm(token_s=0.0)
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake",
+            "m",
+            Workload(input_len=8, output_len=2),
+            Arrival(rate=200.0, requests=60, process="constant"),
+            client=client,
+            clock=Clock(10.0),
+        )
+    starts = [r.start_s for r in result.records]
+    assert result.summary.requests_succeeded == 60
+    # Absolute due times: the span of 59 gaps is 59/200 s however late single wake-ups were.
+    assert starts[-1] - starts[0] == pytest.approx(59 / 200, rel=0.1)
+    assert result.mode == "open loop, constant 200 req/s"
+
+
+async def test_open_loop_poisson_rate_seeded() -> None:
+    fake = FakeVllm()
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake",
+            "m",
+            Workload(input_len=8, output_len=1),
+            Arrival(rate=100.0, requests=150, seed=5),
+            client=client,
+            clock=Clock(5.0),
+        )
+    starts = [r.start_s for r in result.records]
+    measured_rate = (len(starts) - 1) / (starts[-1] - starts[0])
+    expected = 149 / sum(
+        next(g) for g in [interarrival_gaps(Arrival(rate=100.0, requests=1, seed=5))] for _ in range(149)
+    )
+    assert measured_rate == pytest.approx(expected, rel=0.15)
+    assert measured_rate == pytest.approx(100.0, rel=0.3)
+
+
+async def test_open_loop_max_in_flight_caps() -> None:
+    fake = FakeVllm(ttft_s=0.05)
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake", "m", WL, Arrival(rate=500.0, requests=30, max_in_flight=3), client=client
+        )
+    assert fake.peak == 3 and result.summary.requests_succeeded == 30
+
+
+async def test_warmup_requests_are_sent_but_excluded() -> None:
+    fake = FakeVllm()
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake", "m", WL, Arrival(concurrency=2, requests=10, warmup_requests=4), client=client
+        )
+    assert len(fake.bodies) == 14
+    assert [r.warmup for r in result.records] == [True] * 4 + [False] * 10
+    assert result.summary.requests_sent == 10
+
+
+async def test_duration_stops_the_measured_phase() -> None:
+    fake = FakeVllm(token_s=0.005)
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake", "m", WL, Arrival(concurrency=2, duration_s=0.3, warmup_s=0.1), client=client
+        )
+    warm = [r for r in result.records if r.warmup]
+    assert warm and all(r.start_s < 0.1 + 0.01 for r in warm)
+    measured = [r for r in result.records if not r.warmup]
+    assert measured and max(r.start_s for r in measured) - min(r.start_s for r in measured) < 0.32
+    assert 0.25 < result.summary.duration_s < 0.5
+
+
+async def test_should_stop_abandons_in_flight_requests() -> None:
+    fake = FakeVllm(ttft_s=0.05, token_s=0.05)
+    progress: list[LoadProgress] = []
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake",
+            "m",
+            WL,
+            Arrival(concurrency=4, requests=1000),
+            client=client,
+            on_progress=progress.append,
+            should_stop=lambda: len(progress) >= 6,
+        )
+    assert result.stopped_early
+    assert 6 <= len(result.records) < 20
+    assert all(r.ok for r in result.records)
+    assert fake.in_flight == 0
+
+
+async def test_every_record_comes_back_from_a_broken_server() -> None:
+    server = BrokenServer(["ok", "http_500", "cut", "garbage", "reset", "stall", "http_400"], stall_s=5.0)
+    async with server.serve() as base:
+        result = await run_load(
+            base, "m", WL, Arrival(concurrency=3, requests=14), request_timeout_s=0.5, scrape_metrics=False
+        )
+    s = result.summary
+    assert s.requests_sent == 14
+    assert s.failures == {
+        "connection_reset": 2,
+        "http_4xx": 2,
+        "http_5xx": 2,
+        "malformed_sse": 2,
+        "stream_cut": 2,
+        "timeout": 2,
+    }
+    assert s.requests_succeeded == 2
+    assert set(s.failure_examples) == set(s.failures)
+    assert "server errors" in result.diagnosis
+
+
+async def test_unreachable_target_stops_soon_with_every_request_refused() -> None:
+    result = await run_load(
+        f"http://127.0.0.1:{free_port()}", "m", WL, Arrival(concurrency=4, requests=10_000), scrape_metrics=False
+    )
+    assert result.stopped_early
+    assert result.summary.requests_succeeded == 0
+    assert set(result.summary.failures) == {"connection_refused"}
+    assert result.summary.requests_sent < 100
+    assert result.diagnosis.startswith("all requests failed: connection_refused")
+
+
+async def test_request_bodies_are_reproducible_token_ids() -> None:
+    bodies = []
+    for _ in range(2):
+        fake = FakeVllm()
+        async with fake.client() as client:
+            await run_load("http://fake", "m", WL, Arrival(concurrency=1, requests=3), client=client)
+        bodies.append(fake.bodies)
+    assert bodies[0] == bodies[1]
+    b = bodies[0][0]
+    assert b["model"] == "m" and b["max_tokens"] == 5 and b["min_tokens"] == 5 and b["ignore_eos"] is True
+    assert b["stream_options"] == {"include_usage": True}
+    assert isinstance(b["prompt"], list) and len(b["prompt"]) == 16

@@ -1,0 +1,133 @@
+"""/metrics parsing, summary and the bottleneck diagnosis, on hand-written metric texts."""
+
+from __future__ import annotations
+
+import pytest
+from load_fakes import FakeVllm
+
+from tuner.load import Arrival, ServerMetricsSummary, Workload, diagnose, parse_metrics, run_load
+from tuner.load.server_metrics import summarize_samples
+from tuner.scoring import LoadSummary, Percentiles
+
+
+def metrics(kv: float, running: int, waiting: int, preempt: float, *, old_name: bool = False, engines: int = 1) -> str:
+    kv_name = "vllm:gpu_cache_usage_perc" if old_name else "vllm:kv_cache_usage_perc"
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        *[f'vllm:num_requests_running{{engine="{e}",model_name="m"}} {running}' for e in range(engines)],
+        "# TYPE vllm:num_requests_waiting gauge",
+        *[f'vllm:num_requests_waiting{{engine="{e}",model_name="m"}} {waiting}' for e in range(engines)],
+        f"# TYPE {kv_name} gauge",
+        *[f'{kv_name}{{engine="{e}",model_name="m"}} {kv - 0.1 * e}' for e in range(engines)],
+        "# TYPE vllm:num_preemptions_total counter",
+        *[f'vllm:num_preemptions_total{{engine="{e}",model_name="m"}} {preempt}' for e in range(engines)],
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        'vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 3.0',
+        'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 4.0',
+        'vllm:time_to_first_token_seconds_count{model_name="m"} 4.0',
+        'vllm:time_to_first_token_seconds_sum{model_name="m"} 0.9',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def test_parse_reads_vllm_names_old_and_new() -> None:
+    s = parse_metrics(metrics(0.42, 5, 2, 7.0), t=3.0)
+    assert (s.t, s.kv_usage, s.running, s.waiting, s.preemptions_total) == (3.0, 0.42, 5, 2, 7.0)
+    assert parse_metrics(metrics(0.5, 1, 0, 0.0, old_name=True)).kv_usage == 0.5
+    two = parse_metrics(metrics(0.9, 3, 1, 2.0, engines=2))
+    assert (two.running, two.waiting, two.preemptions_total, two.kv_usage) == (6, 2, 4.0, 0.9)
+    assert parse_metrics(metrics(0.5, 1, 0, 0.0), model="other").running is None
+    assert parse_metrics("# nothing here\n").kv_usage is None
+
+
+def test_summary_max_mean_and_preemption_delta() -> None:
+    samples = [
+        parse_metrics(metrics(kv, r, w, p), t=i)
+        for i, (kv, r, w, p) in enumerate([(0.1, 2, 0, 10.0), (0.5, 8, 3, 10.0), (0.9, 8, 6, 14.0), (0.3, 4, 0, 15.0)])
+    ]
+    s = summarize_samples(samples)
+    assert s.samples == 4
+    assert (s.kv_usage_max, s.running_max, s.waiting_max, s.preemptions) == (0.9, 8, 6, 5.0)
+    assert s.kv_usage_mean == pytest.approx(0.45)
+    # a counter that restarts from zero counts from the restart
+    restart = [parse_metrics(metrics(0.1, 1, 0, p)) for p in (10.0, 12.0, 1.0, 3.0)]
+    assert summarize_samples(restart).preemptions == 2.0 + 1.0 + 2.0
+
+
+def summary(
+    *, sent: int = 100, ok: int = 100, failures: dict[str, int] | None = None, conc: float = 16.0
+) -> LoadSummary:
+    p = Percentiles.of([1.0])
+    return LoadSummary(
+        requests_sent=sent, requests_succeeded=ok, requests_failed=sent - ok, failures=failures or {},
+        success_rate=ok / sent if sent else 0.0, duration_s=10.0, request_throughput=ok / 10, output_throughput=1.0,
+        total_throughput=1.0, ttft=p, tpot=p, itl=p, e2e=p, goodput=1.0, concurrency=conc, usage_from_server=True,
+    )  # fmt: skip
+
+
+def server(kv: float, running: float, waiting: float, preempt: float) -> ServerMetricsSummary:
+    return ServerMetricsSummary(
+        samples=10, kv_usage_max=kv, kv_usage_mean=kv / 2, running_max=running, waiting_max=waiting, preemptions=preempt
+    )
+
+
+def test_diagnosis_kv_cache_full() -> None:
+    assert diagnose(summary(), server(0.97, 40, 12, 41)) == "KV cache full: 97% max, 41 preemptions"
+    assert diagnose(summary(), server(0.60, 40, 0, 3)) == "KV cache full: 60% max, 3 preemptions"
+
+
+def test_diagnosis_capped_by_max_num_seqs() -> None:
+    d = diagnose(summary(), server(0.35, 64, 180, 0), max_num_seqs=64)
+    assert d == "capped by max_num_seqs: 64 running, 180 waiting, KV 35%"
+    assert diagnose(summary(), server(0.35, 64, 180, 0)).startswith("capped by max_num_seqs")
+    assert diagnose(summary(), server(0.35, 20, 5, 0), max_num_seqs=64).startswith("queueing below max_num_seqs")
+
+
+def test_diagnosis_no_saturation_and_client_bound() -> None:
+    idle = server(0.2, 12, 0, 0)
+    assert diagnose(summary(), idle, Arrival(concurrency=16, requests=100)) == (
+        "no saturation: 12 running max, KV 20% max, no queue"
+    )
+    assert diagnose(summary(conc=9.0), idle, Arrival(concurrency=16, requests=100)) == (
+        "client-bound: 9.0 in flight on average of 16 users"
+    )
+    arrival = Arrival(rate=50.0, requests=100)
+    assert diagnose(summary(), idle, arrival, send_rate=31.0) == "client-bound: sent 31.0 req/s of 50 offered"
+    assert diagnose(summary(), idle, arrival, send_rate=48.0).startswith("no saturation")
+    assert diagnose(summary(), None) == "no saturation seen by the client (no server metrics)"
+
+
+def test_diagnosis_failures() -> None:
+    assert diagnose(summary(ok=0, failures={"connection_refused": 100}), None) == (
+        "all requests failed: connection_refused 100"
+    )
+    d = diagnose(summary(ok=80, failures={"http_5xx": 15, "timeout": 5}), server(0.3, 5, 0, 0))
+    assert d == "server errors: 20% failed (http_5xx 15, timeout 5)"
+    d = diagnose(summary(ok=98, failures={"timeout": 2}), server(0.99, 50, 10, 4))
+    assert d == "KV cache full: 99% max, 4 preemptions; 2 failed (timeout 2)"
+    assert diagnose(summary(sent=0, ok=0), None) == "no requests measured"
+
+
+async def test_run_load_scrapes_metrics_during_the_run() -> None:
+    fake = FakeVllm(token_s=0.01)
+    fake.metrics_text = metrics(0.97, 8, 4, 3.0)
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake", "m", Workload(input_len=8, output_len=10), Arrival(concurrency=4, requests=12),
+            client=client,
+        )  # fmt: skip
+    assert result.server is not None and result.server.samples >= 2
+    assert result.server.kv_usage_max == 0.97
+    assert result.diagnosis == "KV cache full: 97% max, 0 preemptions"
+
+
+async def test_missing_metrics_endpoint_gives_no_server_view() -> None:
+    fake = FakeVllm()
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake", "m", Workload(input_len=8, output_len=2), Arrival(concurrency=2, requests=4), client=client
+        )
+    assert result.server is None
+    assert "no server metrics" in result.diagnosis

@@ -1,0 +1,123 @@
+"""The highest request rate that still meets the SLOs, in few steps: a throughput probe, then bracket and bisect."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import httpx
+
+from tuner.clock import REAL_TIME, Clock
+from tuner.errors import ConfigError
+from tuner.load.arrival import Arrival
+from tuner.load.results import CapacitySearchResult, CapacityStep, LoadResult
+from tuner.load.runner import LoadProgress, new_client, run_load
+from tuner.load.workload import Workload
+from tuner.scoring import Slo
+
+__all__ = ["find_max_rate"]
+
+
+async def find_max_rate(
+    base_url: str,
+    model: str,
+    workload: Workload,
+    slos: Sequence[Slo],
+    *,
+    client: httpx.AsyncClient | None = None,
+    clock: Clock = REAL_TIME,
+    requests_per_step: int = 100,
+    max_steps: int = 6,
+    probe_concurrency: int = 32,
+    tolerance: float = 0.1,
+    request_timeout_s: float = 60.0,
+    process: str = "poisson",
+    seed: int = 0,
+    max_num_seqs: int | None = None,
+    on_step: Callable[[CapacityStep], None] | None = None,
+    on_progress: Callable[[LoadProgress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> CapacitySearchResult:
+    """Probe the saturated throughput with a closed loop, then run open-loop steps at chosen rates.
+
+    The first step runs at the probe's request throughput (a server cannot sustain more); a step that meets
+    every SLO raises the lower bound, one that misses lowers the upper bound; then bisection until the bounds
+    are within `tolerance` of each other or `max_steps` steps ran. Every step is reported, in order.
+    """
+    if not slos:
+        raise ConfigError("the capacity search needs at least one SLO, e.g. 'e2e_p95<=5s'")
+    if max_steps < 1 or requests_per_step < 1:
+        raise ConfigError("the capacity search needs max_steps >= 1 and requests_per_step >= 1")
+    own = client is None
+    http = new_client() if client is None else client
+    steps: list[CapacityStep] = []
+    best: LoadResult | None = None
+    lo: float | None = None
+    hi: float | None = None
+    try:
+        probe = await run_load(
+            base_url,
+            model,
+            workload,
+            Arrival(
+                concurrency=probe_concurrency,
+                requests=max(probe_concurrency * 2, requests_per_step // 2),
+                warmup_requests=min(probe_concurrency, requests_per_step // 4),
+            ),
+            client=http,
+            clock=clock,
+            request_timeout_s=request_timeout_s,
+            scrape_metrics=False,
+            on_progress=on_progress,
+            should_stop=should_stop,
+        )
+        estimate = probe.summary.request_throughput
+        if estimate <= 0:
+            return CapacitySearchResult(best_rate=None, best=None, steps=[], estimate_rate=None, probe=probe.summary)
+        rate = estimate
+        for _ in range(max_steps):
+            if should_stop is not None and should_stop():
+                break
+            result = await run_load(
+                base_url,
+                model,
+                workload,
+                Arrival(
+                    rate=rate,
+                    process="constant" if process == "constant" else "poisson",
+                    requests=requests_per_step,
+                    warmup_requests=max(1, requests_per_step // 10),
+                    seed=seed + len(steps),
+                ),
+                slos=slos,
+                client=http,
+                clock=clock,
+                request_timeout_s=request_timeout_s,
+                on_progress=on_progress,
+                should_stop=should_stop,
+                max_num_seqs=max_num_seqs,
+            )
+            violations = [s.violation(result.summary) for s in slos]
+            meets = all(v <= 0 for v in violations) and not result.stopped_early
+            step = CapacityStep(
+                rate=rate, summary=result.summary, meets_slos=meets, violations=violations, diagnosis=result.diagnosis
+            )
+            steps.append(step)
+            if on_step is not None:
+                on_step(step)
+            if meets:
+                if lo is None or rate > lo:
+                    lo, best = rate, result
+            elif hi is None or rate < hi:
+                hi = rate
+            if lo is not None and hi is not None:
+                if (hi - lo) <= tolerance * lo:
+                    break
+                rate = (lo + hi) / 2
+            elif lo is None:
+                rate = rate / 2  # even the first rate misses: halve until one meets
+            else:
+                rate = rate * 1.5  # the probe under-estimated: step up until one misses
+    finally:
+        if own:
+            await http.aclose()
+    return CapacitySearchResult(best_rate=lo, best=best, steps=steps, estimate_rate=estimate, probe=probe.summary)

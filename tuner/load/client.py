@@ -1,0 +1,216 @@
+"""One streamed request, measured: TTFT, every inter-token gap, e2e, token counts — or the class of its failure.
+
+Nothing the server does raises out of `send_request`: a failure is a record with `error_class` set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+
+from tuner.clock import Clock
+from tuner.load.results import FailureClass, RequestRecord
+from tuner.load.sse import SseDecoder, SseError
+
+__all__ = ["send_request"]
+
+_MAX_ERROR_BODY = 4096
+_MAX_MESSAGE = 300
+
+
+class _Failure(Exception):
+    def __init__(self, cls: FailureClass, message: str) -> None:
+        super().__init__(message)
+        self.cls: FailureClass = cls
+        self.message = message
+
+
+async def send_request(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    *,
+    clock: Clock,
+    timeout_s: float,
+    index: int,
+    origin: float,
+    warmup: bool = False,
+    chat: bool = False,
+) -> RequestRecord:
+    """POST `body` to `url` as a stream; times in the clock's (emulated) seconds, `start_s` relative to `origin`.
+
+    `timeout_s` bounds the whole request (emulated seconds: converted to wall seconds for the transport).
+    """
+    wall_timeout = clock.to_wall(timeout_s)
+    start = clock.now()
+    state = _StreamState(chat)
+    try:
+        async with asyncio.timeout(wall_timeout):
+            await _stream(client, url, body, clock, wall_timeout, state)
+    except _Failure as f:
+        return _record(index, start, origin, clock.now(), state, warmup, f.cls, f.message)
+    except (TimeoutError, httpx.TimeoutException):
+        where = "before the first token" if state.first is None else f"after {state.events} tokens"
+        msg = f"no complete reply within {timeout_s:g}s ({where})"
+        return _record(index, start, origin, clock.now(), state, warmup, "timeout", msg)
+    except httpx.ConnectError as e:
+        return _record(index, start, origin, clock.now(), state, warmup, "connection_refused", _text(e, url))
+    except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.CloseError) as e:
+        if state.headers:
+            msg = f"stream cut after {state.events} tokens: {_text(e, url)}"
+            return _record(index, start, origin, clock.now(), state, warmup, "stream_cut", msg)
+        return _record(index, start, origin, clock.now(), state, warmup, "connection_reset", _text(e, url))
+    except Exception as e:  # a bad server must never crash the generator
+        return _record(index, start, origin, clock.now(), state, warmup, "other", f"{type(e).__name__}: {e}")
+    return _record(index, start, origin, clock.now(), state, warmup, None, None)
+
+
+class _StreamState:
+    __slots__ = ("chat", "done", "events", "first", "gaps", "headers", "last", "usage")
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.headers = False
+        self.first: float | None = None
+        self.last = 0.0
+        self.gaps: list[float] = []
+        self.events = 0
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+
+
+async def _stream(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], clock: Clock, wall_timeout: float, state: _StreamState
+) -> None:
+    async with client.stream("POST", url, json=body, timeout=httpx.Timeout(wall_timeout)) as response:
+        state.headers = True
+        if response.status_code >= 400:
+            raw = b""
+            async for part in response.aiter_bytes():
+                raw += part
+                if len(raw) >= _MAX_ERROR_BODY:
+                    break
+            cls: FailureClass = "http_5xx" if response.status_code >= 500 else "http_4xx"
+            raise _Failure(cls, f"HTTP {response.status_code}: {_server_message(raw)}")
+        decoder = SseDecoder()
+        async for chunk in response.aiter_bytes():
+            now = clock.now()
+            try:
+                payloads = decoder.feed(chunk)
+            except SseError as e:
+                raise _Failure("malformed_sse", str(e)) from None
+            if _handle(payloads, now, state):
+                return
+        try:
+            payloads = decoder.close()
+        except SseError as e:
+            raise _Failure("malformed_sse", str(e)) from None
+        if _handle(payloads, clock.now(), state):
+            return
+        raise _Failure("stream_cut", f"stream ended after {state.events} tokens without data: [DONE]")
+
+
+def _handle(payloads: list[bytes], now: float, state: _StreamState) -> bool:
+    """Account the events of one read (they arrived together, so they share its time); True at [DONE]."""
+    for data in payloads:
+        if data == b"[DONE]":
+            state.done = True
+            return True
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            raise _Failure("malformed_sse", f"event data is not JSON: {data[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise _Failure("malformed_sse", f"event data is not a JSON object: {data[:80]!r}")
+        if "error" in obj:
+            raise _stream_error(obj["error"])
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            state.usage = usage
+        choices = obj.get("choices")
+        if choices and isinstance(choices, list) and _is_token(choices[0], state.chat):
+            if state.first is None:
+                state.first = now
+            else:
+                state.gaps.append(now - state.last)
+            state.last = now
+            state.events += 1
+    return False
+
+
+def _is_token(choice: object, chat: bool) -> bool:
+    if not isinstance(choice, dict):
+        raise _Failure("malformed_sse", f"choice is not a JSON object: {str(choice)[:80]}")
+    if chat:
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return False
+        content = delta.get("content")
+        # vLLM's first chat chunk carries only the role, with empty content: not a token.
+        return isinstance(content, str) and (content != "" or ("role" not in delta and not choice.get("finish_reason")))
+    text = choice.get("text")
+    return isinstance(text, str) and (text != "" or not choice.get("finish_reason"))
+
+
+def _stream_error(err: object) -> _Failure:
+    code: object = None
+    msg: object = err
+    if isinstance(err, dict):
+        code = err.get("code")
+        msg = err.get("message", err)
+    cls: FailureClass = "http_4xx" if isinstance(code, int) and 400 <= code < 500 else "http_5xx"
+    return _Failure(cls, f"error in stream: {str(msg)[:_MAX_MESSAGE]}")
+
+
+def _server_message(raw: bytes) -> str:
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        text = raw.decode("utf-8", errors="replace").strip()
+        return (text or "(empty body)")[:_MAX_MESSAGE]
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:_MAX_MESSAGE]
+        for key in ("message", "detail", "error"):
+            if key in obj:
+                return str(obj[key])[:_MAX_MESSAGE]
+    return str(obj)[:_MAX_MESSAGE]
+
+
+def _text(e: BaseException, url: str) -> str:
+    detail = str(e) or type(e).__name__
+    return f"{url}: {detail}"[:_MAX_MESSAGE]
+
+
+def _record(
+    index: int,
+    start: float,
+    origin: float,
+    end: float,
+    state: _StreamState,
+    warmup: bool,
+    cls: FailureClass | None,
+    message: str | None,
+) -> RequestRecord:
+    usage = state.usage or {}
+    prompt_tokens = usage.get("prompt_tokens")
+    completion_tokens = usage.get("completion_tokens")
+    from_server = isinstance(completion_tokens, int)
+    return RequestRecord(
+        index=index,
+        start_s=start - origin,
+        ttft_s=None if state.first is None else state.first - start,
+        itl_s=state.gaps,
+        e2e_s=end - start,
+        prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else 0,
+        completion_tokens=completion_tokens if isinstance(completion_tokens, int) else state.events,
+        ok=cls is None,
+        error_class=cls,
+        error_message=message,
+        warmup=warmup,
+        usage_from_server=from_server,
+    )

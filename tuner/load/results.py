@@ -1,0 +1,113 @@
+"""What a load run produces: one record per request (kept, so a study can be re-scored) and the run's result."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.scoring import LoadSummary
+
+__all__ = [
+    "FAILURE_CLASSES",
+    "CapacitySearchResult",
+    "CapacityStep",
+    "FailureClass",
+    "LoadResult",
+    "RequestRecord",
+    "ServerMetricsSummary",
+]
+
+FailureClass = Literal[
+    "timeout",
+    "connection_refused",
+    "connection_reset",
+    "http_4xx",
+    "http_5xx",
+    "stream_cut",
+    "malformed_sse",
+    "other",
+]
+FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
+
+
+class RequestRecord(BaseModel):
+    """One request as the client saw it. Times in (emulated) seconds; `start_s` from the start of the run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    start_s: float
+    ttft_s: float | None = None
+    itl_s: list[float] = Field(default_factory=list)
+    e2e_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ok: bool = False
+    error_class: FailureClass | None = None
+    error_message: str | None = None
+    warmup: bool = False
+    usage_from_server: bool = True
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.e2e_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (vLLM's definition); None for a reply of one token or less."""
+        if self.ttft_s is None or self.completion_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.completion_tokens - 1)
+
+
+class ServerMetricsSummary(BaseModel):
+    """The server's own view during the run, from its Prometheus /metrics (vLLM names)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    samples: int
+    kv_usage_max: float | None = None
+    kv_usage_mean: float | None = None
+    running_max: float | None = None
+    running_mean: float | None = None
+    waiting_max: float | None = None
+    waiting_mean: float | None = None
+    preemptions: float | None = None
+    generation_tokens: float | None = None
+    error: str | None = None
+
+
+class LoadResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    summary: LoadSummary
+    records: list[RequestRecord]
+    server: ServerMetricsSummary | None = None
+    diagnosis: str = ""
+    mode: str = ""
+    """What was offered, e.g. 'closed loop, 16 users' or 'open loop, poisson 8 req/s'."""
+    stopped_early: bool = False
+    workload_fingerprint: str = ""
+    peak_in_flight: int = 0
+
+
+class CapacityStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rate: float
+    summary: LoadSummary
+    meets_slos: bool
+    violations: list[float] = Field(default_factory=list)
+    diagnosis: str = ""
+
+
+class CapacitySearchResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    best_rate: float | None
+    best: LoadResult | None
+    steps: list[CapacityStep]
+    estimate_rate: float | None = None
+    """Request throughput of the saturating closed-loop probe the search started from."""
+    probe: LoadSummary | None = None

@@ -1,0 +1,290 @@
+"""Schedules the requests of one load run (closed or open loop), measures them, and scores the result."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from tuner.clock import REAL_TIME, Clock
+from tuner.load.arrival import Arrival, interarrival_gaps
+from tuner.load.client import send_request
+from tuner.load.results import LoadResult, RequestRecord
+from tuner.load.server_metrics import MetricsScraper, diagnose
+from tuner.load.server_metrics import scrape_metrics as _scrape
+from tuner.load.workload import PromptSpec, Workload
+from tuner.scoring import Slo, summarize
+
+__all__ = ["LoadProgress", "new_client", "run_load"]
+
+_UNREACHABLE_AFTER = 20
+"""Consecutive refused connections, with no success yet, after which the target counts as unreachable."""
+_RATE_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    sent: int
+    done: int
+    failed: int
+    in_flight: int
+    elapsed_s: float
+    rate: float
+    """Completed requests per second over the last few (emulated) seconds."""
+    warmup: bool
+
+
+def new_client() -> httpx.AsyncClient:
+    """A client with no connection cap: the arrival schedule, not the pool, decides how many are in flight."""
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=None), trust_env=False)
+
+
+@dataclass(frozen=True)
+class _Job:
+    index: int
+    warmup: bool
+    spec: PromptSpec
+
+
+class _Run:
+    """Shared state of one run: which request comes next, when to stop, what has come back."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        arrival: Arrival,
+        clock: Clock,
+        should_stop: Callable[[], bool] | None,
+        on_progress: Callable[[LoadProgress], None] | None,
+    ) -> None:
+        self.workload = workload
+        self.arrival = arrival
+        self.clock = clock
+        self.should_stop = should_stop
+        self.on_progress = on_progress
+        self.prompts: Iterator[PromptSpec] = workload.prompts()
+        self.origin = clock.now()
+        self.measured_start: float | None = None
+        self.issued = 0
+        self.measured_issued = 0
+        self.records: list[RequestRecord] = []
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.failed = 0
+        self.stopping = False
+        self.stopped_early = False
+        self.refused_streak = 0
+        self.succeeded = 0
+        self.completions: deque[float] = deque()
+
+    def next_job(self) -> _Job | None:
+        if self.stopping:
+            return None
+        if self.should_stop is not None and self.should_stop():
+            self.stop(early=True)
+            return None
+        now = self.clock.now()
+        a = self.arrival
+        warmup = self.issued < a.warmup_requests or now - self.origin < a.warmup_s
+        if not warmup:
+            if self.measured_start is None:
+                self.measured_start = now
+            if a.requests is not None and self.measured_issued >= a.requests:
+                self.stopping = True
+                return None
+            if a.duration_s is not None and now - self.measured_start >= a.duration_s:
+                self.stopping = True
+                return None
+            self.measured_issued += 1
+        job = _Job(index=self.issued, warmup=warmup, spec=next(self.prompts))
+        self.issued += 1
+        return job
+
+    def stop(self, *, early: bool) -> None:
+        self.stopping = True
+        self.stopped_early = self.stopped_early or early
+
+    async def execute(self, client: httpx.AsyncClient, url: str, model: str, timeout_s: float, job: _Job) -> None:
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            record = await send_request(
+                client,
+                url,
+                self.workload.body(model, job.spec),
+                clock=self.clock,
+                timeout_s=timeout_s,
+                index=job.index,
+                origin=self.origin,
+                warmup=job.warmup,
+                chat=self.workload.api == "chat",
+            )
+        finally:
+            self.in_flight -= 1
+        self._account(record)
+
+    def _account(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        now = self.clock.now()
+        self.completions.append(now)
+        while self.completions and now - self.completions[0] > _RATE_WINDOW_S:
+            self.completions.popleft()
+        if record.ok:
+            self.succeeded += 1
+            self.refused_streak = 0
+        else:
+            self.failed += 1
+            if record.error_class == "connection_refused":
+                self.refused_streak += 1
+                if self.succeeded == 0 and self.refused_streak >= _UNREACHABLE_AFTER:
+                    self.stop(early=True)
+        if self.on_progress is not None:
+            elapsed = now - self.origin
+            window = min(_RATE_WINDOW_S, elapsed) if elapsed > 0 else 0.0
+            self.on_progress(
+                LoadProgress(
+                    sent=self.issued,
+                    done=len(self.records),
+                    failed=self.failed,
+                    in_flight=self.in_flight,
+                    elapsed_s=elapsed,
+                    rate=len(self.completions) / window if window > 0 else 0.0,
+                    warmup=self.measured_start is None,
+                )
+            )
+
+
+async def run_load(
+    base_url: str,
+    model: str,
+    workload: Workload,
+    arrival: Arrival,
+    *,
+    slos: Sequence[Slo] = (),
+    client: httpx.AsyncClient | None = None,
+    clock: Clock = REAL_TIME,
+    request_timeout_s: float = 60.0,
+    scrape_metrics: bool = True,
+    on_progress: Callable[[LoadProgress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    max_num_seqs: int | None = None,
+) -> LoadResult:
+    """Run one load phase against `base_url` (the server root, no /v1) and score it.
+
+    Times are in the clock's seconds (emulated seconds against an emulator: pass Clock(time_scale)), and so is
+    `request_timeout_s`. Server misbehaviour never raises: it shows as failed records. `should_stop` is polled
+    and, once true, stops sending and abandons the requests in flight (they are left out of the records).
+    """
+    own = client is None
+    http = new_client() if client is None else client
+    run = _Run(workload, arrival, clock, should_stop, on_progress)
+    url = base_url.rstrip("/") + workload.path
+    scraper: MetricsScraper | None = None
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            if scrape_metrics:
+                scraper = await stack.enter_async_context(_scrape(http, base_url, clock=clock, model=model))
+            await _drive(run, http, url, model, request_timeout_s)
+    finally:
+        if own:
+            await http.aclose()
+    return _result(run, slos, scraper, max_num_seqs)
+
+
+async def _drive(run: _Run, client: httpx.AsyncClient, url: str, model: str, timeout_s: float) -> None:
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            if run.should_stop is not None and not run.stopping and run.should_stop():
+                run.stop(early=True)
+            if run.stopped_early:
+                for t in list(tasks):
+                    t.cancel()
+                return
+
+    def spawn(job: _Job) -> asyncio.Task[None]:
+        task = asyncio.create_task(run.execute(client, url, model, timeout_s, job))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
+
+    watcher = asyncio.create_task(watch())
+    try:
+        if run.arrival.concurrency is not None:
+            await _closed_loop(run, run.arrival.concurrency, spawn)
+        else:
+            await _open_loop(run, spawn)
+        while tasks:
+            await asyncio.gather(*list(tasks), return_exceptions=True)
+    finally:
+        watcher.cancel()
+        for t in list(tasks):
+            t.cancel()
+        await asyncio.gather(watcher, *list(tasks), return_exceptions=True)
+
+
+async def _closed_loop(run: _Run, users: int, spawn: Callable[[_Job], asyncio.Task[None]]) -> None:
+    async def user() -> None:
+        # Each user sends its next request when its last one ends: exactly `users` in flight, never a batch.
+        while (job := run.next_job()) is not None:
+            # wait(), not await: an abandoned request must end this user, not raise into it.
+            await asyncio.wait({spawn(job)})
+            if run.stopped_early:
+                return
+
+    await asyncio.gather(*(user() for _ in range(users)))
+
+
+async def _open_loop(run: _Run, spawn: Callable[[_Job], asyncio.Task[None]]) -> None:
+    cap = run.arrival.max_in_flight
+    slots = asyncio.Semaphore(cap) if cap is not None else None
+    gaps = interarrival_gaps(run.arrival)
+    due = run.clock.now()
+    while not run.stopping:
+        # Sleep to absolute due times, so a late wake-up does not shift every later arrival.
+        await run.clock.sleep(due - run.clock.now())
+        if slots is not None:
+            await slots.acquire()
+        job = run.next_job()
+        if job is None:
+            if slots is not None:
+                slots.release()
+            break
+        task = spawn(job)
+        if slots is not None:
+            task.add_done_callback(_releaser(slots))
+        due += next(gaps)
+
+
+def _releaser(slots: asyncio.Semaphore) -> Callable[[asyncio.Task[None]], None]:
+    return lambda _task: slots.release()
+
+
+def _result(run: _Run, slos: Sequence[Slo], scraper: MetricsScraper | None, max_num_seqs: int | None) -> LoadResult:
+    records = sorted(run.records, key=lambda r: r.index)
+    measured = [r for r in records if not r.warmup]
+    if measured:
+        start = min(r.start_s for r in measured)
+        duration = max(r.end_s for r in measured) - start
+    else:
+        duration = 0.0
+    summary = summarize(records, duration_s=duration, slos=slos)
+    starts = sorted(r.start_s for r in measured)
+    send_rate = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 and starts[-1] > starts[0] else None
+    server = scraper.summary() if scraper is not None else None
+    return LoadResult(
+        summary=summary,
+        records=records,
+        server=server,
+        diagnosis=diagnose(summary, server, run.arrival, max_num_seqs=max_num_seqs, send_rate=send_rate),
+        mode=run.arrival.describe(),
+        stopped_early=run.stopped_early,
+        workload_fingerprint=run.workload.fingerprint(),
+        peak_in_flight=run.peak_in_flight,
+    )

@@ -1,0 +1,237 @@
+"""The server's side of a load run: scrape vLLM's Prometheus /metrics, summarise it, and name the bottleneck."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tuner.clock import Clock
+from tuner.load.arrival import Arrival
+from tuner.load.results import ServerMetricsSummary
+from tuner.scoring import LoadSummary
+
+__all__ = [
+    "MetricsSample",
+    "MetricsScraper",
+    "diagnose",
+    "parse_metrics",
+    "scrape_metrics",
+    "summarize_samples",
+]
+
+# vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc in 0.10; read either.
+_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+_RUNNING = ("vllm:num_requests_running",)
+_WAITING = ("vllm:num_requests_waiting",)
+_PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
+_GENERATION = ("vllm:generation_tokens_total", "vllm:generation_tokens")
+
+KV_FULL = 0.95
+"""KV usage from which the cache counts as full (vLLM preempts at the last free block)."""
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    t: float
+    kv_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    preemptions_total: float | None = None
+    generation_tokens_total: float | None = None
+
+
+def parse_metrics(text: str, *, t: float = 0.0, model: str | None = None) -> MetricsSample:
+    """One scrape: gauges and counters summed over engines (KV usage: the fullest engine); None where absent.
+
+    Raises ValueError for text that is not Prometheus exposition format.
+    """
+    values: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if model is not None and sample.labels.get("model_name", model) != model:
+                continue
+            values.setdefault(sample.name, []).append(float(sample.value))
+
+    def pick(names: Sequence[str], combine: str = "sum") -> float | None:
+        for name in names:
+            if name in values:
+                vs = values[name]
+                return max(vs) if combine == "max" else math.fsum(vs)
+        return None
+
+    return MetricsSample(
+        t=t,
+        kv_usage=pick(_KV, "max"),
+        running=pick(_RUNNING),
+        waiting=pick(_WAITING),
+        preemptions_total=pick(_PREEMPTIONS),
+        generation_tokens_total=pick(_GENERATION),
+    )
+
+
+def summarize_samples(samples: Sequence[MetricsSample], *, error: str | None = None) -> ServerMetricsSummary:
+    def series(attr: str) -> list[float]:
+        return [v for s in samples if (v := getattr(s, attr)) is not None]
+
+    def delta(attr: str) -> float | None:
+        vs = series(attr)
+        # A counter that went down means the server restarted; count from the restart.
+        return None if not vs else math.fsum(b - a if b >= a else b for a, b in itertools.pairwise(vs))
+
+    kv, running, waiting = series("kv_usage"), series("running"), series("waiting")
+    return ServerMetricsSummary(
+        samples=len(samples),
+        kv_usage_max=max(kv) if kv else None,
+        kv_usage_mean=math.fsum(kv) / len(kv) if kv else None,
+        running_max=max(running) if running else None,
+        running_mean=math.fsum(running) / len(running) if running else None,
+        waiting_max=max(waiting) if waiting else None,
+        waiting_mean=math.fsum(waiting) / len(waiting) if waiting else None,
+        preemptions=delta("preemptions_total"),
+        generation_tokens=delta("generation_tokens_total"),
+        error=error,
+    )
+
+
+@dataclass
+class MetricsScraper:
+    """Samples collected by a background scrape; `error` is the last reason a scrape failed, if it never worked."""
+
+    samples: list[MetricsSample] = field(default_factory=list)
+    error: str | None = None
+    failures: int = 0
+
+    def summary(self) -> ServerMetricsSummary | None:
+        if not self.samples:
+            return None
+        return summarize_samples(self.samples)
+
+
+async def _scrape_once(
+    client: httpx.AsyncClient, url: str, clock: Clock, model: str | None, out: MetricsScraper
+) -> None:
+    try:
+        response = await client.get(url, timeout=5.0)
+        if response.status_code != 200:
+            raise ValueError(f"HTTP {response.status_code}")
+        out.samples.append(parse_metrics(response.text, t=clock.now(), model=model))
+    except Exception as e:  # the server-side view is optional; the load run goes on without it
+        out.failures += 1
+        out.error = f"{url}: {type(e).__name__}: {e}"
+
+
+@contextlib.asynccontextmanager
+async def scrape_metrics(
+    client: httpx.AsyncClient,
+    base_url: str,
+    *,
+    clock: Clock,
+    model: str | None = None,
+    interval_s: float | None = None,
+) -> AsyncIterator[MetricsScraper]:
+    """Scrape `base_url`/metrics every `interval_s` wall seconds while the block runs, once more at its end.
+
+    Default interval: one emulated second, kept within 0.25–1 wall seconds so a fast emulator is not flooded.
+    """
+    url = base_url.rstrip("/") + "/metrics"
+    interval = interval_s if interval_s is not None else min(1.0, max(0.25, clock.to_wall(1.0)))
+    out = MetricsScraper()
+
+    async def loop() -> None:
+        while True:
+            await _scrape_once(client, url, clock, model, out)
+            if out.failures >= 3 and not out.samples:
+                return  # no /metrics here: stop asking
+            await asyncio.sleep(interval)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield out
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if out.samples:
+        await _scrape_once(client, url, clock, model, out)
+
+
+def diagnose(
+    summary: LoadSummary,
+    server: ServerMetricsSummary | None,
+    arrival: Arrival | None = None,
+    *,
+    max_num_seqs: int | None = None,
+    send_rate: float | None = None,
+) -> str:
+    """One line naming what limited the run, from the client summary and the server's metrics."""
+    if summary.requests_sent == 0:
+        return "no requests measured"
+    failed_note = _failures_note(summary)
+    if summary.requests_succeeded == 0:
+        return f"all requests failed: {failed_note}"
+    base = _server_bottleneck(server, max_num_seqs)
+    if base is None and summary.requests_failed / summary.requests_sent >= 0.05:
+        return f"server errors: {summary.requests_failed / summary.requests_sent:.0%} failed ({failed_note})"
+    if base is None:
+        base = _client_bound(summary, server, arrival, send_rate)
+    if base is None:
+        if server is None:
+            base = "no saturation seen by the client (no server metrics)"
+        else:
+            base = f"no saturation: {_n(server.running_max)} running max, KV {_pct(server.kv_usage_max)} max, no queue"
+    if summary.requests_failed:
+        base += f"; {summary.requests_failed} failed ({failed_note})"
+    return base
+
+
+def _server_bottleneck(server: ServerMetricsSummary | None, max_num_seqs: int | None) -> str | None:
+    if server is None:
+        return None
+    kv = server.kv_usage_max
+    preempted = server.preemptions or 0.0
+    if (kv is not None and kv >= KV_FULL) or preempted > 0:
+        return f"KV cache full: {_pct(kv)} max, {_n(preempted)} preemptions"
+    waiting = server.waiting_max or 0.0
+    if waiting > 0:
+        running = server.running_max
+        at_cap = max_num_seqs is not None and running is not None and running >= max_num_seqs
+        if at_cap or max_num_seqs is None:
+            return f"capped by max_num_seqs: {_n(running)} running, {_n(waiting)} waiting, KV {_pct(kv)}"
+        return f"queueing below max_num_seqs: {_n(running)} running, {_n(waiting)} waiting, KV {_pct(kv)}"
+    return None
+
+
+def _client_bound(
+    summary: LoadSummary, server: ServerMetricsSummary | None, arrival: Arrival | None, send_rate: float | None
+) -> str | None:
+    """The client offered less than asked while the server had room: the numbers measure the client."""
+    if arrival is None:
+        return None
+    n = arrival.concurrency
+    # The ramp-down tail of a closed loop lowers the mean; only judge runs of several rounds.
+    if n is not None and summary.requests_sent >= 4 * n and summary.concurrency < 0.8 * n:
+        return f"client-bound: {summary.concurrency:.1f} in flight on average of {n} users"
+    rate = arrival.rate
+    enough = summary.requests_sent >= 20 and arrival.max_in_flight is None
+    if rate is not None and send_rate is not None and enough and send_rate < 0.8 * rate:
+        return f"client-bound: sent {send_rate:.1f} req/s of {rate:g} offered"
+    return None
+
+
+def _failures_note(summary: LoadSummary) -> str:
+    return ", ".join(f"{cls} {n}" for cls, n in summary.failures.items())
+
+
+def _pct(v: float | None) -> str:
+    return "?" if v is None else f"{v:.0%}"
+
+
+def _n(v: float | None) -> str:
+    return "?" if v is None else f"{v:.0f}"

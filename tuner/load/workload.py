@@ -1,0 +1,452 @@
+"""What the load phase sends: prompt/output lengths (fixed, drawn, or from a dataset) and the request bodies.
+
+Synthetic prompts go to /v1/completions as token ids, so their length is exact with no tokenizer; the output
+length is fixed with max_tokens + min_tokens + ignore_eos. One seed fixes the whole request sequence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tuner.errors import ConfigError
+
+__all__ = [
+    "ChatApi",
+    "FixedLength",
+    "LengthDist",
+    "LogNormalLength",
+    "NormalLength",
+    "PromptSpec",
+    "UniformLength",
+    "Workload",
+    "load_dataset",
+]
+
+# Token ids drawn from a range every common vocabulary has as ordinary tokens (Llama-3 128k, Qwen 151k, OPT 50k).
+_TOKEN_ID_LOW = 1000
+_TOKEN_ID_HIGH = 30000
+# Without a tokenizer, text lengths are estimated: ~4 characters a token (OpenAI's rule of thumb) for typical
+# text; the bound used for max_request_tokens is the more cautious 3.
+_CHARS_PER_TOKEN = 4.0
+_CHARS_PER_TOKEN_BOUND = 3.0
+# Short, common English words; each is one token with a leading space in the Llama-3 and Qwen vocabularies.
+_WORDS = (
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "are",
+    "with",
+    "as",
+    "be",
+    "at",
+    "by",
+    "this",
+    "had",
+    "not",
+    "but",
+    "from",
+    "or",
+    "have",
+    "an",
+    "they",
+    "which",
+    "you",
+    "were",
+    "her",
+    "all",
+    "she",
+    "there",
+    "would",
+    "their",
+    "we",
+    "him",
+    "been",
+    "has",
+    "when",
+    "who",
+    "will",
+    "more",
+    "no",
+    "if",
+    "out",
+    "so",
+    "said",
+    "what",
+    "up",
+    "its",
+    "about",
+    "into",
+    "than",
+    "them",
+    "can",
+    "only",
+    "other",
+    "new",
+    "some",
+    "could",
+    "time",
+    "these",
+    "two",
+    "may",
+    "then",
+    "do",
+    "first",
+    "any",
+    "my",
+    "now",
+    "such",
+    "like",
+    "our",
+    "over",
+    "man",
+    "me",
+    "even",
+    "most",
+    "made",
+    "after",
+    "also",
+    "did",
+    "many",
+    "before",
+    "must",
+    "through",
+    "back",
+    "years",
+    "where",
+    "much",
+    "your",
+    "way",
+    "well",
+    "down",
+    "should",
+    "because",
+    "each",
+    "just",
+    "those",
+    "people",
+    "how",
+    "too",
+    "little",
+    "state",
+    "good",
+    "very",
+    "make",
+    "world",
+    "still",
+    "own",
+    "see",
+    "men",
+    "work",
+    "long",
+    "get",
+    "here",
+    "between",
+    "both",
+    "life",
+    "being",
+    "under",
+    "never",
+    "day",
+    "same",
+    "another",
+    "know",
+    "while",
+    "last",
+    "might",
+    "us",
+    "great",
+    "old",
+    "year",
+    "off",
+    "come",
+    "since",
+    "against",
+    "go",
+    "came",
+    "right",
+    "used",
+    "take",
+    "three",
+)
+
+
+class FixedLength(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dist: Literal["fixed"] = "fixed"
+    value: int = Field(ge=1)
+
+    def sample(self, rng: random.Random) -> int:
+        return self.value
+
+    @property
+    def upper(self) -> int:
+        return self.value
+
+
+class UniformLength(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dist: Literal["uniform"] = "uniform"
+    low: int = Field(ge=1)
+    high: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformLength:
+        if self.high < self.low:
+            raise ValueError(f"uniform length: high ({self.high}) must be >= low ({self.low})")
+        return self
+
+    def sample(self, rng: random.Random) -> int:
+        return rng.randint(self.low, self.high)
+
+    @property
+    def upper(self) -> int:
+        return self.high
+
+
+class NormalLength(BaseModel):
+    """Normal, clipped to [min, max] (max defaults to mean + 4 std)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dist: Literal["normal"] = "normal"
+    mean: float = Field(gt=0)
+    std: float = Field(ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+    def sample(self, rng: random.Random) -> int:
+        return _clip(round(rng.gauss(self.mean, self.std)), self.min, self.upper)
+
+    @property
+    def upper(self) -> int:
+        return self.max if self.max is not None else max(self.min, math.ceil(self.mean + 4 * self.std))
+
+
+class LogNormalLength(BaseModel):
+    """Log-normal with the given median and sigma (of the log), clipped to [min, max] (default median·e^(4σ))."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dist: Literal["lognormal"] = "lognormal"
+    median: float = Field(gt=0)
+    sigma: float = Field(ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+    def sample(self, rng: random.Random) -> int:
+        return _clip(round(rng.lognormvariate(math.log(self.median), self.sigma)), self.min, self.upper)
+
+    @property
+    def upper(self) -> int:
+        return self.max if self.max is not None else max(self.min, math.ceil(self.median * math.exp(4 * self.sigma)))
+
+
+def _clip(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, v))
+
+
+LengthDist = Annotated[FixedLength | UniformLength | NormalLength | LogNormalLength, Field(discriminator="dist")]
+ChatApi = Literal["completions", "chat"]
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """One request to send: the body fields that vary, and the lengths it is meant to have."""
+
+    prompt: list[int] | str
+    prompt_len: int
+    output_len: int
+
+
+@dataclass(frozen=True)
+class _DatasetRow:
+    prompt: str
+    output_len: int | None
+
+
+class Workload(BaseModel):
+    """Lengths, prompt source and API of the requests; a seed makes the sequence reproducible."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_len: int | LengthDist = 512
+    output_len: int | LengthDist = 128
+    dataset: Path | None = None
+    """JSONL of {"prompt": ..., "output_len": ...} (output optional) or ShareGPT JSON; replaces input_len."""
+    api: ChatApi = "completions"
+    prefix_len: int = Field(default=0, ge=0)
+    """Tokens at the start of every prompt that are shared by all requests (exercises prefix caching)."""
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> Workload:
+        if self.prefix_len and self.dataset is None and self.prefix_len >= _dist(self.input_len).upper:
+            raise ValueError(f"prefix_len ({self.prefix_len}) must be shorter than the longest prompt")
+        return self
+
+    def _input(self) -> _Dist:
+        return _dist(self.input_len)
+
+    def _output(self) -> _Dist:
+        return _dist(self.output_len)
+
+    def max_request_tokens(self) -> int:
+        """The longest prompt + output this workload can send (estimated from characters for text datasets)."""
+        if self.dataset is not None:
+            rows = load_dataset(self.dataset)
+            return max(
+                math.ceil(len(r.prompt) / _CHARS_PER_TOKEN_BOUND)
+                + self.prefix_len
+                + (r.output_len or self._output().upper)
+                for r in rows
+            )
+        return max(self._input().upper, self.prefix_len + 1) + self._output().upper
+
+    def fingerprint(self) -> str:
+        """A stable hash of everything that decides the request sequence (dataset contents included)."""
+        h = hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode())
+        if self.dataset is not None:
+            try:
+                h.update(self.dataset.read_bytes())
+            except OSError as e:
+                raise ConfigError(f"dataset {self.dataset}: cannot read it ({e.strerror})") from None
+        return h.hexdigest()[:16]
+
+    def prompts(self) -> Iterator[PromptSpec]:
+        """The endless, reproducible request sequence."""
+        rng = random.Random(self.seed)
+        if self.dataset is not None:
+            yield from self._dataset_prompts(rng)
+            return
+        prefix_ids = [rng.randrange(_TOKEN_ID_LOW, _TOKEN_ID_HIGH) for _ in range(self.prefix_len)]
+        prefix_words = [rng.choice(_WORDS) for _ in range(self.prefix_len)]
+        while True:
+            n_in = max(self._input().sample(rng), self.prefix_len + 1)
+            n_out = self._output().sample(rng)
+            tail = n_in - self.prefix_len
+            if self.api == "completions":
+                ids = prefix_ids + [rng.randrange(_TOKEN_ID_LOW, _TOKEN_ID_HIGH) for _ in range(tail)]
+                yield PromptSpec(prompt=ids, prompt_len=n_in, output_len=n_out)
+            else:
+                words = prefix_words + [rng.choice(_WORDS) for _ in range(tail)]
+                yield PromptSpec(prompt=" ".join(words), prompt_len=n_in, output_len=n_out)
+
+    def _dataset_prompts(self, rng: random.Random) -> Iterator[PromptSpec]:
+        assert self.dataset is not None
+        rows = list(load_dataset(self.dataset))
+        prefix = " ".join(rng.choice(_WORDS) for _ in range(self.prefix_len))
+        while True:
+            rng.shuffle(rows)
+            for row in rows:
+                text = f"{prefix} {row.prompt}" if prefix else row.prompt
+                n_out = row.output_len if row.output_len is not None else self._output().sample(rng)
+                est = max(1, round(len(row.prompt) / _CHARS_PER_TOKEN)) + self.prefix_len
+                yield PromptSpec(prompt=text, prompt_len=est, output_len=n_out)
+
+    def body(self, model: str, spec: PromptSpec) -> dict[str, Any]:
+        """The JSON body of one streamed request (vLLM's ignore_eos/min_tokens pin the output length)."""
+        common: dict[str, Any] = {
+            "model": model,
+            "max_tokens": spec.output_len,
+            "min_tokens": spec.output_len,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.api == "completions":
+            return {**common, "prompt": spec.prompt}
+        return {**common, "messages": [{"role": "user", "content": spec.prompt}]}
+
+    @property
+    def path(self) -> str:
+        return "/v1/completions" if self.api == "completions" else "/v1/chat/completions"
+
+
+_Dist = FixedLength | UniformLength | NormalLength | LogNormalLength
+
+
+def _dist(v: int | _Dist) -> _Dist:
+    return FixedLength(value=v) if isinstance(v, int) else v
+
+
+_dataset_cache: dict[tuple[str, float, int], tuple[_DatasetRow, ...]] = {}
+
+
+def load_dataset(path: Path) -> tuple[_DatasetRow, ...]:
+    """Rows of a JSONL prompt file or a ShareGPT JSON file; one clear ConfigError for anything else."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise ConfigError(f"dataset {path}: cannot read it ({e.strerror})") from None
+    key = (str(path.resolve()), st.st_mtime, st.st_size)
+    if key not in _dataset_cache:
+        _dataset_cache[key] = _read_dataset(path)
+    return _dataset_cache[key]
+
+
+def _read_dataset(path: Path) -> tuple[_DatasetRow, ...]:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    stripped = text.lstrip()
+    rows: list[_DatasetRow] = []
+    if stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"dataset {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        for i, item in enumerate(data):
+            row = _sharegpt_row(item) if isinstance(item, dict) and "conversations" in item else _jsonl_row(item)
+            if row is None:
+                raise ConfigError(f"dataset {path}: entry {i} has no prompt (ShareGPT 'conversations' or 'prompt')")
+            rows.append(row)
+    else:
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"dataset {path}: line {lineno} is not JSON ({e.msg})") from None
+            row = _jsonl_row(item)
+            if row is None:
+                raise ConfigError(
+                    f"dataset {path}: line {lineno} needs a string 'prompt' (optional integer 'output_len')"
+                )
+            rows.append(row)
+    rows = [r for r in rows if r.prompt]
+    if not rows:
+        raise ConfigError(f"dataset {path}: no prompts in it (JSONL with 'prompt' per line, or ShareGPT JSON)")
+    return tuple(rows)
+
+
+def _jsonl_row(item: object) -> _DatasetRow | None:
+    if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+        return None
+    out = item.get("output_len", item.get("output_tokens", item.get("max_tokens")))
+    return _DatasetRow(prompt=item["prompt"], output_len=out if isinstance(out, int) and out > 0 else None)
+
+
+def _sharegpt_row(item: dict[str, Any]) -> _DatasetRow | None:
+    turns = item.get("conversations")
+    if not isinstance(turns, list) or not turns:
+        return None
+    first = turns[0]
+    if not isinstance(first, dict) or not isinstance(first.get("value"), str):
+        return None
+    out: int | None = None
+    if len(turns) > 1 and isinstance(turns[1], dict) and isinstance(turns[1].get("value"), str):
+        out = max(1, round(len(turns[1]["value"]) / _CHARS_PER_TOKEN))
+    return _DatasetRow(prompt=first["value"], output_len=out)

@@ -1,0 +1,272 @@
+"""Scoring of a load run: percentiles, throughput, goodput and SLO checks — pure functions of the request records.
+
+Nothing here measures or sleeps: a stored study can be re-scored under new SLOs from its records alone.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Literal, cast
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.errors import ConfigError
+
+if TYPE_CHECKING:  # tuner.load imports this module; only the type is needed here
+    from tuner.load.results import RequestRecord
+
+__all__ = [
+    "LATENCY_METRICS",
+    "NO_DATA_VIOLATION",
+    "RATE_METRICS",
+    "STATS",
+    "LoadSummary",
+    "Percentiles",
+    "Slo",
+    "parse_slo",
+    "percentile",
+    "summarize",
+]
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+STATS = ("mean", "p50", "p90", "p95", "p99", "max")
+RATE_METRICS = ("success_rate", "request_throughput", "output_throughput", "total_throughput", "goodput")
+
+NO_DATA_VIOLATION = 1.0e6
+"""Violation reported for a latency SLO when no request succeeded: finite (storable as JSON), far above any real one."""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default method)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    if lo == hi:
+        return ordered[lo]
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+class Percentiles(BaseModel):
+    """Distribution of one latency in seconds; all zeros with count 0 when nothing was measured."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int = 0
+    mean: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p95: float = 0.0
+    p99: float = 0.0
+    max: float = 0.0
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Percentiles:
+        if not values:
+            return cls()
+        return cls(
+            count=len(values),
+            mean=math.fsum(values) / len(values),
+            p50=percentile(values, 50),
+            p90=percentile(values, 90),
+            p95=percentile(values, 95),
+            p99=percentile(values, 99),
+            max=max(values),
+        )
+
+    def stat(self, name: str) -> float:
+        if name not in STATS:
+            raise ValueError(f"unknown statistic {name!r}; allowed: {', '.join(STATS)}")
+        return float(getattr(self, name))
+
+
+class LoadSummary(BaseModel):
+    """What a person reads after a load run (warm-up requests excluded)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_sent: int
+    requests_succeeded: int
+    requests_failed: int
+    failures: dict[str, int] = Field(default_factory=dict)
+    failure_examples: dict[str, str] = Field(default_factory=dict)
+    success_rate: float
+    duration_s: float
+    request_throughput: float
+    output_throughput: float
+    total_throughput: float
+    ttft: Percentiles
+    tpot: Percentiles
+    itl: Percentiles
+    e2e: Percentiles
+    goodput: float
+    concurrency: float
+    usage_from_server: bool
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def metric(self, name: str) -> float:
+        """A scalar by SLO name: `e2e_p95`, `ttft_mean`, `success_rate`, `output_throughput`, ..."""
+        if name in RATE_METRICS:
+            return float(getattr(self, name))
+        base, _, stat = name.partition("_")
+        if base in LATENCY_METRICS and stat in STATS:
+            pct: Percentiles = getattr(self, base)
+            return pct.stat(stat)
+        raise ConfigError(f"unknown metric {name!r}; allowed: {_allowed_metrics()}")
+
+
+def _allowed_metrics() -> str:
+    return f"{{{','.join(LATENCY_METRICS)}}}_{{{','.join(STATS)}}} or {', '.join(RATE_METRICS)}"
+
+
+Op = Literal["<=", "<", ">=", ">"]
+
+
+class Slo(BaseModel):
+    """One service-level objective, e.g. e2e_p95 <= 5.0 (latencies in seconds, rates as fractions or per second)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: str
+    op: Op
+    threshold: float
+
+    def __str__(self) -> str:
+        if self.is_latency:
+            return f"{self.metric}{self.op}{_fmt_seconds(self.threshold)}"
+        return f"{self.metric}{self.op}{self.threshold:g}"
+
+    @property
+    def is_latency(self) -> bool:
+        return self.metric.partition("_")[0] in LATENCY_METRICS
+
+    def value(self, summary: LoadSummary) -> float:
+        return summary.metric(self.metric)
+
+    def met(self, summary: LoadSummary) -> bool:
+        return self.violation(summary) <= 0.0
+
+    def violation(self, summary: LoadSummary) -> float:
+        """Optuna's constraint shape: <= 0 when met; otherwise the relative distance to the threshold."""
+        if self.is_latency and getattr(summary, self.metric.partition("_")[0]).count == 0:
+            return NO_DATA_VIOLATION
+        value = self.value(summary)
+        scale = abs(self.threshold) if self.threshold != 0 else 1.0
+        excess = value - self.threshold if self.op in ("<=", "<") else self.threshold - value
+        if self.op in ("<", ">") and excess == 0:
+            # A strict bound sitting exactly on its threshold is missed by the smallest positive amount.
+            return 1e-12
+        return excess / scale
+
+    def request_meets(self, record: RequestRecord) -> bool:
+        """Per-request reading of a latency SLO, for goodput: the request's own value against the threshold."""
+        base, _, stat = self.metric.partition("_")
+        value = _request_value(record, base, stat)
+        if value is None:
+            return False
+        return _compare(value, self.op, self.threshold)
+
+
+def _compare(value: float, op: Op, threshold: float) -> bool:
+    if op == "<=":
+        return value <= threshold
+    if op == "<":
+        return value < threshold
+    if op == ">=":
+        return value >= threshold
+    return value > threshold
+
+
+def _request_value(record: RequestRecord, base: str, stat: str) -> float | None:
+    if base == "ttft":
+        return record.ttft_s
+    if base == "e2e":
+        return record.e2e_s
+    if base == "tpot":
+        return record.tpot_s
+    if base == "itl":
+        # A request's own gaps under the same statistic; a one-token reply has no gap and cannot miss an ITL SLO.
+        return Percentiles.of(record.itl_s).stat(stat) if record.itl_s else 0.0
+    return None
+
+
+_SLO_RE = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-z%]*)\s*$")
+_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "m": 60.0, "min": 60.0}
+
+
+def parse_slo(text: str) -> Slo:
+    """`e2e_p95<=5s`, `ttft_p95 <= 500ms`, `success_rate>=0.99` (or `>=99%`), `output_throughput>=1000`."""
+    m = _SLO_RE.match(text.lower().replace("µs", "us"))
+    if not m:
+        raise ConfigError(
+            f"cannot read SLO {text!r}: write METRIC OP VALUE, e.g. 'e2e_p95<=5s', 'ttft_p95<=500ms', "
+            f"'success_rate>=0.99'; metrics: {_allowed_metrics()}"
+        )
+    metric, op, number, unit = m.groups()
+    value = float(number)
+    base, _, stat = metric.partition("_")
+    if base in LATENCY_METRICS and stat in STATS:
+        if unit not in _UNITS or unit == "%":
+            raise ConfigError(f"SLO {text!r}: unit {unit!r} is not a time unit; use s, ms or us")
+        value *= _UNITS[unit]
+    elif metric in RATE_METRICS:
+        if unit == "%":
+            value /= 100.0
+        elif unit not in ("", "/s"):
+            raise ConfigError(f"SLO {text!r}: {metric} takes a plain number (or a percentage for success_rate)")
+    else:
+        raise ConfigError(f"SLO {text!r}: unknown metric {metric!r}; allowed: {_allowed_metrics()}")
+    if metric == "success_rate" and not 0.0 <= value <= 1.0:
+        raise ConfigError(f"SLO {text!r}: success_rate is a fraction between 0 and 1 (or a percentage)")
+    return Slo(metric=metric, op=cast(Op, op), threshold=value)
+
+
+def _fmt_seconds(s: float) -> str:
+    if s != 0 and abs(s) < 1.0:
+        return f"{s * 1000:g}ms"
+    return f"{s:g}s"
+
+
+def summarize(records: Iterable[RequestRecord], *, duration_s: float, slos: Sequence[Slo] = ()) -> LoadSummary:
+    """Summary of the measured (non-warm-up) records over a measured phase of `duration_s` seconds."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    failures: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for r in measured:
+        if not r.ok:
+            cls = r.error_class or "other"
+            failures[cls] = failures.get(cls, 0) + 1
+            examples.setdefault(cls, r.error_message or cls)
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    completion_tokens = sum(r.completion_tokens for r in ok)
+    per_s = 1.0 / duration_s if duration_s > 0 else 0.0
+    latency_slos = [s for s in slos if s.is_latency]
+    good = [r for r in ok if all(s.request_meets(r) for s in latency_slos)]
+    busy = math.fsum(r.e2e_s for r in measured)
+    return LoadSummary(
+        requests_sent=len(measured),
+        requests_succeeded=len(ok),
+        requests_failed=len(measured) - len(ok),
+        failures=dict(sorted(failures.items(), key=lambda kv: (-kv[1], kv[0]))),
+        failure_examples=examples,
+        success_rate=len(ok) / len(measured) if measured else 0.0,
+        duration_s=duration_s,
+        request_throughput=len(ok) * per_s,
+        output_throughput=completion_tokens * per_s,
+        total_throughput=(prompt_tokens + completion_tokens) * per_s,
+        ttft=Percentiles.of([r.ttft_s for r in ok if r.ttft_s is not None]),
+        tpot=Percentiles.of([t for r in ok if (t := r.tpot_s) is not None]),
+        itl=Percentiles.of([g for r in ok for g in r.itl_s]),
+        e2e=Percentiles.of([r.e2e_s for r in ok]),
+        goodput=len(good) * per_s,
+        concurrency=busy * per_s,
+        usage_from_server=all(r.usage_from_server for r in ok),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+    )
