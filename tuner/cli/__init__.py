@@ -25,7 +25,10 @@ app = typer.Typer(
 err_console = Console(stderr=True)
 
 # Each module registers its commands on `app` when imported; one module a feature.
-_COMMAND_MODULES: list[str] = []
+_COMMAND_MODULES: list[str] = [
+    "tuner.cli.emulate",
+    "tuner.cli.morning",
+]
 
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name)

@@ -1,0 +1,5 @@
+import sys
+
+from tuner.emulator.emulator import main
+
+sys.exit(main())

@@ -1,0 +1,189 @@
+"""The emulator's command line: vLLM's flag names and defaults, plus the emulator's own flags.
+
+One parser serves `python -m tuner.emulator` and `tuner emulate`. Bad values are a `ConfigError` (one line,
+exit 2); vLLM flags the emulator does not model are accepted and reported in a WARNING line, as a newer vLLM
+would be told an option it can safely ignore.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from tuner.catalog import GPUS, GpuProfile, ModelProfile, get_gpu, load_model
+from tuner.errors import ConfigError
+from tuner.flags import BLOCK_SIZES, KV_CACHE_DTYPES, VllmFlags, parse_model_len
+
+EXAMPLE = (
+    "example:\n"
+    "  {prog} --model llama-3.1-8b --gpu rtx4090 --max-model-len 8192 --port 8000\n"
+    "  curl -N localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
+    '    -d \'{{"model": "llama-3.1-8b", "prompt": "Hello", "max_tokens": 32, "stream": true}}\'\n'
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"emulator argument error: {message}")
+
+
+def _model_len(text: str) -> int:
+    try:
+        return parse_model_len(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def build_parser(prog: str = "python -m tuner.emulator") -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=prog,
+        description="A CPU-only look-alike of vLLM's OpenAI-compatible server: vLLM's flags, start-up memory "
+        "arithmetic, V1 scheduler, paged KV cache, latency shape, HTTP and /metrics surface.",
+        epilog=EXAMPLE.format(prog=prog),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    v = p.add_argument_group("vLLM flags (vLLM's names and defaults)")
+    v.add_argument("--model", help="built-in profile (llama-3.1-8b, ...), its hub name, or a dir with config.json")
+    v.add_argument("--served-model-name", nargs="+", default=None, help="name(s) the API answers to")
+    v.add_argument("--host", default="0.0.0.0")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--max-num-seqs", type=int, default=None)
+    v.add_argument("--max-model-len", type=_model_len, default=None, help="e.g. 8192, 8k (=8000), 8K (=8192)")
+    v.add_argument("--gpu-memory-utilization", type=float, default=None, help="default 0.9")
+    v.add_argument("--max-num-batched-tokens", type=int, default=None)
+    v.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    v.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    v.add_argument("--block-size", type=int, choices=BLOCK_SIZES, default=16)
+    v.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    v.add_argument("--enforce-eager", action="store_true")
+    v.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput log line")
+    v.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
+    e = p.add_argument_group("emulator flags")
+    e.add_argument("--gpu", default="h100-80gb", help=f"GPU to imitate: {', '.join(GPUS)} (default h100-80gb)")
+    e.add_argument("--gpu-memory-in-use-gib", type=_non_negative_float, default=0.0, help="held by other processes")
+    e.add_argument("--time-scale", type=_positive_float, default=1.0, help="run S times faster than the GPU")
+    e.add_argument("--seed", type=int, default=0, help="seed of the natural (EOS) output lengths")
+    e.add_argument("--fault-hang-on-start", action="store_true", help="never become ready, never exit")
+    e.add_argument(
+        "--fault-crash-after-requests", type=int, default=None, metavar="N", help="die with a CUDA error after N"
+    )
+    return p
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    """Everything the command line decided, catalog entries resolved."""
+
+    model_arg: str
+    model: ModelProfile
+    gpu: GpuProfile
+    flags: VllmFlags
+    served_model_names: tuple[str, ...]
+    host: str = "0.0.0.0"
+    port: int = 8000
+    memory_in_use_gib: float = 0.0
+    time_scale: float = 1.0
+    seed: int = 0
+    disable_log_stats: bool = False
+    api_key: str | None = None
+    fault_hang_on_start: bool = False
+    fault_crash_after_requests: int | None = None
+    ignored_args: tuple[str, ...] = ()
+    non_default_args: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def served_model_name(self) -> str:
+        return self.served_model_names[0]
+
+
+def _split_unknown(extras: list[str]) -> list[str]:
+    """Unknown `--flag [value]` pairs are ignored with a warning; a stray word is an error."""
+    ignored: list[str] = []
+    for i, arg in enumerate(extras):
+        if arg.startswith("-") or (i > 0 and extras[i - 1].startswith("--") and "=" not in extras[i - 1]):
+            ignored.append(arg)
+        else:
+            raise ConfigError(f"emulator argument error: unrecognized argument {arg!r}")
+    return ignored
+
+
+def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> EmulatorConfig:
+    """Parse the command line into a config; raises ConfigError (one line) for anything not allowed."""
+    argv = list(argv)
+    positional_model = None
+    if argv and not argv[0].startswith("-"):  # `vllm serve MODEL ...` form
+        positional_model = argv.pop(0)
+    parser = build_parser(prog)
+    ns, extras = parser.parse_known_args(argv)
+    ignored = _split_unknown(extras)
+    model_arg = ns.model or positional_model
+    if not model_arg:
+        raise ConfigError(
+            "emulator argument error: --model is required (built-in profiles: llama-3.1-8b, llama-3.1-8b-awq, "
+            "llama-3.1-70b, qwen2.5-7b; or a directory with a config.json)"
+        )
+    model = load_model(model_arg)
+    gpu = get_gpu(ns.gpu)
+    if not 0 < ns.port < 65536 and ns.port != 0:
+        raise ConfigError(f"emulator argument error: --port must be in 0..65535, got {ns.port}")
+    if ns.fault_crash_after_requests is not None and ns.fault_crash_after_requests < 0:
+        raise ConfigError("emulator argument error: --fault-crash-after-requests must be >= 0")
+    if ns.tensor_parallel_size < 1:
+        raise ConfigError("emulator argument error: --tensor-parallel-size must be >= 1")
+    flags = VllmFlags(
+        max_num_seqs=ns.max_num_seqs,
+        max_model_len=ns.max_model_len,
+        gpu_memory_utilization=ns.gpu_memory_utilization,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
+        tensor_parallel_size=ns.tensor_parallel_size,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        block_size=ns.block_size,
+        enable_chunked_prefill=ns.enable_chunked_prefill,
+        enable_prefix_caching=ns.enable_prefix_caching,
+        enforce_eager=ns.enforce_eager,
+    )
+    defaults = vars(parser.parse_args([]))
+    non_default = {k: v for k, v in vars(ns).items() if v != defaults.get(k)}
+    if positional_model:
+        non_default["model"] = positional_model
+    return EmulatorConfig(
+        model_arg=model_arg,
+        model=model,
+        gpu=gpu,
+        flags=flags,
+        served_model_names=tuple(ns.served_model_name or [model_arg]),
+        host=ns.host,
+        port=ns.port,
+        memory_in_use_gib=ns.gpu_memory_in_use_gib,
+        time_scale=ns.time_scale,
+        seed=ns.seed,
+        disable_log_stats=ns.disable_log_stats,
+        api_key=ns.api_key,
+        fault_hang_on_start=ns.fault_hang_on_start,
+        fault_crash_after_requests=ns.fault_crash_after_requests,
+        ignored_args=tuple(ignored),
+        non_default_args=non_default,
+    )

@@ -1,0 +1,343 @@
+"""The emulator as one object: start-up as vLLM does it, then the engine and the HTTP server.
+
+In-process (tests): `Emulator.from_args([...])` then `async with emu.serve_http(host, port=0) as base_url:`.
+Process form: `python -m tuner.emulator ...` runs `main()`: start-up lines with emulated delays, the port bound
+only when ready, vLLM's message and exit 1 for a start vLLM would refuse, exit 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import TextIO
+
+import uvicorn
+
+from tuner.capacity import (
+    CUDA_OOM,
+    GIB,
+    INSUFFICIENT_FREE_MEMORY,
+    INVALID_FLAGS,
+    KV_CACHE_TOO_SMALL,
+    NO_KV_MEMORY,
+    StartupPlan,
+    cuda_graph_capture_sizes,
+    plan_startup,
+)
+from tuner.clock import Clock
+from tuner.emulator.config import EmulatorConfig, parse_config
+from tuner.emulator.engine import Engine
+from tuner.emulator.logs import VllmLog
+from tuner.emulator.metrics import EmulatorMetrics
+from tuner.emulator.server import VLLM_VERSION, OpenAiApp
+from tuner.emulator.step_time import StepTimeModel
+from tuner.errors import ConfigError, LaunchError
+from tuner.flags import ResolvedFlags, resolve
+
+WEIGHT_LOAD_BYTES_PER_S = 2e9  # safetensors from a warm page cache
+PROFILE_SECONDS = 3.0  # dynamo + torch.compile warm cache + profiling run
+EAGER_PROFILE_SECONDS = 1.0
+GRAPH_SECONDS_PER_SIZE = 0.2
+
+
+class EmulatorStartupError(LaunchError):
+    """A start vLLM would refuse: `reason` is a capacity failure class, `message` vLLM's text."""
+
+    def __init__(self, reason: str, message: str, estimated_max_model_len: int | None = None) -> None:
+        super().__init__(message, reason)
+        self.message = message
+        self.estimated_max_model_len = estimated_max_model_len
+
+
+def _quiet_uvicorn() -> None:
+    # Our own vLLM-shaped lines replace uvicorn's; a cut stream must not print a traceback.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        lg = logging.getLogger(name)
+        lg.handlers = [logging.NullHandler()]
+        lg.propagate = False
+
+
+def _fmt_args(config: EmulatorConfig) -> str:
+    shown = {k: ("<hidden>" if k == "api_key" else v) for k, v in config.non_default_args.items()}
+    return repr(shown)
+
+
+class Emulator:
+    def __init__(self, config: EmulatorConfig, *, log_stream: TextIO | None = None) -> None:
+        self.config = config
+        self.time_scale = config.time_scale
+        self.clock = Clock(config.time_scale)
+        self.log = VllmLog(log_stream)
+        self.resolved: ResolvedFlags = resolve(config.flags, config.gpu, config.model)
+        self.plan: StartupPlan = plan_startup(config.model, config.gpu, self.resolved, config.memory_in_use_gib)
+        self.step_model = StepTimeModel.build(config.model, config.gpu, self.resolved)
+        self.exit_code: int | None = None
+        self.fatal_reason: str | None = None
+        self._server: uvicorn.Server | None = None
+        self._startup_logged = False
+        r = self.resolved
+        cache_info = {
+            "block_size": str(r.block_size),
+            "cache_dtype": r.kv_cache_dtype,
+            "enable_prefix_caching": str(r.enable_prefix_caching),
+            "gpu_memory_utilization": str(r.gpu_memory_utilization),
+            "num_gpu_blocks": str(self.plan.num_gpu_blocks),
+            "num_cpu_blocks": "0",
+            "swap_space": "4",
+            "sliding_window": "None",
+        }
+        self.metrics = EmulatorMetrics(config.served_model_name, r.max_model_len, cache_info)
+        self.engine = Engine(
+            config.model,
+            r,
+            self.plan,
+            self.step_model,
+            self.clock,
+            self.metrics,
+            self.log,
+            self._on_fatal,
+            crash_after_requests=config.fault_crash_after_requests,
+            log_stats=not config.disable_log_stats,
+        )
+        self.api = OpenAiApp(
+            self.engine,
+            self.metrics,
+            config.served_model_names,
+            config.model_arg,
+            r.max_model_len,
+            config.seed,
+            config.api_key,
+            lambda: self.engine.dead,
+        )
+        self.app = self.api.app
+
+    @classmethod
+    def from_args(cls, argv: list[str], *, log_stream: TextIO | None = None) -> Emulator:
+        """Parse vLLM-style arguments; raises ConfigError for bad ones, EmulatorStartupError for a refused start."""
+        emu = cls(parse_config(argv), log_stream=log_stream)
+        emu.check_startup()
+        return emu
+
+    def check_startup(self) -> None:
+        p = self.plan
+        if not p.ok:
+            assert p.reason is not None and p.message is not None
+            raise EmulatorStartupError(p.reason, p.message, p.estimated_max_model_len)
+
+    # -- start-up ------------------------------------------------------------------------------------------------
+
+    def startup_seconds(self) -> float:
+        """Emulated seconds from launch to ready: weights load, profiling, CUDA graph capture."""
+        p = self.plan
+        graphs = len(cuda_graph_capture_sizes(self.resolved)) * GRAPH_SECONDS_PER_SIZE
+        profile = EAGER_PROFILE_SECONDS if self.resolved.enforce_eager else PROFILE_SECONDS
+        return p.weights_bytes / WEIGHT_LOAD_BYTES_PER_S + profile + graphs
+
+    async def _pause(self, emulated_s: float, delays: bool) -> None:
+        if delays:
+            await self.clock.sleep(emulated_s)
+
+    def _fail(self, source: str, lines: list[str]) -> None:
+        self.log.error("core.py:708", "EngineCore failed to start.")
+        self.log.error("core.py:708", "Traceback (most recent call last):")
+        for line in lines:
+            self.log.error("core.py:708", line)
+        self.log.error(
+            source,
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+        )
+
+    async def startup(self, delays: bool = True) -> bool:
+        """Print vLLM's start-up lines in order, pausing as long as each phase takes (scaled); False if the
+        start fails at the point where vLLM discovers it (the error is logged)."""
+        cfg, r, p, log = self.config, self.resolved, self.plan, self.log
+        self._startup_logged = True
+        log.info("api_server.py:1896", f"vLLM API server version {VLLM_VERSION} (tuner emulator)")
+        log.info("utils.py:328", f"non-default args: {_fmt_args(cfg)}")
+        if cfg.ignored_args:
+            log.warning(
+                "arg_utils.py:1762",
+                f"The emulator ignores these vLLM arguments (not modelled): {' '.join(cfg.ignored_args)}",
+            )
+        log.info("__init__.py:742", f"Resolved architecture: {cfg.model.name} on {cfg.gpu.device_name}")
+        if p.reason == INVALID_FLAGS:
+            self._fail("api_server.py:1920", [f"ValueError: {p.message}"])
+            return False
+        log.info("__init__.py:1815", f"Using max model len {r.max_model_len}")
+        if r.enable_chunked_prefill:
+            log.info(
+                "scheduler.py:222",
+                f"Chunked prefill is enabled with max_num_batched_tokens={r.max_num_batched_tokens}.",
+            )
+        log.info(
+            "core.py:654",
+            f"Waiting for init message from front-end. max_num_seqs={r.max_num_seqs}, "
+            f"gpu_memory_utilization={r.gpu_memory_utilization}, tensor_parallel_size={r.tensor_parallel_size}",
+        )
+        if p.reason == INSUFFICIENT_FREE_MEMORY:
+            self._fail("api_server.py:1920", [f"ValueError: {p.message}"])
+            return False
+        if cfg.fault_hang_on_start:
+            log.info("gpu_model_runner.py:1953", f"Starting to load model {cfg.model_arg}...")
+            await asyncio.Event().wait()  # never ready, never exits (fault injection)
+        log.info("gpu_model_runner.py:1953", f"Starting to load model {cfg.model_arg}...")
+        load_s = p.weights_bytes / WEIGHT_LOAD_BYTES_PER_S
+        if p.reason == CUDA_OOM and p.weights_bytes > p.free_bytes:
+            await self._pause(load_s * 0.5, delays)
+            self._fail("api_server.py:1920", [p.message or "torch.OutOfMemoryError: CUDA out of memory."])
+            return False
+        await self._pause(load_s, delays)
+        log.info(
+            "gpu_model_runner.py:2007",
+            f"Model loading took {p.weights_bytes / GIB:.2f} GiB memory and {load_s:.2f} seconds",
+        )
+        profile_s = EAGER_PROFILE_SECONDS if r.enforce_eager else PROFILE_SECONDS
+        if not r.enforce_eager:
+            log.info("backends.py:548", f"Dynamo bytecode transform time: {profile_s * 0.6:.2f} s")
+            log.info("monitor.py:34", f"torch.compile takes {profile_s * 0.6:.2f} s in total")
+        await self._pause(profile_s, delays)
+        log.info(
+            "gpu_worker.py:276",
+            f"Memory profiling takes {profile_s * 0.4:.2f} seconds\n"
+            f"the current vLLM instance can use total_gpu_memory ({p.total_bytes / GIB:.2f}GiB) x "
+            f"gpu_memory_utilization ({r.gpu_memory_utilization:.2f}) = {p.requested_bytes / GIB:.2f}GiB\n"
+            f"model weights take {p.weights_bytes / GIB:.2f}GiB; non_torch_memory takes "
+            f"{p.non_torch_bytes / GIB:.2f}GiB; PyTorch activation peak memory takes "
+            f"{p.activation_bytes / GIB:.2f}GiB; the rest of the memory reserved for KV Cache is "
+            f"{p.available_kv_bytes / GIB:.2f}GiB.",
+        )
+        log.info("gpu_worker.py:298", f"Available KV cache memory: {p.available_kv_bytes / GIB:.2f} GiB")
+        if p.reason in (NO_KV_MEMORY, KV_CACHE_TOO_SMALL):
+            self._fail("api_server.py:1920", [f"ValueError: {p.message}"])
+            return False
+        log.info("kv_cache_utils.py:1087", f"GPU KV cache size: {p.kv_tokens:,} tokens")
+        log.info(
+            "kv_cache_utils.py:1091",
+            f"Maximum concurrency for {r.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x",
+        )
+        graph_s = len(cuda_graph_capture_sizes(r)) * GRAPH_SECONDS_PER_SIZE
+        await self._pause(graph_s, delays)
+        if p.reason == CUDA_OOM:
+            self._fail("api_server.py:1920", [p.message or "torch.OutOfMemoryError: CUDA out of memory."])
+            return False
+        if graph_s:
+            log.info(
+                "gpu_model_runner.py:2708",
+                f"Graph capturing finished in {graph_s:.0f} secs, took {p.cuda_graph_bytes / GIB:.2f} GiB",
+            )
+        log.info(
+            "core.py:214",
+            f"init engine (profile, create kv cache, warmup model) took {profile_s + graph_s:.2f} seconds",
+        )
+        return True
+
+    # -- serving -------------------------------------------------------------------------------------------------
+
+    def _on_fatal(self, reason: str, lines: list[str]) -> None:
+        self.fatal_reason = reason
+        self.exit_code = 1
+        for line in lines:
+            self.log.error("core.py:710", line)
+        self.log.error("async_llm.py:420", "AsyncLLM output_handler failed.")
+        self.log.error("launcher.py:101", "Engine failed, terminating server.")
+        self.engine.cut_all()
+        if self._server is not None:
+            self._server.should_exit = True
+
+    @asynccontextmanager
+    async def serve_http(
+        self, host: str | None = None, port: int | None = None, *, startup_delay: bool = False
+    ) -> AsyncIterator[str]:
+        """Run uvicorn and the engine in the current event loop; yields the base URL once it accepts
+        connections. With startup_delay the emulated start-up time passes first (connections refused)."""
+        self.check_startup()
+        if not self._startup_logged:
+            await self.startup(delays=startup_delay)
+        host = self.config.host if host is None else host
+        port = self.config.port if port is None else port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))  # listen() happens in uvicorn: refused until then
+        except OSError as e:
+            sock.close()
+            raise LaunchError(f"cannot bind {host}:{port}: {e}", "unknown") from None
+        actual_port = sock.getsockname()[1]
+        _quiet_uvicorn()
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            timeout_keep_alive=30,
+        )
+        server = uvicorn.Server(config)
+        self._server = server
+        engine_task = asyncio.create_task(self.engine.run(), name="emulator-engine")
+        serve_task = asyncio.create_task(server.serve(sockets=[sock]), name="emulator-uvicorn")
+        try:
+            while not server.started and not serve_task.done():
+                await asyncio.sleep(0.005)
+            if serve_task.done():
+                serve_task.result()
+                raise LaunchError("the HTTP server stopped during start-up", "unknown")
+            shown = f"[{host}]" if ":" in host else host
+            url = f"http://{shown}:{actual_port}"
+            self.log.info("api_server.py:1818", f"Starting vLLM API server 0 on {url}")
+            self.log.uvicorn(f"Started server process [{os.getpid()}]")
+            self.log.uvicorn("Waiting for application startup.")
+            self.log.uvicorn("Application startup complete.")
+            self.log.uvicorn(f"Uvicorn running on {url} (Press CTRL+C to quit)")
+            yield url.replace("0.0.0.0", "127.0.0.1") if host == "0.0.0.0" else url
+        finally:
+            self.engine.stop()
+            self.engine.cut_all()
+            server.should_exit = True
+            try:
+                await serve_task
+            finally:
+                engine_task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await engine_task
+                sock.close()
+                self._server = None
+
+    async def wait_closed(self) -> None:
+        """Until the server stops by itself (a fatal error) or is told to (SIGTERM/SIGINT)."""
+        while self._server is not None and not self._server.should_exit:
+            await asyncio.sleep(0.05)
+
+    async def run_process(self) -> int:
+        """The process form: start-up with delays, serve until a signal or a fatal error; the exit code."""
+        if not await self.startup(delays=True):
+            return 1
+        async with self.serve_http(startup_delay=True):
+            await self.wait_closed()
+        return self.exit_code or 0
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m tuner.emulator") -> int:
+    """Entry point of `python -m tuner.emulator` and `tuner emulate`; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        from tuner.emulator.config import build_parser
+
+        build_parser(prog).print_help()
+        return 0
+    try:
+        config = parse_config(args, prog)
+    except ConfigError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    emu = Emulator(config)
+    try:
+        return asyncio.run(emu.run_process())
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,468 @@
+"""The engine: vLLM V1's scheduler over a paged KV pool, stepping in emulated time.
+
+One asyncio task. Each step schedules running requests first (one token a decode, a chunk a partial prefill)
+within the `max_num_batched_tokens` budget, then admits waiting ones FCFS while budget remains, the batch is
+below `max_num_seqs` and nothing was preempted; blocks are allocated lazily; when a block cannot be had the
+newest running request is preempted by recompute. The step's duration comes from the step-time model; the
+task sleeps until an absolute deadline (previous deadline + step time) so Python overhead does not
+accumulate, then emits one token to every request that finished its prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tuner.capacity import StartupPlan, cuda_oom_message, runtime_need_bytes
+from tuner.catalog import ModelProfile
+from tuner.clock import Clock
+from tuner.emulator.kv_pool import BlockHash, KvBlockPool, block_hashes
+from tuner.emulator.logs import VllmLog
+from tuner.emulator.metrics import EmulatorMetrics
+from tuner.emulator.step_time import StepTimeModel
+from tuner.flags import ResolvedFlags
+
+WAITING, RUNNING, FINISHED, ABORTED = 0, 1, 2, 3
+_MAX_LAG_WALL_S = 0.02  # behind schedule by more than this: stop catching up, count a late step
+_STATS_INTERVAL_S = 10.0  # emulated seconds between "Avg generation throughput" lines, as vLLM's loggers
+
+
+class TokenSink(Protocol):
+    """Where a request's tokens go (the HTTP stream)."""
+
+    def on_token(self, index: int, finish_reason: str | None) -> None: ...
+
+    def on_cut(self) -> None: ...
+
+
+class EngineRequest:
+    __slots__ = (
+        "arrival",
+        "blocks",
+        "finish_reason",
+        "first_scheduled",
+        "first_token",
+        "hashes",
+        "last_token",
+        "num_computed",
+        "num_output",
+        "prompt_len",
+        "request_id",
+        "sink",
+        "state",
+        "target_output",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        target_output: int,
+        finish_reason: str,
+        sink: TokenSink,
+        block_size: int,
+        caching: bool,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_len = len(prompt_ids)
+        self.hashes: list[BlockHash] = block_hashes(prompt_ids, block_size) if caching else []
+        self.target_output = target_output
+        self.finish_reason = finish_reason
+        self.sink = sink
+        self.state = WAITING
+        self.num_computed = 0
+        self.num_output = 0
+        self.blocks: list[int] = []
+        self.arrival = 0.0
+        self.first_scheduled: float | None = None
+        self.first_token = 0.0
+        self.last_token = 0.0
+
+
+def output_length(
+    seed: int, prompt_ids: list[int], max_tokens: int, min_tokens: int, ignore_eos: bool, request_seed: int | None
+) -> tuple[int, str]:
+    """How many tokens a request generates and why it stops: exactly max_tokens with ignore_eos, otherwise a
+    seeded 'natural' length where the model would emit EOS (log-normal, median ~180 tokens)."""
+    if ignore_eos:
+        return max_tokens, "length"
+    key = hash((seed, request_seed, len(prompt_ids), tuple(prompt_ids[:64]), tuple(prompt_ids[-16:])))
+    natural = max(1, int(random.Random(key).lognormvariate(math.log(180.0), 0.9)))
+    if natural >= max_tokens:
+        return max_tokens, "length"
+    return max(natural, min_tokens, 1), "stop"
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    model_busy_s: float = 0.0  # sum of modelled step times
+    actual_busy_s: float = 0.0  # emulated time those steps really took
+    late_steps: int = 0
+    max_lag_s: float = 0.0
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+    @property
+    def timing_error(self) -> float:
+        """Relative excess of real over modelled step time (0.0 = every step on time)."""
+        return self.actual_busy_s / self.model_busy_s - 1.0 if self.model_busy_s else 0.0
+
+
+class Engine:
+    def __init__(
+        self,
+        model: ModelProfile,
+        flags: ResolvedFlags,
+        plan: StartupPlan,
+        step_model: StepTimeModel,
+        clock: Clock,
+        metrics: EmulatorMetrics,
+        log: VllmLog,
+        on_fatal: Callable[[str, list[str]], None],
+        crash_after_requests: int | None = None,
+        log_stats: bool = True,
+    ) -> None:
+        self.model = model
+        self.flags = flags
+        self.plan = plan
+        self.step_model = step_model
+        self.clock = clock
+        self.metrics = metrics
+        self.log = log
+        self.on_fatal = on_fatal
+        self.crash_after_requests = crash_after_requests
+        self.log_stats = log_stats
+        self.block_size = flags.block_size
+        self.caching = flags.enable_prefix_caching
+        self.pool = KvBlockPool(plan.num_gpu_blocks, flags.block_size, self.caching)
+        self.running: list[EngineRequest] = []
+        self.waiting: deque[EngineRequest] = deque()
+        self.stats = EngineStats()
+        self.dead = False
+        self._wakeup = asyncio.Event()
+        self._has_aborted = False
+        self._stopped = False
+        self._oom_threshold = self._runtime_oom_threshold(model, flags, plan)
+        self._stats_next = 0.0
+        self._stats_mark = (0, 0, 0, 0, 0.0)
+        metrics.bind_gauges(lambda: len(self.running), lambda: len(self.waiting), lambda: self.pool.usage)
+
+    @staticmethod
+    def _runtime_oom_threshold(model: ModelProfile, flags: ResolvedFlags, plan: StartupPlan) -> int:
+        """The fewest running requests whose transient buffers no longer fit in the headroom."""
+        for n in range(flags.max_num_seqs + 1):
+            if runtime_need_bytes(model, flags, n) > plan.headroom_bytes:
+                return n
+        return flags.max_num_seqs + 1
+
+    # -- requests ----------------------------------------------------------------------------------------------
+
+    def submit(self, req: EngineRequest) -> None:
+        req.arrival = self.clock.now()
+        self.waiting.append(req)
+        self._wakeup.set()
+
+    def abort(self, req: EngineRequest) -> None:
+        """The client went away: free its blocks at the next step (vLLM aborts on disconnect)."""
+        if req.state in (WAITING, RUNNING):
+            req.state = ABORTED
+            self._has_aborted = True
+            self._wakeup.set()
+
+    def _drop_aborted(self) -> None:
+        self._has_aborted = False
+        pool = self.pool
+        for r in self.running:
+            if r.state == ABORTED:
+                pool.free_blocks(r.blocks)
+        self.running = [r for r in self.running if r.state == RUNNING]
+        if any(r.state == ABORTED for r in self.waiting):
+            for r in self.waiting:
+                if r.state == ABORTED:
+                    pool.free_blocks(r.blocks)
+            self.waiting = deque(r for r in self.waiting if r.state == WAITING)
+
+    # -- scheduling ----------------------------------------------------------------------------------------------
+
+    def _preempt(self, victim: EngineRequest) -> None:
+        self.pool.free_blocks(victim.blocks)
+        victim.num_computed = 0
+        victim.state = WAITING
+        self.waiting.appendleft(victim)
+        self.stats.preemptions += 1
+        self.metrics.preemptions.inc()
+
+    def schedule(self) -> tuple[list[tuple[EngineRequest, int]], int, int, int]:
+        """One V1 scheduler pass: the scheduled (request, tokens) pairs, decode count, KV tokens read, attention
+        pairs."""
+        if self._has_aborted:
+            self._drop_aborted()
+        bs = self.block_size
+        pool = self.pool
+        budget = self.flags.max_num_batched_tokens
+        items: list[tuple[EngineRequest, int]] = []
+        num_decode = kv_read = attn = 0
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            c = req.num_computed
+            n = req.prompt_len + req.num_output - c
+            if n > budget:
+                n = budget
+            need = (c + n + bs - 1) // bs - len(req.blocks)
+            if need > 0 and not pool.allocate(need, req.blocks):
+                scheduled = False
+                while True:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        break
+                    if pool.allocate(need, req.blocks):
+                        scheduled = True
+                        break
+                if not scheduled:
+                    break
+            items.append((req, n))
+            budget -= n
+            kv_read += c + n
+            if n == 1:
+                num_decode += 1
+                attn += c + 1
+            else:
+                attn += n * c + n * (n + 1) // 2
+            i += 1
+
+        if not preempted:
+            waiting = self.waiting
+            max_seqs = self.flags.max_num_seqs
+            chunked = self.flags.enable_chunked_prefill
+            now = self.clock.now()
+            while waiting and budget > 0 and len(running) < max_seqs:
+                req = waiting[0]
+                num_tokens = req.prompt_len + req.num_output
+                hits: list[int] = []
+                if self.caching and req.hashes:
+                    hits = pool.lookup(req.hashes, (num_tokens - 1) // bs)
+                c = len(hits) * bs
+                n = num_tokens - c
+                if n > budget:
+                    if not chunked:
+                        break
+                    n = budget
+                need = (c + n + bs - 1) // bs - len(hits)
+                if not pool.can_allocate(need, hits):
+                    break
+                pool.touch(hits)
+                req.blocks = hits
+                pool.allocate(need, req.blocks)
+                req.num_computed = c
+                if self.caching:
+                    self.stats.prefix_queries += num_tokens
+                    self.stats.prefix_hits += c
+                    self.metrics.prefix_queries.inc(num_tokens)
+                    if c:
+                        self.metrics.prefix_hits.inc(c)
+                waiting.popleft()
+                req.state = RUNNING
+                if req.first_scheduled is None:
+                    req.first_scheduled = now
+                running.append(req)
+                items.append((req, n))
+                budget -= n
+                kv_read += c + n
+                attn += n * c + n * (n + 1) // 2
+        return items, num_decode, kv_read, attn
+
+    def complete(self, items: list[tuple[EngineRequest, int]], now: float) -> None:
+        """Apply a finished step: advance each request, emit the sampled tokens, retire finished requests."""
+        bs = self.block_size
+        pool = self.pool
+        metrics = self.metrics
+        stats = self.stats
+        max_len = self.flags.max_model_len
+        itl = metrics.itl
+        generated = prompt_tokens = 0
+        any_finished = False
+        for req, n in items:
+            if req.state != RUNNING:
+                continue
+            c = req.num_computed
+            new = c + n
+            req.num_computed = new
+            hashes = req.hashes
+            if hashes and c < len(hashes) * bs:
+                for k in range(c // bs, min(new // bs, len(hashes))):
+                    pool.register(req.blocks[k], hashes[k])
+            if new < req.prompt_len + req.num_output:
+                continue  # a prefill chunk: nothing sampled yet
+            idx = req.num_output
+            req.num_output = idx + 1
+            generated += 1
+            if idx == 0:
+                req.first_token = now
+                prompt_tokens += req.prompt_len
+                metrics.ttft.observe(now - req.arrival)
+            else:
+                itl.observe(now - req.last_token)
+            req.last_token = now
+            if req.num_output >= req.target_output or req.prompt_len + req.num_output >= max_len:
+                reason = req.finish_reason if req.num_output >= req.target_output else "length"
+                req.state = FINISHED
+                any_finished = True
+                pool.free_blocks(req.blocks)
+                req.sink.on_token(idx, reason)
+                out = req.num_output
+                metrics.finished(
+                    reason,
+                    now - req.arrival,
+                    (req.first_scheduled or now) - req.arrival,
+                    (now - req.first_token) / (out - 1) if out > 1 else None,
+                    req.prompt_len,
+                    out,
+                )
+                stats.finished += 1
+            else:
+                req.sink.on_token(idx, None)
+        if any_finished:
+            self.running = [r for r in self.running if r.state == RUNNING]
+        if generated:
+            stats.generation_tokens += generated
+            metrics.generation_tokens.inc(generated)
+        if prompt_tokens:
+            stats.prompt_tokens += prompt_tokens
+            metrics.prompt_tokens.inc(prompt_tokens)
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        clock = self.clock
+        scale = clock.scale
+        max_lag = _MAX_LAG_WALL_S * scale
+        step_model = self.step_model
+        stats = self.stats
+        base = clock.now()
+        self._stats_next = base + _STATS_INTERVAL_S
+        while not self._stopped:
+            if not self.running and not self.waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                base = clock.now()
+                continue
+            items, num_decode, kv_read, attn = self.schedule()
+            if not items:
+                self._wakeup.clear()  # nothing can run until a request leaves or arrives
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), 0.05)
+                base = clock.now()
+                continue
+            if len(self.running) >= self._oom_threshold:
+                self._runtime_oom()
+                return
+            num_tokens = sum(n for _, n in items)
+            dt = step_model.step_seconds(num_tokens, num_decode, kv_read, attn)
+            deadline = base + dt
+            delay = (deadline - clock.now()) / scale
+            await asyncio.sleep(delay if delay > 0 else 0)
+            if self._stopped:
+                return
+            now = clock.now()
+            lag = now - deadline
+            stats.steps += 1
+            stats.model_busy_s += dt
+            if lag > max_lag:
+                stats.late_steps += 1
+                stats.actual_busy_s += now - base
+                base = now
+            else:
+                stats.actual_busy_s += dt + max(0.0, lag)
+                base = deadline
+            if lag > stats.max_lag_s:
+                stats.max_lag_s = lag
+            self.complete(items, deadline if lag <= max_lag else now)
+            if self.crash_after_requests is not None and stats.finished >= self.crash_after_requests:
+                self._injected_crash()
+                return
+            if self.log_stats and now >= self._stats_next:
+                self._log_stats(now)
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wakeup.set()
+
+    def cut_all(self) -> None:
+        """A fatal error: every open stream ends without its closing chunk."""
+        for r in [*self.running, *self.waiting]:
+            if r.state in (WAITING, RUNNING):
+                r.state = ABORTED
+                r.sink.on_cut()
+        self.running = []
+        self.waiting.clear()
+
+    def _runtime_oom(self) -> None:
+        n = len(self.running)
+        need = runtime_need_bytes(self.model, self.flags, n)
+        free = max(0, self.plan.headroom_bytes - self.plan.cuda_graph_bytes)
+        tried = max(0, need - self.plan.cuda_graph_bytes)
+        message = cuda_oom_message(tried, self.plan.total_bytes, free)
+        self.dead = True
+        self._stopped = True
+        self.on_fatal(
+            "cuda_oom",
+            [
+                f"EngineCore encountered a fatal error with {n} running requests.",
+                "Traceback (most recent call last):",
+                '  File "vllm/v1/engine/core.py", line 701, in run_engine_core',
+                "    engine_core.run_busy_loop()",
+                '  File "vllm/v1/worker/gpu_model_runner.py", line 1593, in execute_model',
+                "    logits = self.model.compute_logits(sample_hidden_states, None)",
+                message,
+            ],
+        )
+
+    def _injected_crash(self) -> None:
+        self.dead = True
+        self._stopped = True
+        self.on_fatal(
+            "crash",
+            [
+                "EngineCore encountered a fatal error.",
+                "Traceback (most recent call last):",
+                '  File "vllm/v1/engine/core.py", line 701, in run_engine_core',
+                "    engine_core.run_busy_loop()",
+                "RuntimeError: CUDA error: an illegal memory access was encountered",
+                "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+                "below might be incorrect.",
+            ],
+        )
+
+    def _log_stats(self, now: float) -> None:
+        s = self.stats
+        last_t = self._stats_mark[4] or (now - _STATS_INTERVAL_S)
+        span = max(1e-9, now - last_t)
+        prompt_rate = (s.prompt_tokens - self._stats_mark[0]) / span
+        gen_rate = (s.generation_tokens - self._stats_mark[1]) / span
+        dq = s.prefix_queries - self._stats_mark[2]
+        dh = s.prefix_hits - self._stats_mark[3]
+        self._stats_mark = (s.prompt_tokens, s.generation_tokens, s.prefix_queries, s.prefix_hits, now)
+        self._stats_next = now + _STATS_INTERVAL_S
+        self.log.info(
+            "loggers.py:123",
+            f"Engine 000: Avg prompt throughput: {prompt_rate:.1f} tokens/s, Avg generation throughput: "
+            f"{gen_rate:.1f} tokens/s, Running: {len(self.running)} reqs, Waiting: {len(self.waiting)} reqs, "
+            f"GPU KV cache usage: {self.pool.usage * 100:.1f}%, Prefix cache hit rate: "
+            f"{(dh / dq * 100) if dq else 0.0:.1f}%",
+        )
