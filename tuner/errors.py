@@ -18,10 +18,14 @@ class CatalogError(ConfigError):
 class LaunchError(TunerError):
     """A server could not be started or died; `reason` is one of the launcher's failure classes."""
 
-    def __init__(self, message: str, reason: str = "unknown", log_tail: str = "") -> None:
+    def __init__(
+        self, message: str, reason: str = "unknown", log_tail: str = "", estimated_max_model_len: int | None = None
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.log_tail = log_tail
+        # vLLM's own estimate when reason is kv_cache_too_small: the longest max_model_len that would have started.
+        self.estimated_max_model_len = estimated_max_model_len
 
 
 class StorageError(TunerError):

@@ -1,0 +1,446 @@
+"""A server as a Docker container (the official vllm/vllm-openai image by default), through the Docker SDK.
+
+Every container is labelled with its study, trial and owner (host:pid:start-time of this tuner) so a later run
+can remove what a killed tuner left behind, and never a live sibling worker's container. Environment variables
+are passed by name: their values are read from the tuner's environment at start and never logged or returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import LaunchError
+from tuner.flags import VllmFlags
+from tuner.launch.base import Server
+from tuner.launch.emulator import emulator_args
+from tuner.launch.failures import IMAGE_MISSING, UNKNOWN, classify_startup_exit, start_timeout_error
+from tuner.launch.gpu_idle import GpuIdleWaiter
+from tuner.launch.owner import owner_alive, owner_token
+from tuner.launch.ports import free_port
+from tuner.launch.readiness import ServerExited, StartTimedOut, wait_until_ready
+from tuner.launch.redact import Redactor, redact_error
+from tuner.launch.startup_log import parse_startup_facts
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.11.0"
+CONTAINER_PORT = 8000
+LABEL_LAUNCHER = "tuner.launcher"
+LABEL_STUDY = "tuner.study"
+LABEL_TRIAL = "tuner.trial"
+LABEL_OWNER = "tuner.owner"
+_PORT_TAKEN = ("port is already allocated", "address already in use")
+_NO_GPU_RUNTIME = ("could not select device driver", "nvidia-container-cli", "unknown or invalid runtime")
+
+Gpus = str | Sequence[str] | None  # "all", device ids ("0", "1" or UUIDs), or None for no GPU
+
+
+def docker_sdk() -> Any:
+    """The `docker` package, imported when first needed (the repository's docker/ directory shadows it for mypy)."""
+    return importlib.import_module("docker")
+
+
+def _device_requests(gpus: Gpus) -> list[Any]:
+    if gpus is None or gpus == "none":
+        return []
+    if gpus == "all":
+        return [docker_sdk().types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    ids = [gpus] if isinstance(gpus, str) else list(gpus)
+    return [docker_sdk().types.DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-.")[:40] or "x"
+
+
+class ContainerHandle:
+    """One container: its status, its logs (kept after removal), its stop."""
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+        self._final_logs: str | None = None
+        self._final_exit: int | None = None
+        self._ready_offset: int | None = None
+        self._stopped_by_us = False
+        self._lock = threading.Lock()
+
+    @property
+    def stopped_by_us(self) -> bool:
+        return self._stopped_by_us
+
+    def state(self) -> dict[str, Any]:
+        if self._final_logs is not None:
+            return {"Status": "removed", "ExitCode": self._final_exit}
+        try:
+            self.container.reload()
+        except docker_sdk().errors.NotFound:
+            return {"Status": "removed", "ExitCode": self._final_exit}
+        state: dict[str, Any] = self.container.attrs.get("State", {})
+        return state
+
+    def exit_code(self) -> int | None:
+        state = self.state()
+        if state.get("Status") in ("exited", "dead", "removed"):
+            code = state.get("ExitCode")
+            return int(code) if code is not None else -1
+        return None
+
+    def logs(self) -> str:
+        if self._final_logs is not None:
+            return self._final_logs
+        try:
+            raw: bytes = self.container.logs(stdout=True, stderr=True)
+        except docker_sdk().errors.NotFound:
+            return self._final_logs or ""
+        return raw.decode("utf-8", errors="replace")
+
+    def logs_since_ready(self) -> str:
+        return self.logs()[self._ready_offset or 0 :]
+
+    def mark_ready(self) -> None:
+        self._ready_offset = len(self.logs())
+
+    def _stop_sync(self, grace_s: float) -> None:
+        with contextlib.suppress(docker_sdk().errors.NotFound, docker_sdk().errors.APIError):
+            if self.exit_code() is None:
+                self._stopped_by_us = True
+                # SIGTERM, then SIGKILL after the grace (Docker's own stop).
+                self.container.stop(timeout=max(1, round(grace_s)))
+
+    def remove(self) -> None:
+        with self._lock:
+            if self._final_logs is not None:
+                return
+            logs = self.logs()
+            code = None
+            with contextlib.suppress(docker_sdk().errors.NotFound, docker_sdk().errors.APIError):
+                code = self.exit_code()
+            with contextlib.suppress(docker_sdk().errors.NotFound):
+                self.container.remove(force=True)
+            self._final_exit = code
+            self._final_logs = logs
+
+    async def stop(self, grace_s: float) -> None:
+        try:
+            await asyncio.to_thread(self._stop_sync, grace_s)
+        finally:
+            # Also when cancelled mid-stop: a forced remove kills whatever is left.
+            self.remove()
+
+
+class DockerLauncher:
+    """Runs `image` with `--model MODEL [flags] [extra_args]` appended to its entrypoint (vllm/vllm-openai's shape).
+
+    `gpus`: "all", a list of device ids, or None (the emulator image needs none). `env`: names of variables whose
+    values are read from the tuner's environment at each start. `volumes`: host path -> container path
+    (append ":ro" for read-only). `startup_timeout_s` is in wall seconds from the container's start.
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        image: str = DEFAULT_IMAGE,
+        model: str = "meta-llama/Llama-3.1-8B-Instruct",
+        *,
+        served_model_name: str | None = None,
+        gpus: Gpus = "all",
+        hf_cache: str | Path | None = "~/.cache/huggingface",
+        volumes: Mapping[str, str] | None = None,
+        env: Sequence[str] = ("HF_TOKEN",),
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = 900.0,
+        stop_grace_s: float = 30.0,
+        time_scale: float = 1.0,
+        pull: bool = True,
+        pull_stall_s: float = 120.0,
+        shm_size: str | None = None,
+        client: Any = None,
+        gpu_idle: GpuIdleWaiter | None = None,
+    ) -> None:
+        self.image = image
+        self.model = model
+        self.served_model_name = served_model_name
+        self.gpus = gpus
+        self.hf_cache = Path(hf_cache).expanduser() if hf_cache is not None else None
+        self.volumes = dict(volumes or {})
+        self.env = tuple(env)
+        self.extra_args = tuple(extra_args)
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.time_scale = time_scale
+        self.pull = pull
+        self.pull_stall_s = pull_stall_s
+        self.shm_size = shm_size
+        self._client = client
+        self.gpu_idle = gpu_idle if gpu_idle is not None else GpuIdleWaiter()
+
+    @classmethod
+    def for_emulator(
+        cls,
+        image: str,
+        model: str = "llama-3.1-8b",
+        gpu: str = "h100-80gb",
+        time_scale: float = 1.0,
+        memory_in_use_gib: float = 0.0,
+        extra_args: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> DockerLauncher:
+        """The emulator image (docker/Dockerfile): no GPU, no HF cache, the emulator's own flags appended."""
+        kwargs.setdefault("gpus", None)
+        kwargs.setdefault("hf_cache", None)
+        kwargs.setdefault("startup_timeout_s", 120.0)
+        kwargs.setdefault("stop_grace_s", 5.0)
+        kwargs.setdefault("gpu_idle", GpuIdleWaiter(probe=lambda: None))
+        args = [*emulator_args(gpu, time_scale, memory_in_use_gib), *extra_args]
+        return cls(image, model, extra_args=args, time_scale=time_scale, **kwargs)
+
+    def client(self) -> Any:
+        if self._client is None:
+            try:
+                self._client = docker_sdk().from_env()
+            except docker_sdk().errors.DockerException as e:
+                raise LaunchError(f"cannot reach the Docker engine: {e}", UNKNOWN) from None
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def command(self, flags: VllmFlags) -> list[str]:
+        args = ["--model", self.model]
+        if self.served_model_name:
+            args += ["--served-model-name", self.served_model_name]
+        return args + flags.to_args() + list(self.extra_args)
+
+    def _environment(self) -> dict[str, str]:
+        missing = [n for n in self.env if n not in os.environ]
+        if missing:
+            log.warning("not set in the tuner's environment, so not passed to the container: %s", ", ".join(missing))
+        return {n: os.environ[n] for n in self.env if n in os.environ}
+
+    def _volumes(self) -> dict[str, dict[str, str]]:
+        binds: dict[str, dict[str, str]] = {}
+        if self.hf_cache is not None:
+            binds[str(self.hf_cache)] = {"bind": "/root/.cache/huggingface", "mode": "rw"}
+        for host, target in self.volumes.items():
+            path, _, mode = target.partition(":")
+            binds[str(Path(host).expanduser())] = {"bind": path, "mode": mode or "rw"}
+        return binds
+
+    # --- image ---------------------------------------------------------------------------------------------
+
+    async def _ensure_image(self) -> None:
+        client = self.client()
+        try:
+            await asyncio.to_thread(client.images.get, self.image)
+            return
+        except docker_sdk().errors.ImageNotFound:
+            pass
+        except docker_sdk().errors.APIError as e:
+            raise LaunchError(f"cannot inspect image {self.image}: {e.explanation or e}", IMAGE_MISSING) from None
+        if not self.pull:
+            raise LaunchError(f"image {self.image} is not on this Docker engine (pulling is off)", IMAGE_MISSING)
+        await self._pull()
+
+    async def _pull(self) -> None:
+        """Pull in a daemon thread, giving up when no progress arrives for `pull_stall_s` (no registry, no DNS)."""
+        client = self.client()
+        progress = _PullProgress(time.monotonic())
+
+        def pull() -> None:
+            try:
+                for event in client.api.pull(self.image, stream=True, decode=True):
+                    progress.at = time.monotonic()
+                    if isinstance(event, dict) and event.get("error"):
+                        progress.error = str(event["error"])
+                        return
+            except Exception as e:
+                progress.error = str(getattr(e, "explanation", None) or e)
+            finally:
+                progress.done = True
+
+        log.info("pulling %s", self.image)
+        threading.Thread(target=pull, name="docker-pull", daemon=True).start()
+        while not progress.done:
+            if time.monotonic() - progress.at > self.pull_stall_s:
+                raise LaunchError(
+                    f"image {self.image} is not on this Docker engine and its pull made no progress for "
+                    f"{self.pull_stall_s:g} s",
+                    IMAGE_MISSING,
+                )
+            await asyncio.sleep(0.1)
+        if progress.error:
+            raise LaunchError(
+                f"image {self.image} is not on this Docker engine and cannot be pulled: {progress.error}",
+                IMAGE_MISSING,
+            )
+
+    # --- start / stop -------------------------------------------------------------------------------------------
+
+    def _create(self, flags: VllmFlags, study: str | None, trial: int | None, port: int) -> ContainerHandle:
+        labels = {
+            LABEL_LAUNCHER: "docker",
+            LABEL_STUDY: study or "",
+            LABEL_TRIAL: "" if trial is None else str(trial),
+            LABEL_OWNER: owner_token(),
+        }
+        name = f"tuner-{_slug(study or 'adhoc')}-{'x' if trial is None else trial}-{secrets.token_hex(3)}"
+        kwargs: dict[str, Any] = {
+            "command": self.command(flags),
+            "name": name,
+            "labels": labels,
+            "detach": True,
+            "ports": {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", port)},
+            "environment": self._environment(),
+            "volumes": self._volumes(),
+            "ipc_mode": "host",
+            "init": True,  # tini as PID 1: SIGTERM reaches the server even before it installs handlers
+        }
+        if requests := _device_requests(self.gpus):
+            kwargs["device_requests"] = requests
+        if self.shm_size:
+            kwargs["shm_size"] = self.shm_size
+        try:
+            container = self.client().containers.create(self.image, **kwargs)
+        except docker_sdk().errors.ImageNotFound:
+            raise LaunchError(f"image {self.image} is not on this Docker engine", IMAGE_MISSING) from None
+        except docker_sdk().errors.APIError as e:
+            raise LaunchError(f"Docker refused to create the container: {e.explanation or e}", UNKNOWN) from None
+        return ContainerHandle(container)
+
+    def _start_container(self, handle: ContainerHandle) -> None:
+        try:
+            handle.container.start()
+        except docker_sdk().errors.APIError as e:
+            text = str(e.explanation or e)
+            if any(s in text for s in _NO_GPU_RUNTIME):
+                raise LaunchError(
+                    f"Docker cannot give the container GPUs (gpus={self.gpus!r}): {text}. Install the NVIDIA "
+                    "container toolkit, or pass gpus=None (--gpus none) for an image that needs no GPU, such as "
+                    "the emulator image",
+                    UNKNOWN,
+                ) from None
+            if any(s in text for s in _PORT_TAKEN):
+                raise _PortTaken(text) from None
+            raise LaunchError(f"Docker could not start the container: {text}", UNKNOWN) from None
+
+    async def _create_started(
+        self, flags: VllmFlags, study: str | None, trial: int | None
+    ) -> tuple[ContainerHandle, int]:
+        for attempt in range(3):
+            port = free_port()
+            # The thread cannot be interrupted: when cancelled, wait for it and remove what it made.
+            creating = asyncio.ensure_future(asyncio.to_thread(self._create, flags, study, trial, port))
+            try:
+                handle = await asyncio.shield(creating)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    (await creating).remove()
+                raise
+            try:
+                await asyncio.shield(asyncio.ensure_future(asyncio.to_thread(self._start_container, handle)))
+            except _PortTaken:
+                handle.remove()
+                if attempt == 2:
+                    raise LaunchError(
+                        f"no free host port for the container after {attempt + 1} tries", UNKNOWN
+                    ) from None
+                continue
+            except BaseException:
+                handle.remove()
+                raise
+            return handle, port
+        raise AssertionError("unreachable")
+
+    @asynccontextmanager
+    async def start(
+        self, flags: VllmFlags, *, study: str | None = None, trial: int | None = None
+    ) -> AsyncIterator[Server]:
+        await self.gpu_idle.wait()
+        await self._ensure_image()
+        redact = Redactor(self._environment().values())
+        handle, port = await self._create_started(flags, study, trial)
+        what = f"the container of {self.image}"
+        try:
+            base_url = f"http://127.0.0.1:{port}"
+
+            async def exit_code() -> int | None:
+                return await asyncio.to_thread(handle.exit_code)
+
+            try:
+                ready = await wait_until_ready(
+                    base_url, exit_code=exit_code, timeout_s=self.startup_timeout_s, logs=handle.logs
+                )
+            except ServerExited as e:
+                state = await asyncio.to_thread(handle.state)
+                logs = handle.logs()
+                if state.get("OOMKilled"):
+                    logs += "\n[tuner] the kernel OOM killer stopped the container: host memory ran out\n"
+                raise redact_error(classify_startup_exit(logs, e.code, what=what), redact) from None
+            except StartTimedOut:
+                raise redact_error(
+                    start_timeout_error(handle.logs(), self.startup_timeout_s, what=what), redact
+                ) from None
+            handle.mark_ready()
+            yield Server(
+                base_url=base_url,
+                model=ready.served_model or self.served_model_name or self.model,
+                facts=parse_startup_facts(handle.logs(), startup_seconds=ready.startup_seconds),
+                time_scale=self.time_scale,
+                handle=handle,
+                redactor=redact,
+                launcher=self.name,
+            )
+        finally:
+            await handle.stop(self.stop_grace_s)
+
+    def cleanup_leftovers(self, study: str | None) -> list[str]:
+        removed = []
+        containers = self.client().containers.list(all=True, filters={"label": f"{LABEL_LAUNCHER}=docker"})
+        for container in containers:
+            labels = container.labels or {}
+            if labels.get(LABEL_STUDY, "") != (study or ""):
+                continue
+            owner = labels.get(LABEL_OWNER, "")
+            alive = owner_alive(owner)
+            if alive:
+                continue  # a live run (this one, or a sibling worker) owns it
+            if alive is None:
+                log.info("leaving container %s alone: started from another host (%s)", container.name, owner)
+                continue
+            with contextlib.suppress(docker_sdk().errors.NotFound):
+                container.remove(force=True)
+            trial = labels.get(LABEL_TRIAL)
+            line = (
+                f"removed leftover container {container.name} ({container.status}; "
+                f"{f'trial {trial}' if trial else 'no trial'} of study {study!r}; owner {owner} is gone)"
+            )
+            log.warning("%s", line)
+            removed.append(line)
+        return removed
+
+
+class _PortTaken(Exception):
+    pass
+
+
+@dataclass
+class _PullProgress:
+    at: float
+    error: str | None = None
+    done: bool = False

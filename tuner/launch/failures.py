@@ -1,0 +1,143 @@
+"""Why a server did not start, or died: read from its log, in vLLM's own words.
+
+The patterns are vLLM's start-up refusals (`gpu_worker.py`, `kv_cache_utils.py`, `SchedulerConfig`, argparse),
+which the emulator prints verbatim (tuner/capacity.py, tuner/flags.py). The most specific cause wins: a log that
+ends in "Engine core initialization failed" still has the root cause above it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+
+from tuner.capacity import CUDA_OOM, INSUFFICIENT_FREE_MEMORY, INVALID_FLAGS, KV_CACHE_TOO_SMALL, NO_KV_MEMORY
+from tuner.errors import LaunchError
+
+IMAGE_MISSING = "image_missing"
+START_TIMEOUT = "start_timeout"
+CRASHED_UNDER_LOAD = "crashed_under_load"
+UNKNOWN = "unknown"
+
+REASONS = (
+    KV_CACHE_TOO_SMALL,
+    NO_KV_MEMORY,
+    INSUFFICIENT_FREE_MEMORY,
+    CUDA_OOM,
+    INVALID_FLAGS,
+    IMAGE_MISSING,
+    START_TIMEOUT,
+    CRASHED_UNDER_LOAD,
+    UNKNOWN,
+)
+
+TAIL_LINES = 40
+
+_SUMMARY = {
+    KV_CACHE_TOO_SMALL: "the KV cache cannot hold one request of max_model_len",
+    NO_KV_MEMORY: "no GPU memory is left for the KV cache",
+    INSUFFICIENT_FREE_MEMORY: "the GPU has less free memory than gpu_memory_utilization asks for",
+    CUDA_OOM: "CUDA out of memory",
+    INVALID_FLAGS: "vLLM rejected the flags",
+}
+
+# (reason, pattern); each pattern captures vLLM's sentence from its start to the end of the line.
+_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (reason, re.compile(pattern, re.MULTILINE))
+    for reason, pattern in (
+        (KV_CACHE_TOO_SMALL, r"(To serve at least one request with the models?'?s? max seq len \(\d+\).*)$"),
+        (NO_KV_MEMORY, r"(No available memory for the cache blocks.*)$"),
+        (INSUFFICIENT_FREE_MEMORY, r"(Free memory on device .*is less than desired GPU memory utilization.*)$"),
+        (CUDA_OOM, r"((?:torch\.)?(?:cuda\.)?OutOfMemoryError:.*|.*CUDA out of memory.*)$"),
+        (INVALID_FLAGS, r"(GPU memory utilization must be .*)$"),
+        (INVALID_FLAGS, r"(User-specified max_model_len \(\d+\) is greater than the derived max_model_len.*)$"),
+        (INVALID_FLAGS, r"(max_num_batched_tokens \(\d+\) must be greater than or equal to max_num_seqs.*)$"),
+        (INVALID_FLAGS, r"(max_num_batched_tokens \(\d+\) is smaller than max_model_len.*)$"),
+        (INVALID_FLAGS, r"(max_model_len, max_num_seqs and max_num_batched_tokens must be positive.*)$"),
+        (INVALID_FLAGS, r"(Total number of attention heads \(\d+\) must be divisible by tensor parallel size.*)$"),
+        (INVALID_FLAGS, r"(argument -[\w-]+: .*)$"),
+        (INVALID_FLAGS, r"(unrecognized arguments: .*)$"),
+        (INVALID_FLAGS, r"(the following arguments are required: .*)$"),
+    )
+)
+_ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
+_PYDANTIC_SUFFIX = re.compile(r"\s*\[type=\w+.*$")
+_ERROR_LINE = re.compile(r"(error|exception|traceback|fatal|killed)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A known cause found in a log: its reason class and vLLM's sentence."""
+
+    reason: str
+    message: str
+    estimated_max_model_len: int | None = None
+
+
+def find_cause(log: str) -> Diagnosis | None:
+    """The most specific known failure in the log, or None."""
+    for reason, pattern in _PATTERNS:
+        matches = list(pattern.finditer(log))
+        if not matches:
+            continue
+        message = _PYDANTIC_SUFFIX.sub("", matches[-1].group(1)).strip()
+        estimate = None
+        if reason == KV_CACHE_TOO_SMALL:
+            m = _ESTIMATE.search(message)
+            estimate = int(m.group(1)) if m else None
+        return Diagnosis(reason, message, estimate)
+    return None
+
+
+def log_tail(log: str, lines: int = TAIL_LINES) -> str:
+    return "\n".join(log.rstrip().splitlines()[-lines:])
+
+
+def describe_exit(code: int) -> str:
+    signo = -code if code < 0 else code - 128 if code > 128 else 0
+    if signo:
+        try:
+            return f"was killed by {signal.Signals(signo).name} (exit code {code})"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+def last_error_line(log: str) -> str | None:
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    return (errors or lines)[-1] if lines else None
+
+
+def classify_startup_exit(log: str, code: int, *, what: str = "the server") -> LaunchError:
+    """The server exited before it was ready: vLLM's reason if the log has one, `unknown` otherwise."""
+    cause = find_cause(log)
+    if cause is None and code == 2:
+        # argparse's exit status: a flag the server does not accept or a value it cannot parse.
+        cause = Diagnosis(INVALID_FLAGS, last_error_line(log) or "no message")
+    if cause is None:
+        line = last_error_line(log)
+        message = f"{what} {describe_exit(code)} before it was ready" + (f"; last log line: {line}" if line else "")
+        return LaunchError(message, UNKNOWN, log_tail(log))
+    return LaunchError(
+        f"{what} did not start ({cause.reason}: {_SUMMARY[cause.reason]}): {cause.message}",
+        cause.reason,
+        log_tail(log),
+        estimated_max_model_len=cause.estimated_max_model_len,
+    )
+
+
+def classify_runtime_exit(log_since_ready: str, code: int, *, what: str = "the server") -> LaunchError:
+    """The server died after it was ready: always crashed_under_load, with the cause found in its later log."""
+    cause = find_cause(log_since_ready)
+    detail = f"{cause.reason}: {cause.message}" if cause else last_error_line(log_since_ready)
+    message = f"{what} {describe_exit(code)} after it was ready" + (f" ({detail})" if detail else "")
+    return LaunchError(message, CRASHED_UNDER_LOAD, log_tail(log_since_ready))
+
+
+def start_timeout_error(log: str, timeout_s: float, *, what: str = "the server") -> LaunchError:
+    line = last_error_line(log)
+    message = f"{what} was not ready within {timeout_s:g} s and was killed" + (
+        f"; last log line: {line}" if line else "; it printed nothing"
+    )
+    return LaunchError(message, START_TIMEOUT, log_tail(log))

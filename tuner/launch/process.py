@@ -1,0 +1,346 @@
+"""A server as a local process (default `vllm serve MODEL`), in its own process group, killed as a group.
+
+vLLM spawns engine-core and worker processes; killing only the parent leaves them holding the GPU. The group is
+recorded in a pidfile registry so that a later run can remove what a killed tuner left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from tuner.errors import LaunchError
+from tuner.flags import VllmFlags
+from tuner.launch.base import Server
+from tuner.launch.failures import classify_startup_exit, start_timeout_error
+from tuner.launch.gpu_idle import GpuIdleWaiter
+from tuner.launch.owner import owner_alive, owner_token, pid_alive, process_start_ticks
+from tuner.launch.ports import free_port
+from tuner.launch.readiness import ServerExited, StartTimedOut, wait_until_ready
+from tuner.launch.redact import Redactor, redact_error
+from tuner.launch.registry import ProcessRecord, ProcessRegistry
+from tuner.launch.startup_log import parse_startup_facts
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COMMAND = ("vllm", "serve", "{model}")
+HEAD_LINES = 5_000  # the start-up part of a log is kept whole: the facts and the failure are there
+TAIL_LINES = 20_000  # a long run's access log is kept as a tail
+
+
+def _group_alive(pgid: int) -> bool:
+    """A live (non-zombie) process is in the group. Zombies count as gone: no reaper may be around for them."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class ProcessHandle:
+    """One spawned server process group and its captured output."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], registry: ProcessRegistry | None) -> None:
+        self.proc = proc
+        self.pgid = proc.pid  # start_new_session: the child leads its own group
+        self._registry = registry
+        self._head: list[str] = []
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._dropped = 0
+        self._ready_at: int | None = None  # number of lines read when the server became ready
+        self._lines = 0
+        self._lock = threading.Lock()
+        self._stopped_by_us = False
+        self._reader = threading.Thread(target=self._read, name=f"server-log-{proc.pid}", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path | None,
+        registry: ProcessRegistry | None,
+        study: str | None,
+        trial: int | None,
+    ) -> ProcessHandle:
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise LaunchError(f"cannot run {argv[0]!r}: {e.strerror or e}", "unknown") from None
+        if registry is not None:
+            _register(
+                registry,
+                ProcessRecord(
+                    pid=proc.pid,
+                    pgid=proc.pid,
+                    start_ticks=process_start_ticks(proc.pid),
+                    cmdline=list(argv),
+                    study=study,
+                    trial=trial,
+                    owner=owner_token(),
+                ),
+            )
+        return cls(proc, registry)
+
+    def _read(self) -> None:
+        stream = self.proc.stdout
+        assert stream is not None
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            with self._lock:
+                self._lines += 1
+                if self._ready_at is None and len(self._head) < HEAD_LINES:
+                    self._head.append(line)
+                else:
+                    if len(self._tail) == self._tail.maxlen:
+                        self._dropped += 1
+                    self._tail.append(line)
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    @property
+    def stopped_by_us(self) -> bool:
+        return self._stopped_by_us
+
+    def logs(self) -> str:
+        with self._lock:
+            gap = f"[... {self._dropped} lines not kept ...]\n" if self._dropped else ""
+            return "".join(self._head) + gap + "".join(self._tail)
+
+    def logs_since_ready(self) -> str:
+        with self._lock:
+            if self._ready_at is None:
+                return "".join(self._head) + "".join(self._tail)
+            return "".join(self._tail)
+
+    def mark_ready(self) -> None:
+        with self._lock:
+            self._ready_at = self._lines
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM to the group, up to `grace_s` to exit, then SIGKILL; the whole group, whatever the leader did."""
+        self._stopped_by_us = self._stopped_by_us or self.proc.poll() is None
+        try:
+            if self.proc.poll() is None:
+                _signal_group(self.pgid, signal.SIGTERM)
+                deadline = time.monotonic() + grace_s
+                while self.proc.poll() is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+        finally:
+            # Also on a second cancellation: never leave the group behind.
+            self._kill_and_reap()
+
+    def _kill_and_reap(self) -> None:
+        if _group_alive(self.pgid):
+            _signal_group(self.pgid, signal.SIGKILL)
+        self.proc.wait()
+        self._reader.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if self._registry is not None:
+            self._registry.remove(self.proc.pid)
+
+
+class ProcessLauncher:
+    """Starts `command` (items may use {model}, {host}, {port}) with the flags appended.
+
+    `--host`/`--port` are appended unless the command has `{port}`; `--model` is appended unless it has `{model}`.
+    The server inherits the tuner's environment; values of `secret_env` names are masked in everything returned.
+    `startup_timeout_s` is in wall seconds.
+    """
+
+    name = "process"
+
+    def __init__(
+        self,
+        command: Sequence[str] = DEFAULT_COMMAND,
+        model: str = "meta-llama/Llama-3.1-8B-Instruct",
+        *,
+        served_model_name: str | None = None,
+        host: str = "127.0.0.1",
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        secret_env: Sequence[str] = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"),
+        startup_timeout_s: float = 900.0,
+        stop_grace_s: float = 30.0,
+        time_scale: float = 1.0,
+        state_dir: Path | str | None = None,
+        cwd: Path | None = None,
+        gpu_idle: GpuIdleWaiter | None = None,
+    ) -> None:
+        if not command:
+            raise ValueError("command must not be empty")
+        self.command = tuple(command)
+        self.model = model
+        self.served_model_name = served_model_name
+        self.host = host
+        self.extra_args = tuple(extra_args)
+        self.env = dict(env or {})
+        self.secret_env = tuple(secret_env)
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.time_scale = time_scale
+        self.registry = ProcessRegistry(state_dir)
+        self.cwd = cwd
+        self.gpu_idle = gpu_idle if gpu_idle is not None else GpuIdleWaiter()
+
+    def argv(self, flags: VllmFlags, port: int) -> list[str]:
+        values = {"model": self.model, "host": self.host, "port": str(port)}
+        argv = [part.format(**values) for part in self.command]
+        joined = " ".join(self.command)
+        if "{model}" not in joined:
+            argv += ["--model", self.model]
+        if "{port}" not in joined:
+            argv += ["--host", self.host, "--port", str(port)]
+        if self.served_model_name:
+            argv += ["--served-model-name", self.served_model_name]
+        return argv + flags.to_args() + list(self.extra_args)
+
+    def _environment(self) -> dict[str, str]:
+        # Unbuffered: the start-up lines must reach the pipe before the port opens, not at exit.
+        return {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+
+    @asynccontextmanager
+    async def start(
+        self, flags: VllmFlags, *, study: str | None = None, trial: int | None = None
+    ) -> AsyncIterator[Server]:
+        await self.gpu_idle.wait()
+        port = free_port(self.host)
+        argv = self.argv(flags, port)
+        environment = self._environment()
+        redact = Redactor.for_env(self.secret_env, environment)
+        handle = ProcessHandle.spawn(
+            argv, env=environment, cwd=self.cwd, registry=self.registry, study=study, trial=trial
+        )
+        what = f"the {self.name} server"
+        try:
+            host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+            base_url = f"http://{host}:{port}"
+
+            async def exit_code() -> int | None:
+                return handle.exit_code()
+
+            try:
+                ready = await wait_until_ready(
+                    base_url, exit_code=exit_code, timeout_s=self.startup_timeout_s, logs=handle.logs
+                )
+            except ServerExited as e:
+                raise redact_error(classify_startup_exit(handle.logs(), e.code, what=what), redact) from None
+            except StartTimedOut:
+                raise redact_error(
+                    start_timeout_error(handle.logs(), self.startup_timeout_s, what=what), redact
+                ) from None
+            handle.mark_ready()
+            yield Server(
+                base_url=base_url,
+                model=ready.served_model or self.served_model_name or self.model,
+                facts=parse_startup_facts(handle.logs(), startup_seconds=ready.startup_seconds),
+                time_scale=self.time_scale,
+                handle=handle,
+                redactor=redact,
+                launcher=self.name,
+            )
+        finally:
+            await handle.stop(self.stop_grace_s)
+
+    def cleanup_leftovers(self, study: str | None) -> list[str]:
+        removed = []
+        for record in self.registry.records():
+            if record.study != study:
+                continue
+            alive = owner_alive(record.owner)
+            if alive:
+                continue  # a live run (this one, or a sibling worker) owns it
+            if alive is None:
+                log.info("leaving process %d alone: started from another host (%s)", record.pid, record.owner)
+                continue
+            if _is_same_process(record):
+                _signal_group(record.pgid, signal.SIGTERM)
+                _wait_group_gone(record.pgid, self.stop_grace_s)
+                if _group_alive(record.pgid):
+                    _signal_group(record.pgid, signal.SIGKILL)
+                what = f"trial {record.trial}" if record.trial is not None else "no trial"
+                line = (
+                    f"killed leftover server process group {record.pgid} ({what} of study {study!r}, owner "
+                    f"{record.owner} is gone): {' '.join(record.cmdline)}"
+                )
+                log.warning("%s", line)
+                removed.append(line)
+            self.registry.remove(record.pid)
+        return removed
+
+
+def _register(registry: ProcessRegistry, record: ProcessRecord) -> None:
+    try:
+        registry.add(record)
+    except OSError as e:
+        log.warning(
+            "cannot record server process %d in %s (%s): a killed run will leave it", record.pid, registry.dir, e
+        )
+
+
+def _is_same_process(record: ProcessRecord) -> bool:
+    """The recorded group still exists and its leader (if alive) is the process we started, not a reused pid."""
+    if pid_alive(record.pid):
+        ticks = process_start_ticks(record.pid)
+        if record.start_ticks is not None and ticks is not None:
+            return ticks == record.start_ticks
+        return _cmdline(record.pid) == record.cmdline
+    # The leader is gone but its children may still hold the GPU; Linux does not hand out a pid
+    # that is still some group's id, so a live group of this id is ours.
+    return _group_alive(record.pgid)
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.decode(errors="replace").rstrip("\0").split("\0")
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
