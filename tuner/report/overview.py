@@ -1,0 +1,137 @@
+"""What `tuner studies` and `tuner status` say: per study, and for one study's progress."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.report.front import choose, pareto_front
+from tuner.report.views import StudyView, TrialView
+
+__all__ = ["StudyListing", "StudyStatus", "listing", "status"]
+
+_FAILED = ("launch_failed", "crashed", "interrupted")
+_LAUNCHED = ("measured", "launch_failed", "crashed", "interrupted")
+
+
+@dataclass(frozen=True)
+class StudyListing:
+    name: str
+    trials: int
+    finished: int
+    running: int
+    feasible: int
+    best_throughput: float | None
+    best_trial: int | None
+    state: str  # empty | running | done | stopped
+    gpu: str | None
+    model: str | None
+    started: dt.datetime | None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["started"] = self.started.isoformat(timespec="seconds") if self.started else None
+        return d
+
+
+@dataclass(frozen=True)
+class StudyStatus:
+    name: str
+    budget: int | None
+    finished: int
+    running: list[TrialView]
+    measured: int
+    feasible: int
+    best: TrialView | None
+    failures: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    server_minutes: float = 0.0
+    server_minutes_saved: float | None = None
+    state: str = "empty"
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "budget": self.budget,
+            "finished": self.finished,
+            "running": [t.number for t in self.running],
+            "measured": self.measured,
+            "feasible": self.feasible,
+            "best": self.best.as_dict() if self.best else None,
+            "failures": self.failures,
+            "skipped": self.skipped,
+            "skipped_total": self.skipped_total,
+            "server_minutes": self.server_minutes,
+            "server_minutes_saved": self.server_minutes_saved,
+        }
+
+
+def _finished(view: StudyView) -> list[TrialView]:
+    return [t for t in view.trials if t.state not in ("RUNNING", "WAITING")]
+
+
+def _state(view: StudyView) -> str:
+    if not view.trials:
+        return "empty"
+    if any(t.state == "RUNNING" for t in view.trials):
+        return "running"
+    budget = view.budget
+    return "done" if budget is None or len(_finished(view)) >= budget else "stopped"
+
+
+def _best(view: StudyView) -> TrialView | None:
+    front = pareto_front(view.trials)
+    return choose(front, "throughput") if front else None
+
+
+def listing(view: StudyView) -> StudyListing:
+    best = _best(view)
+    starts = [t.started for t in view.trials if t.started]
+    return StudyListing(
+        name=view.name,
+        trials=len(view.trials),
+        finished=len(_finished(view)),
+        running=sum(t.state == "RUNNING" for t in view.trials),
+        feasible=sum(t.feasible for t in view.trials),
+        best_throughput=best.throughput if best else None,
+        best_trial=best.number if best else None,
+        state=_state(view),
+        gpu=_opt_str(view.attrs.get("gpu")),
+        model=_opt_str(view.attrs.get("model")),
+        started=min(starts) if starts else None,
+    )
+
+
+def status(view: StudyView) -> StudyStatus:
+    finished = _finished(view)
+    failures = Counter(t.reason or t.outcome or t.state.lower() for t in finished if t.outcome in _FAILED)
+    failures.update(t.state.lower() for t in finished if t.outcome is None and t.state != "COMPLETE")
+    skipped = Counter(t.reason or "infeasible" for t in finished if t.outcome == "skipped_infeasible")
+    launched = [t.server_seconds for t in finished if t.outcome in _LAUNCHED and t.server_seconds > 0]
+    # What a skipped trial would have cost: the mean server time of the trials that did start a server.
+    saved = (sum(launched) / len(launched)) * sum(skipped.values()) / 60 if launched else None
+    return StudyStatus(
+        name=view.name,
+        budget=view.budget,
+        finished=len(finished),
+        running=[t for t in view.trials if t.state == "RUNNING"],
+        measured=sum(t.measured for t in finished),
+        feasible=sum(t.feasible for t in finished),
+        best=_best(view),
+        failures=dict(failures.most_common()),
+        skipped=dict(skipped.most_common()),
+        server_minutes=sum(t.server_seconds for t in view.trials) / 60,
+        server_minutes_saved=saved if skipped else 0.0,
+        state=_state(view),
+    )
+
+
+def _opt_str(v: Any) -> str | None:
+    return str(v) if v is not None else None

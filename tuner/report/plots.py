@@ -1,0 +1,194 @@
+"""The front drawn three ways: in the terminal (plotext, works over SSH), as interactive HTML (Plotly, Optuna's own
+`plot_pareto_front` where the study's feasibility is Optuna's), and as a PNG (matplotlib, the optional extra `png`:
+Plotly's PNG export needs a Chrome it would download, which fails offline)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner.errors import TunerError
+from tuner.report.views import StudyView, TrialView
+
+__all__ = ["X_LABEL", "Y_LABEL", "terminal_scatter", "write_html", "write_png"]
+
+X_LABEL = "output tok/s"
+Y_LABEL = "latency P95 (s)"
+
+
+def _points(trials: Sequence[TrialView]) -> tuple[list[float], list[float]]:
+    return [t.throughput or 0.0 for t in trials], [t.latency_p95_s or 0.0 for t in trials]
+
+
+def _groups(view: StudyView, front: Sequence[TrialView]) -> dict[str, list[TrialView]]:
+    on_front = {t.number for t in front}
+    measured = [t for t in view.trials if t.measured]
+    return {
+        "infeasible": [t for t in measured if not t.feasible],
+        "feasible": [t for t in measured if t.feasible and t.number not in on_front and not t.baseline],
+        "front": list(front),
+        "baseline": [t for t in measured if t.baseline],
+    }
+
+
+def terminal_scatter(
+    view: StudyView, front: Sequence[TrialView], *, width: int = 80, height: int = 20, color: bool = False
+) -> str:
+    """Every measured trial: `x` infeasible, `o` feasible, `*` the front (joined), `B` the baseline."""
+    import plotext as plt
+
+    groups = _groups(view, front)
+    if not any(groups.values()):
+        return "(no measured trial to plot)\n"
+    fig = plt.figure
+    fig.clear()
+    fig.theme("default" if color else "colorless")
+    fig.plot_size(max(width, 40), max(height, 12))
+    if len(front) > 1:
+        # The joining line first, so the points are drawn over it.
+        line = fig.signal(*_points(sorted(front, key=lambda t: t.throughput or 0.0)), marker="·").lines()
+        fig.draw(line)
+    markers = (("infeasible", "x"), ("feasible", "o"), ("front", "*"), ("baseline", "B"))
+    for name, marker in markers:
+        if groups[name]:
+            fig.draw(fig.signal(*_points(groups[name]), marker=marker))
+    fig.title(f"{view.name}: throughput vs latency P95")
+    fig.label(X_LABEL, axis="x")
+    fig.label(Y_LABEL, axis="y")
+    text = str(fig.build())
+    fig.clear()
+    if not color:
+        text = plt.uncolorize(text)
+    # The key below the plot: a legend box inside would hide the points in the dominated corner.
+    key = "   ".join(f"{m} {n}" for n, m in markers if groups[n]) + ("   · front joined" if len(front) > 1 else "")
+    return text.rstrip() + "\n" + key + "\n"
+
+
+def write_html(study: optuna.Study | None, view: StudyView, front: Sequence[TrialView], path: Path) -> None:
+    """An interactive chart in one self-contained file (plotly.js inlined: it opens offline)."""
+    fig = _optuna_figure(study, view) if study is not None else None
+    if fig is None:
+        fig = _own_figure(view, front)
+    _add_overlays(fig, view, front)
+    try:
+        fig.write_html(str(path), include_plotlyjs=True, full_html=True)
+    except OSError as e:
+        raise TunerError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _optuna_figure(study: optuna.Study, view: StudyView) -> Any | None:
+    """Optuna's own plot, when its idea of feasibility (trial.constraints) is ours; else None."""
+    if any(t.measured and t.state != "COMPLETE" for t in view.trials):
+        return None
+    by_number = {t.number: t for t in view.trials}
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        ours = by_number.get(trial.number)
+        optuna_feasible = all(c <= 0 for c in trial.constraints.values())
+        if ours is None or not ours.measured or ours.feasible != optuna_feasible:
+            return None
+    return optuna.visualization.plot_pareto_front(study, target_names=[X_LABEL, Y_LABEL])
+
+
+def _own_figure(view: StudyView, front: Sequence[TrialView]) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    groups = _groups(view, front)
+    styles = {
+        "feasible": {"color": "#1f77b4", "symbol": "circle"},
+        "infeasible": {"color": "#cccccc", "symbol": "x"},
+    }
+    for name in ("feasible", "infeasible"):
+        trials = groups[name]
+        if trials:
+            x, y = _points(trials)
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    mode="markers",
+                    name=f"{name} trial",
+                    marker=styles[name],
+                    text=[_hover(t) for t in trials],
+                    hoverinfo="text",
+                )
+            )
+    fig.update_layout(title=f"Pareto-front plot: {view.name}", xaxis_title=X_LABEL, yaxis_title=Y_LABEL)
+    return fig
+
+
+def _add_overlays(fig: Any, view: StudyView, front: Sequence[TrialView]) -> None:
+    import plotly.graph_objects as go
+
+    if front:
+        ordered = sorted(front, key=lambda t: t.throughput or 0.0)
+        x, y = _points(ordered)
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines+markers",
+                name="feasible front",
+                line={"color": "#d62728"},
+                marker={"color": "#d62728", "size": 9},
+                text=[_hover(t) for t in ordered],
+                hoverinfo="text",
+            )
+        )
+    base = view.baseline
+    if base is not None and base.measured:
+        fig.add_trace(
+            go.Scatter(
+                x=[base.throughput],
+                y=[base.latency_p95_s],
+                mode="markers",
+                name="baseline (vLLM defaults)",
+                marker={"symbol": "star", "size": 14, "color": "#2ca02c"},
+                text=[_hover(base)],
+                hoverinfo="text",
+            )
+        )
+
+
+def _hover(t: TrialView) -> str:
+    flags = "<br>".join(f"{k}={v}" for k, v in t.flags.items())
+    return (
+        f"trial {t.number}{' (baseline)' if t.baseline else ''}<br>{t.throughput or 0:,.1f} tok/s, "
+        f"P95 {t.latency_p95_s or 0:.3f} s<br>{t.verdict}<br>{flags}"
+    )
+
+
+def write_png(view: StudyView, front: Sequence[TrialView], path: Path) -> None:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise TunerError("--png needs matplotlib: pip install 'tuner[png]'") from None
+    groups = _groups(view, front)
+    fig = Figure(figsize=(8, 5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    if groups["infeasible"]:
+        ax.scatter(*_points(groups["infeasible"]), marker="x", color="#999999", label="infeasible")
+    if groups["feasible"]:
+        ax.scatter(*_points(groups["feasible"]), marker="o", color="#1f77b4", label="feasible")
+    if front:
+        ordered = sorted(front, key=lambda t: t.throughput or 0.0)
+        ax.plot(*_points(ordered), marker="o", color="#d62728", label="feasible front")
+        for t in ordered:
+            ax.annotate(f"#{t.number}", (t.throughput or 0.0, t.latency_p95_s or 0.0), fontsize=8)
+    if groups["baseline"]:
+        ax.scatter(*_points(groups["baseline"]), marker="*", s=200, color="#2ca02c", label="baseline", zorder=3)
+    ax.set_xlabel(X_LABEL)
+    ax.set_ylabel(Y_LABEL)
+    ax.set_title(f"{view.name}: throughput vs latency P95")
+    ax.grid(True, alpha=0.3)
+    if any(groups.values()):
+        ax.legend()
+    try:
+        fig.savefig(str(path), format="png")
+    except OSError as e:
+        raise TunerError(f"cannot write {path}: {e.strerror or e}") from None

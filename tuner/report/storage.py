@@ -1,0 +1,106 @@
+"""Opening a study for reading: which storage, and every way that can fail as one StorageError line.
+
+Reading never creates anything: a SQLite URL whose file does not exist is an error here (Optuna itself would
+silently create an empty database and report "no such study").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+from sqlalchemy.engine import make_url
+
+from tuner.errors import StorageError, StudyNotFound
+
+__all__ = [
+    "DEFAULT_STORAGE",
+    "STORAGE_ENV",
+    "job_study_name",
+    "opened_study",
+    "resolve_storage",
+    "safe_url",
+    "study_names",
+]
+
+STORAGE_ENV = "TUNER_STORAGE"
+DEFAULT_STORAGE = "sqlite:///tuner.db"
+_ALLOWED = "sqlite:///PATH.db or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB"
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password hidden, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparsable URL>"
+
+
+def resolve_storage(storage: str | None, job: Path | None = None) -> str:
+    """--storage wins, then the job file's storage (a SQLite file beside it by default), then $TUNER_STORAGE,
+    then ./tuner.db."""
+    if storage:
+        return storage
+    if job is not None:
+        from tuner.config import load_job
+
+        return load_job(job).storage_url()
+    return os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
+
+
+def job_study_name(job: Path) -> str:
+    from tuner.config import load_job
+
+    return load_job(job).study.name
+
+
+def _storage(url: str) -> optuna.storages.RDBStorage:
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise StorageError(f"storage URL {url!r} is not a database URL; use {_ALLOWED}") from None
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if not db or db == ":memory:":
+            raise StorageError(f"storage URL {url!r} names no database file; use {_ALLOWED}")
+        if not Path(db).is_file():
+            raise StorageError(
+                f"no study storage at {db} (give --storage URL, --job FILE or set {STORAGE_ENV}; "
+                f"the default is {DEFAULT_STORAGE})"
+            )
+    try:
+        return optuna.storages.RDBStorage(url, skip_compatibility_check=False)
+    except Exception as e:
+        cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StorageError(f"cannot open storage {safe_url(url)!r}: {cause}") from None
+
+
+def study_names(url: str) -> list[str]:
+    storage = _storage(url)
+    try:
+        return [s.study_name for s in storage.get_all_studies()]
+    finally:
+        _dispose(storage)
+
+
+@contextlib.contextmanager
+def opened_study(url: str, name: str) -> Iterator[optuna.Study]:
+    """The study, or StudyNotFound naming the studies there are; its connections closed on leaving."""
+    storage = _storage(url)
+    try:
+        try:
+            storage.get_study_id_from_name(name)
+        except KeyError:
+            names = [s.study_name for s in storage.get_all_studies()]
+            known = f"studies there: {', '.join(names)}" if names else "that storage holds no study"
+            raise StudyNotFound(f"no study {name!r} in {safe_url(url)}; {known}") from None
+        yield optuna.load_study(study_name=name, storage=storage)
+    finally:
+        _dispose(storage)
+
+
+def _dispose(storage: optuna.storages.RDBStorage) -> None:
+    storage.engine.dispose()

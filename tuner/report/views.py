@@ -1,0 +1,196 @@
+"""A study and its trials as the morning commands read them: Optuna's public API in, plain values out.
+
+Each trial is read from its Optuna state, values, constraints and the user attributes the study writes (the
+contract in docs: "flags", "outcome", "reason", "output_tok_s", ...), so anything that opens the storage, from
+`optuna.load_study` to optuna-dashboard, sees the same facts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+__all__ = ["StudyView", "TrialView", "study_view", "trial_view"]
+
+MEASURED = "measured"
+
+
+@dataclass(frozen=True)
+class TrialView:
+    number: int
+    state: str  # Optuna's: COMPLETE, FAIL, RUNNING, PRUNED, WAITING
+    baseline: bool
+    outcome: str | None
+    reason: str | None
+    flags: dict[str, Any]
+    throughput: float | None  # first objective: output tok/s (or the max SLO-meeting rate's)
+    latency_p95_s: float | None  # second objective
+    output_tok_s: float | None = None
+    request_rate: float | None = None
+    success_rate: float | None = None
+    ttft_p95_s: float | None = None
+    e2e_p95_s: float | None = None
+    tpot_p95_s: float | None = None
+    goodput: float | None = None
+    diagnosis: str | None = None
+    kv_tokens: int | None = None
+    predicted_kv_tokens: int | None = None
+    feasible: bool = False
+    constraints: tuple[float, ...] = ()
+    violated: tuple[str, ...] = ()
+    server_seconds: float = 0.0
+    started: dt.datetime | None = None
+    completed: dt.datetime | None = None
+
+    @property
+    def measured(self) -> bool:
+        """A load phase ran and produced both objective values."""
+        return self.outcome == MEASURED and self.throughput is not None and self.latency_p95_s is not None
+
+    @property
+    def verdict(self) -> str:
+        """One phrase: ok, which SLOs it missed, or why it has no measurement."""
+        if self.state == "RUNNING":
+            return "running"
+        if self.state == "WAITING":
+            return "waiting"
+        if self.measured:
+            if self.feasible:
+                return "ok"
+            return "misses " + ", ".join(self.violated) if self.violated else "misses SLOs"
+        label = {
+            "launch_failed": "launch failed",
+            "crashed": "crashed",
+            "skipped_infeasible": "skipped",
+            "interrupted": "interrupted",
+        }.get(self.outcome or "", (self.outcome or self.state).lower())
+        return f"{label}: {self.reason}" if self.reason else label
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["constraints"] = list(self.constraints)
+        d["violated"] = list(self.violated)
+        d["verdict"] = self.verdict
+        for k in ("started", "completed"):
+            d[k] = d[k].isoformat(timespec="seconds") if d[k] else None
+        return d
+
+
+@dataclass(frozen=True)
+class StudyView:
+    name: str
+    attrs: dict[str, Any]
+    trials: list[TrialView] = field(default_factory=list)
+
+    @property
+    def slos(self) -> list[str]:
+        return [str(s) for s in self.attrs.get("slos") or []]
+
+    @property
+    def budget(self) -> int | None:
+        n = self.attrs.get("n_trials")
+        return int(n) if isinstance(n, int | float) else None
+
+    @property
+    def baseline(self) -> TrialView | None:
+        return next((t for t in self.trials if t.baseline), None)
+
+    @property
+    def latency_metric(self) -> str:
+        """The P95 minimised beside throughput: as the job chose it, else its first latency SLO, else e2e_p95."""
+        job = self.attrs.get("job") if isinstance(self.attrs.get("job"), dict) else {}
+        chosen = self.attrs.get("latency_metric") or (job or {}).get("latency_metric")
+        if isinstance(chosen, str) and chosen:
+            return chosen
+        for slo in self.slos:
+            name = slo.replace(" ", "").split("<")[0].split(">")[0]
+            if name.partition("_")[0] in ("ttft", "tpot", "itl", "e2e"):
+                return name
+        return "e2e_p95"
+
+    def trial(self, number: int) -> TrialView | None:
+        return next((t for t in self.trials if t.number == number), None)
+
+
+def study_view(study: optuna.Study) -> StudyView:
+    attrs = dict(study.user_attrs)
+    slos = [str(s) for s in attrs.get("slos") or []]
+    trials = [trial_view(t, slos) for t in study.get_trials(deepcopy=False)]
+    return StudyView(name=study.study_name, attrs=attrs, trials=trials)
+
+
+def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
+    ua = trial.user_attrs
+    values = trial.values if trial.state == TrialState.COMPLETE else None
+    outcome = ua.get("outcome")
+    if outcome is None and values is not None:
+        outcome = MEASURED  # a study written by hand, or by an older tuner: its values are its measurement
+    throughput = _float(values[0]) if values else _float(ua.get("output_tok_s"))
+    latency = _float(values[1]) if values and len(values) > 1 else _float(ua.get("e2e_p95_s"))
+    constraints = _constraints(trial)
+    violated = tuple(slos[i] if i < len(slos) else f"constraint {i}" for i, c in enumerate(constraints) if c > 0)
+    feasible = (
+        outcome == MEASURED
+        and values is not None
+        and all(c <= 0 for c in constraints)
+        and bool(ua.get("feasible", True))
+    )
+    flags = ua.get("flags")
+    return TrialView(
+        number=trial.number,
+        state=trial.state.name,
+        baseline=bool(ua.get("baseline", False)),
+        outcome=outcome,
+        reason=_str(ua.get("reason")),
+        flags=dict(flags) if isinstance(flags, dict) else dict(trial.params),
+        throughput=throughput,
+        latency_p95_s=latency,
+        output_tok_s=_float(ua.get("output_tok_s")),
+        request_rate=_float(ua.get("request_rate")),
+        success_rate=_float(ua.get("success_rate")),
+        ttft_p95_s=_float(ua.get("ttft_p95_s")),
+        e2e_p95_s=_float(ua.get("e2e_p95_s")),
+        tpot_p95_s=_float(ua.get("tpot_p95_s")),
+        goodput=_float(ua.get("goodput")),
+        diagnosis=_str(ua.get("diagnosis")),
+        kv_tokens=_int(ua.get("kv_tokens")),
+        predicted_kv_tokens=_int(ua.get("predicted_kv_tokens")),
+        feasible=feasible,
+        constraints=constraints,
+        violated=violated if outcome == MEASURED else (),
+        server_seconds=_float(ua.get("server_seconds")) or 0.0,
+        started=trial.datetime_start,
+        completed=trial.datetime_complete,
+    )
+
+
+def _constraints(trial: FrozenTrial) -> tuple[float, ...]:
+    """Optuna's own constraints (what best_trials and plot_pareto_front honour), else the user attribute."""
+    own = trial.constraints
+    if own:
+        return tuple(float(own[k]) for k in sorted(own, key=_constraint_order))
+    listed = trial.user_attrs.get("constraints")
+    if isinstance(listed, list):
+        return tuple(float(c) for c in listed if isinstance(c, int | float))
+    return ()
+
+
+def _constraint_order(key: str) -> tuple[int, str]:
+    return (int(key), "") if key.isdigit() else (1 << 30, key)
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    return str(v) if v is not None else None
