@@ -82,7 +82,9 @@ def test_diagnosis_capped_by_max_num_seqs() -> None:
     d = diagnose(summary(), server(0.35, 64, 180, 0), max_num_seqs=64)
     assert d == "capped by max_num_seqs: 64 running, 180 waiting, KV 35%"
     assert diagnose(summary(), server(0.35, 64, 180, 0)).startswith("capped by max_num_seqs")
-    assert diagnose(summary(), server(0.35, 20, 5, 0), max_num_seqs=64).startswith("queueing below max_num_seqs")
+    assert diagnose(summary(), server(0.35, 20, 5, 0), max_num_seqs=64) == (
+        "prefill budget (max_num_batched_tokens): 5 waiting with 20 running < max_num_seqs 64, KV 35%"
+    )
 
 
 def test_diagnosis_no_saturation_and_client_bound() -> None:

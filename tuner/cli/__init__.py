@@ -26,7 +26,9 @@ err_console = Console(stderr=True)
 
 # Each module registers its commands on `app` when imported; one module a feature.
 _COMMAND_MODULES: list[str] = [
+    "tuner.cli.bench",
     "tuner.cli.emulate",
+    "tuner.cli.launch",
     "tuner.cli.morning",
 ]
 

@@ -204,7 +204,11 @@ def _server_bottleneck(server: ServerMetricsSummary | None, max_num_seqs: int | 
         at_cap = max_num_seqs is not None and running is not None and running >= max_num_seqs
         if at_cap or max_num_seqs is None:
             return f"capped by max_num_seqs: {_n(running)} running, {_n(waiting)} waiting, KV {_pct(kv)}"
-        return f"queueing below max_num_seqs: {_n(running)} running, {_n(waiting)} waiting, KV {_pct(kv)}"
+        # Room in the batch and in the KV cache, yet a queue: the per-step token budget admits no more prefills.
+        return (
+            f"prefill budget (max_num_batched_tokens): {_n(waiting)} waiting with {_n(running)} running "
+            f"< max_num_seqs {max_num_seqs}, KV {_pct(kv)}"
+        )
     return None
 
 

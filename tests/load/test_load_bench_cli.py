@@ -1,0 +1,114 @@
+"""`tuner bench` as a user runs it: against the emulator, a broken server, nothing at all, and bad command lines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from load_fakes import BrokenServer, free_port
+
+from tuner.cli import main
+
+
+def run_cli(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["tuner", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out, err = capsys.readouterr()
+    code = exc.value.code
+    return (code if isinstance(code, int) else 1), out, err
+
+
+def test_bench_starts_the_emulator_without_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out_file = tmp_path / "out.json"
+    code, out, _err = run_cli(
+        ["bench", "--concurrency", "4", "--requests", "12", "--warmup", "2", "--input-len", "128",
+         "--output-len", "16", "--time-scale", "50", "--gpu", "l4", "--slo", "e2e_p95<=30s", "--json", str(out_file)],
+        capsys, monkeypatch,
+    )  # fmt: skip
+    assert code == 0, out
+    assert "in-process emulator" in out and "Load summary" in out and "TTFT" in out and "diagnosis" in out
+    assert "SLO e2e_p95<=30s" in out
+    data = json.loads(out_file.read_text())
+    assert data["model"] == "llama-3.1-8b" and data["time_scale"] == 50
+    records = data["result"]["records"]
+    assert len(records) == 14 and sum(r["warmup"] for r in records) == 2
+    assert data["result"]["summary"]["requests_succeeded"] == 12
+    assert all(r["completion_tokens"] == 16 and r["prompt_tokens"] == 128 for r in records)
+
+
+def test_bench_find_max_rate_on_the_emulator(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, _ = run_cli(
+        ["bench", "--find-max-rate", "--slo", "e2e_p95<=20s", "--requests", "20", "--max-steps", "2",
+         "--input-len", "256", "--output-len", "32", "--time-scale", "50"],
+        capsys, monkeypatch,
+    )  # fmt: skip
+    assert code == 0, out
+    assert "Capacity search" in out and "probe (closed loop)" in out
+    assert "highest rate meeting the SLOs" in out or "no rate met the SLOs" in out
+
+
+async def test_bench_against_a_broken_server_reports_every_class_and_exits_0(tmp_path: Path) -> None:
+    modes = ["ok", "http_500", "http_400", "cut", "garbage", "reset", "stall"]
+    server = BrokenServer(modes, stall_s=20.0)
+    out_file = tmp_path / "broken.json"
+    async with server.serve() as base:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tuner", "bench", "--url", base + "/v1", "--model", "m", "--concurrency", "3",
+            "--requests", "14", "--timeout", "1", "--input-len", "8", "--output-len", "4", "--json", str(out_file),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        out_b, err_b = await asyncio.wait_for(proc.communicate(), 60)
+    out = out_b.decode()
+    assert proc.returncode == 0, out + err_b.decode()
+    for cls in ("http_5xx", "http_4xx", "stream_cut", "malformed_sse", "connection_reset", "timeout"):
+        assert cls in out
+    assert "fake 500 error" in out and "fake 400 error" in out  # one example message per class
+    summary = json.loads(out_file.read_text())["result"]["summary"]
+    assert summary["requests_succeeded"] == 2 and summary["requests_failed"] == 12
+
+
+def test_unreachable_target_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    code, _out, err = run_cli(["bench", "--url", url, "--model", "m", "--requests", "50"], capsys, monkeypatch)
+    assert code == 1
+    # One message (Rich may wrap it at the terminal width), no traceback.
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert "cannot reach" in err and "requests refused" in " ".join(err.split())
+    code, _out, err = run_cli(["bench", "--url", url], capsys, monkeypatch)  # model discovery fails first
+    assert code == 1 and "cannot reach" in err and err.count("error:") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--input-len", "abc"], "--input-len 'abc'"),
+        (["--output-len", "9-3"], "upper end"),
+        (["--concurrency", "2", "--rate", "1"], "not both"),
+        (["--slo", "latency<5"], "unknown metric"),
+        (["--find-max-rate"], "needs at least one --slo"),
+        (["--url", "localhost:8000"], "--url 'localhost:8000'"),
+        (["--api", "grpc"], "--api 'grpc'"),
+        (["--dataset", "/nonexistent.jsonl"], "cannot read"),
+        (["--gpu", "tpu9"], "tpu9"),
+        (["--concurrency", "0"], "concurrency"),
+    ],
+)
+def test_bad_command_lines_exit_2_with_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _out, err = run_cli(["bench", *args], capsys, monkeypatch)
+    assert code == 2
+    assert message in err and "Traceback" not in err

@@ -1,0 +1,442 @@
+"""`tuner bench`: one load test (or a search for the highest rate meeting SLOs) against a server or the emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from tuner import __version__
+from tuner.cli import app
+from tuner.clock import Clock
+from tuner.errors import ConfigError, TunerError
+from tuner.load import (
+    Arrival,
+    CapacitySearchResult,
+    CapacityStep,
+    LoadProgress,
+    LoadResult,
+    UniformLength,
+    Workload,
+    find_max_rate,
+    run_load,
+)
+from tuner.load.runner import new_client
+from tuner.scoring import LoadSummary, Percentiles, Slo, parse_slo
+
+__all__ = ["bench", "parse_length", "target_url"]
+
+console = Console()
+err_console = Console(stderr=True)
+
+_LEN_RE = re.compile(r"^\s*(\d+)\s*(?:[-:]\s*(\d+))?\s*$")
+
+
+def parse_length(text: str, option: str) -> int | UniformLength:
+    """`512` (fixed) or `100-500` (uniform between the two, inclusive)."""
+    m = _LEN_RE.match(text)
+    if not m or int(m.group(1)) < 1:
+        raise ConfigError(f"{option} {text!r}: give a token count like 512, or a uniform range like 100-500")
+    low = int(m.group(1))
+    if m.group(2) is None:
+        return low
+    high = int(m.group(2))
+    if high < low:
+        raise ConfigError(f"{option} {text!r}: the range's upper end must be >= its lower end")
+    return UniformLength(low=low, high=high)
+
+
+def target_url(url: str) -> str:
+    """The server root: accepts http://host:8000 or the OpenAI base http://host:8000/v1."""
+    u = url.strip().rstrip("/")
+    if not re.match(r"^https?://[^/\s]+", u):
+        raise ConfigError(f"--url {url!r}: give the server's address, e.g. http://localhost:8000")
+    return u[: -len("/v1")] if u.endswith("/v1") else u
+
+
+async def _served_model(client: httpx.AsyncClient, base_url: str) -> str:
+    try:
+        response = await client.get(base_url + "/v1/models", timeout=10.0)
+    except httpx.HTTPError as e:
+        raise TunerError(f"cannot reach {base_url}: {type(e).__name__}: {e}") from None
+    try:
+        ids = [m["id"] for m in response.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        ids = []
+    if response.status_code != 200 or not ids:
+        raise ConfigError(f"{base_url}/v1/models did not name a model (HTTP {response.status_code}); pass --model")
+    return str(ids[0])
+
+
+@contextlib.asynccontextmanager
+async def _target(url: str | None, emulator_args: list[str]) -> AsyncIterator[tuple[str, int | None, str]]:
+    """Yields (base_url, max_num_seqs if known, description)."""
+    if url is not None:
+        yield target_url(url), None, target_url(url)
+        return
+    from tuner.emulator import Emulator
+
+    emu = Emulator.from_args(emulator_args, log_stream=io.StringIO())
+    async with emu.serve_http(host="127.0.0.1", port=0) as base:
+        r = emu.resolved
+        desc = (
+            f"in-process emulator ({' '.join(emulator_args)}; KV {emu.plan.kv_tokens:,} tokens, "
+            f"max_num_seqs {r.max_num_seqs})"
+        )
+        yield base, r.max_num_seqs, desc
+
+
+class _ProgressLine:
+    """The live line: done / in flight / errors / current req/s."""
+
+    def __init__(self, total: int | None, label: str) -> None:
+        self.total = total
+        self.label = label
+        self.latest: LoadProgress | None = None
+
+    def update(self, p: LoadProgress) -> None:
+        self.latest = p
+
+    def __rich__(self) -> Text:
+        p = self.latest
+        if p is None:
+            return Text(f"{self.label}: starting…", style="dim")
+        done = f"{p.done}/{self.total}" if self.total else str(p.done)
+        phase = " (warm-up)" if p.warmup else ""
+        errors = Text(f"{p.failed} errors", style="red" if p.failed else "green")
+        return Text.assemble(
+            f"{self.label}{phase}: done {done} · in flight {p.in_flight} · ", errors,
+            f" · {p.rate:.1f} req/s · {p.elapsed_s:.1f}s",
+        )  # fmt: skip
+
+
+@app.command(
+    "bench",
+    help="Load-test an OpenAI-compatible server (or the built-in emulator) the way vLLM users measure it: "
+    "streamed requests, TTFT/TPOT/ITL/e2e percentiles, tokens/s, failures by class, the server's /metrics.\n\n"
+    "Example: [bold]tuner bench --url http://localhost:8000 --concurrency 16 --requests 200 "
+    "--input-len 512 --output-len 512[/bold]\n\n"
+    "Without --url it starts the emulator: [bold]tuner bench --gpu rtx4090 --max-model-len 8192 --rate 4 "
+    "--slo 'e2e_p95<=20s' --find-max-rate[/bold]",
+)
+def bench(
+    url: Annotated[
+        str | None,
+        typer.Option(help="Server root or OpenAI base URL, e.g. http://localhost:8000. Default: start the emulator."),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Served model name. Default: the first of the server's /v1/models.")
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Closed loop: this many users, each sending when its last reply ends.")
+    ] = None,
+    rate: Annotated[float | None, typer.Option(help="Open loop: requests per second.")] = None,
+    requests: Annotated[int | None, typer.Option(help="Measured requests (default 200 unless --duration).")] = None,
+    duration: Annotated[float | None, typer.Option(help="Measured seconds (emulated seconds on an emulator).")] = None,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests sent first and left out of the figures.")] = 0,
+    input_len: Annotated[str, typer.Option(help="Prompt tokens: 512, or a uniform range 100-500.")] = "512",
+    output_len: Annotated[str, typer.Option(help="Output tokens (max_tokens + ignore_eos): 512 or 64-256.")] = "128",
+    dataset: Annotated[
+        Path | None, typer.Option(help="JSONL of {'prompt', 'output_len'} or a ShareGPT JSON file (text prompts).")
+    ] = None,
+    api: Annotated[
+        str, typer.Option(help="completions (token-id prompts, exact lengths) or chat (text messages).")
+    ] = "completions",
+    prefix_len: Annotated[int, typer.Option(help="Prompt tokens shared by every request (prefix caching).")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of prompts, lengths and arrivals.")] = 0,
+    process: Annotated[str, typer.Option(help="Open-loop arrivals: poisson or constant.")] = "poisson",
+    burstiness: Annotated[float, typer.Option(help="Gamma shape of arrival gaps: 1 Poisson, <1 burstier.")] = 1.0,
+    max_in_flight: Annotated[int | None, typer.Option(help="Open loop: cap on requests in flight.")] = None,
+    slo: Annotated[
+        list[str] | None,
+        typer.Option(help="An SLO, repeatable: 'e2e_p95<=5s', 'ttft_p95<=500ms', 'success_rate>=0.99'."),
+    ] = None,
+    find_max_rate_: Annotated[
+        bool, typer.Option("--find-max-rate", help="Search the highest request rate that meets every --slo.")
+    ] = False,
+    max_steps: Annotated[int, typer.Option(help="--find-max-rate: most open-loop steps after the probe.")] = 6,
+    timeout: Annotated[float, typer.Option(help="Per-request timeout in (emulated) seconds.")] = 60.0,
+    time_scale: Annotated[
+        float | None,
+        typer.Option(help="The emulator's --time-scale, so figures read as on the real GPU (default 1 with --url)."),
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the full result (every request) here.")] = None,
+    gpu: Annotated[str, typer.Option(help="Emulator only: GPU profile.")] = "h100-80gb",
+    model_profile: Annotated[
+        str, typer.Option(help="Emulator only: model profile or config.json dir.")
+    ] = "llama-3.1-8b",
+    max_model_len: Annotated[str, typer.Option(help="Emulator only: --max-model-len.")] = "8192",
+    emulator_arg: Annotated[
+        list[str] | None,
+        typer.Option(help="Emulator only: one more vLLM flag, repeatable, e.g. --emulator-arg=--max-num-seqs=64."),
+    ] = None,
+) -> None:
+    if concurrency is not None and rate is not None:
+        raise ConfigError("give --concurrency (closed loop) or --rate (open loop), not both")
+    if api not in ("completions", "chat"):
+        raise ConfigError(f"--api {api!r}: allowed are completions, chat")
+    if process not in ("poisson", "constant"):
+        raise ConfigError(f"--process {process!r}: allowed are poisson, constant")
+    if url is not None and emulator_arg:
+        raise ConfigError("--emulator-arg applies only without --url (the built-in emulator)")
+    slos = [parse_slo(s) for s in slo or []]
+    if find_max_rate_ and not slos:
+        raise ConfigError("--find-max-rate needs at least one --slo, e.g. --slo 'e2e_p95<=5s'")
+    if concurrency is None and rate is None:
+        concurrency = 16
+    if requests is None and duration is None:
+        requests = 200
+    scale = time_scale if time_scale is not None else (1.0 if url is not None else 10.0)
+    try:
+        workload = Workload(
+            input_len=parse_length(input_len, "--input-len"),
+            output_len=parse_length(output_len, "--output-len"),
+            dataset=dataset,
+            api="chat" if api == "chat" else "completions",
+            prefix_len=prefix_len,
+            seed=seed,
+        )
+        arrival = Arrival(
+            concurrency=concurrency,
+            rate=rate,
+            process="constant" if process == "constant" else "poisson",
+            burstiness=burstiness,
+            max_in_flight=max_in_flight,
+            requests=requests,
+            duration_s=duration,
+            warmup_requests=warmup,
+            seed=seed,
+        )
+        clock = Clock(scale)
+    except ValueError as e:
+        raise ConfigError(_validation_message(e)) from None
+    workload.max_request_tokens()  # reads the dataset now: a bad file is a command-line error, before any load
+    emulator_args = [
+        "--model", model_profile, "--gpu", gpu, "--max-model-len", max_model_len, "--time-scale", f"{scale:g}",
+        *(emulator_arg or []),
+    ]  # fmt: skip
+    if url is None and model is not None:
+        emulator_args += ["--served-model-name", model]
+    asyncio.run(
+        _bench(url, model, workload, arrival, slos, clock, timeout, find_max_rate_, max_steps, json_out, emulator_args)
+    )
+
+
+def _validation_message(e: ValueError) -> str:
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        parts = []
+        for err in errors():
+            where = ".".join(str(x) for x in err.get("loc", ())) or "value"
+            parts.append(f"{where}: {err.get('msg')}")
+        return "; ".join(parts)
+    return str(e)
+
+
+async def _bench(
+    url: str | None,
+    model: str | None,
+    workload: Workload,
+    arrival: Arrival,
+    slos: list[Slo],
+    clock: Clock,
+    timeout: float,
+    search: bool,
+    max_steps: int,
+    json_out: Path | None,
+    emulator_args: list[str],
+) -> None:
+    async with _target(url, emulator_args) as (base, max_num_seqs, desc), new_client() as client:
+        served = model if model is not None else await _served_model(client, base)
+        console.print(f"[bold]target[/bold] {escape(desc)} · model [bold]{escape(served)}[/bold]", highlight=False)
+        total = (arrival.requests or 0) + arrival.warmup_requests if arrival.requests else None
+        line = _ProgressLine(total, arrival.describe())
+        payload: dict[str, Any] = {
+            "tuner_version": __version__,
+            "target": base,
+            "model": served,
+            "time_scale": clock.scale,
+            "workload": workload.model_dump(mode="json"),
+            "workload_fingerprint": workload.fingerprint(),
+            "arrival": arrival.model_dump(mode="json"),
+            "slos": [str(s) for s in slos],
+        }
+        if search:
+            steps_view = _StepsView(line)
+            with Live(steps_view, console=err_console, refresh_per_second=8, transient=True):
+                found = await find_max_rate(
+                    base, served, workload, slos, client=client, clock=clock,
+                    requests_per_step=arrival.requests or 100, max_steps=max_steps, request_timeout_s=timeout,
+                    process=arrival.process, seed=arrival.seed, max_num_seqs=max_num_seqs,
+                    on_step=steps_view.add, on_progress=line.update,
+                )  # fmt: skip
+            _unreachable_check(base, [s.summary for s in found.steps] + ([found.probe] if found.probe else []))
+            render_search(found, slos, console)
+            payload["capacity_search"] = found.model_dump(mode="json")
+        else:
+            with Live(line, console=err_console, refresh_per_second=8, transient=True):
+                result = await run_load(
+                    base, served, workload, arrival, slos=slos, client=client, clock=clock,
+                    request_timeout_s=timeout, on_progress=line.update, max_num_seqs=max_num_seqs,
+                )  # fmt: skip
+            _unreachable_check(base, [result.summary])
+            render_result(result, slos, console)
+            payload["result"] = result.model_dump(mode="json")
+    if json_out is not None:
+        try:
+            json_out.write_text(json.dumps(payload, indent=1) + "\n")
+        except OSError as e:
+            raise ConfigError(f"--json {json_out}: cannot write it ({e.strerror})") from None
+        console.print(f"wrote {escape(str(json_out))}", highlight=False)
+
+
+def _unreachable_check(base: str, summaries: list[LoadSummary]) -> None:
+    """Every request refused: nothing was measured, so this is the one case that fails the command."""
+    sent = sum(s.requests_sent for s in summaries)
+    refused = sum(s.failures.get("connection_refused", 0) for s in summaries)
+    if sent and refused == sent:
+        example = next(s.failure_examples["connection_refused"] for s in summaries if s.requests_sent)
+        detail = example.split(": ", 1)[-1]  # the example starts with the URL, already named here
+        raise TunerError(f"cannot reach {base}: all {sent} requests refused ({detail})")
+
+
+class _StepsView:
+    def __init__(self, line: _ProgressLine) -> None:
+        self.line = line
+        self.steps: list[CapacityStep] = []
+
+    def add(self, step: CapacityStep) -> None:
+        self.steps.append(step)
+        mark = "[green]meets[/green]" if step.meets_slos else "[red]misses[/red]"
+        err_console.print(
+            f"step {len(self.steps)}: {step.rate:.2f} req/s → {step.summary.request_throughput:.2f} req/s, "
+            f"e2e p95 {_ms(step.summary.e2e.p95)}, {mark} the SLOs",
+            highlight=False,
+        )
+
+    def __rich__(self) -> Group:
+        return Group(self.line)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.1f} ms" if seconds < 10 else f"{seconds:,.2f} s"
+
+
+def _summary_table(s: LoadSummary) -> Table:
+    t = Table(title="Load summary", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    rows: list[tuple[str, str]] = [
+        ("requests sent / succeeded / failed", f"{s.requests_sent} / {s.requests_succeeded} / {s.requests_failed}"),
+        ("success rate", f"{s.success_rate:.1%}"),
+        ("measured duration", f"{s.duration_s:,.2f} s"),
+        ("request throughput", f"{s.request_throughput:,.2f} req/s"),
+        ("output throughput", f"{s.output_throughput:,.1f} tok/s"),
+        ("total throughput", f"{s.total_throughput:,.1f} tok/s"),
+        ("goodput", f"{s.goodput:,.2f} req/s"),
+        ("mean concurrency", f"{s.concurrency:,.1f}"),
+        ("token counts from", "server usage" if s.usage_from_server else "[yellow]counted chunks (no usage)[/yellow]"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def _latency_table(s: LoadSummary) -> Table:
+    t = Table(title="Latency (ms)", title_justify="left")
+    t.add_column("metric", style="bold")
+    for name in ("mean", "p50", "p90", "p95", "p99", "max"):
+        t.add_column(name, justify="right")
+    labels: list[tuple[str, Percentiles]] = [
+        ("TTFT", s.ttft), ("TPOT", s.tpot), ("ITL", s.itl), ("E2E", s.e2e),
+    ]  # fmt: skip
+    for label, p in labels:
+        t.add_row(
+            label,
+            *(f"{p.stat(n) * 1000:,.1f}" if p.count else "–" for n in ("mean", "p50", "p90", "p95", "p99", "max")),
+        )
+    return t
+
+
+def _failures_table(s: LoadSummary) -> Table:
+    t = Table(title="Failures", title_justify="left")
+    t.add_column("class", style="bold red")
+    t.add_column("count", justify="right")
+    t.add_column("example")
+    for cls, n in s.failures.items():
+        t.add_row(cls, str(n), escape(s.failure_examples.get(cls, "")))
+    return t
+
+
+def _slo_lines(s: LoadSummary, slos: list[Slo]) -> list[str]:
+    out = []
+    for slo in slos:
+        value = slo.value(s)
+        shown = _ms(value) if slo.is_latency else f"{value:.4g}"
+        verdict = "[green]met[/green]" if slo.met(s) else "[red]missed[/red]"
+        out.append(f"SLO {escape(str(slo))}: {shown} — {verdict}")
+    return out
+
+
+def render_result(result: LoadResult, slos: list[Slo], out: Console) -> None:
+    s = result.summary
+    out.print(
+        f"[bold]{escape(result.mode)}[/bold]" + (" [yellow](stopped early)[/yellow]" if result.stopped_early else "")
+    )
+    out.print(_summary_table(s))
+    out.print(_latency_table(s))
+    if s.failures:
+        out.print(_failures_table(s))
+    if result.server is not None:
+        sv = result.server
+        out.print(
+            f"[bold]server[/bold] KV cache {_pct(sv.kv_usage_max)} max / {_pct(sv.kv_usage_mean)} mean · "
+            f"running {_num(sv.running_max)} max · waiting {_num(sv.waiting_max)} max · "
+            f"preemptions {_num(sv.preemptions)} · {sv.samples} scrapes",
+            highlight=False,
+        )
+    for line in _slo_lines(s, slos):
+        out.print(line, highlight=False)
+    out.print(f"[bold]diagnosis[/bold] {escape(result.diagnosis)}", highlight=False)
+
+
+def render_search(found: CapacitySearchResult, slos: list[Slo], out: Console) -> None:
+    if found.probe is not None and found.estimate_rate is not None:
+        out.print(f"probe (closed loop): {found.estimate_rate:.2f} req/s saturated throughput", highlight=False)
+    t = Table(title="Capacity search", title_justify="left")
+    for col in ("step", "offered req/s", "req/s", "output tok/s", "TTFT p95", "E2E p95", "success", "SLOs"):
+        t.add_column(col, justify="right")
+    for i, step in enumerate(found.steps, 1):
+        s = step.summary
+        t.add_row(
+            str(i), f"{step.rate:.2f}", f"{s.request_throughput:.2f}", f"{s.output_throughput:,.0f}",
+            _ms(s.ttft.p95), _ms(s.e2e.p95), f"{s.success_rate:.1%}",
+            "[green]met[/green]" if step.meets_slos else "[red]missed[/red]",
+        )  # fmt: skip
+    out.print(t)
+    if found.best is None or found.best_rate is None:
+        out.print("[red]no rate met the SLOs[/red] " + ", ".join(escape(str(s)) for s in slos), highlight=False)
+        return
+    out.print(f"[bold green]highest rate meeting the SLOs: {found.best_rate:.2f} req/s[/bold green]", highlight=False)
+    render_result(found.best, slos, out)
+
+
+def _pct(v: float | None) -> str:
+    return "?" if v is None else f"{v:.0%}"
+
+
+def _num(v: float | None) -> str:
+    return "?" if v is None else f"{v:,.0f}"
