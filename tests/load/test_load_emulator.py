@@ -1,0 +1,66 @@
+"""The load phase against the real in-process emulator (uvicorn on loopback), with a scaled clock."""
+
+from __future__ import annotations
+
+import io
+
+from tuner.clock import Clock
+from tuner.emulator import Emulator
+from tuner.load import Arrival, Workload, run_load
+
+SCALE = 20.0
+
+
+def emulator(*extra: str) -> Emulator:
+    args = ["--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--max-model-len", "8192", "--time-scale", str(SCALE)]
+    return Emulator.from_args([*args, *extra], log_stream=io.StringIO())
+
+
+async def test_exact_lengths_and_figures_in_gpu_seconds() -> None:
+    emu = emulator()
+    async with emu.serve_http(host="127.0.0.1", port=0) as url:
+        result = await run_load(
+            url, "llama-3.1-8b", Workload(input_len=300, output_len=40), Arrival(concurrency=4, requests=16),
+            clock=Clock(SCALE),
+        )  # fmt: skip
+    s = result.summary
+    assert s.requests_succeeded == 16 and s.usage_from_server
+    assert all(r.prompt_tokens == 300 and r.completion_tokens == 40 for r in result.records)
+    # Llama-3.1-8B on an H100 decodes a small batch in ~6-12 ms a token (vLLM's figures): read in GPU seconds,
+    # not the 20x shorter wall seconds.
+    assert 0.004 < s.tpot.p50 < 0.03
+    assert result.server is not None and result.server.running_max is not None
+
+
+async def test_chat_prompt_lengths_are_close_to_asked() -> None:
+    emu = emulator()
+    async with emu.serve_http(host="127.0.0.1", port=0) as url:
+        result = await run_load(
+            url, "llama-3.1-8b", Workload(input_len=200, output_len=8, api="chat"), Arrival(concurrency=2, requests=4),
+            clock=Clock(SCALE),
+        )  # fmt: skip
+    assert result.summary.requests_succeeded == 4
+    # The chat template adds a handful of tokens around the 200 words.
+    assert all(200 <= r.prompt_tokens <= 215 for r in result.records)
+
+
+async def test_small_max_num_seqs_is_diagnosed() -> None:
+    emu = emulator("--max-num-seqs", "4")
+    async with emu.serve_http(host="127.0.0.1", port=0) as url:
+        result = await run_load(
+            url, "llama-3.1-8b", Workload(input_len=64, output_len=200), Arrival(concurrency=12, requests=24),
+            clock=Clock(SCALE), max_num_seqs=4,
+        )  # fmt: skip
+    assert result.server is not None and result.server.running_max == 4
+    assert result.diagnosis.startswith("capped by max_num_seqs: 4 running")
+
+
+async def test_too_long_a_request_is_http_4xx_with_vllm_message() -> None:
+    emu = emulator()
+    async with emu.serve_http(host="127.0.0.1", port=0) as url:
+        result = await run_load(
+            url, "llama-3.1-8b", Workload(input_len=8000, output_len=500), Arrival(concurrency=1, requests=2),
+            clock=Clock(SCALE), scrape_metrics=False,
+        )  # fmt: skip
+    assert result.summary.failures == {"http_4xx": 2}
+    assert "maximum context length" in result.summary.failure_examples["http_4xx"]
