@@ -1,0 +1,307 @@
+"""Every morning command on the demo study, through the real `tuner` entry point; outputs parsed, files checked."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shlex
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import RunCli
+from morning_demo import SPECS, STUDY
+
+from tuner.flags import VllmFlags
+
+COMMANDS = ("studies", "status", "trials", "pareto", "show", "export", "rescore")
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The body rows of Rich tables in `text` (box-drawn), cells stripped."""
+    return [
+        [c.strip() for c in line.strip().strip("│").split("│")] for line in text.splitlines() if line.startswith("│")
+    ]
+
+
+def flags_of(number: int) -> VllmFlags:
+    return VllmFlags.from_dict(next(s.flags for s in SPECS if s.number == number))
+
+
+def test_every_command_has_help_with_an_example(tuner_cli: RunCli) -> None:
+    for command in COMMANDS:
+        r = tuner_cli(command, "--help")
+        assert r.code == 0, command
+        assert "Example:" in r.out and f"tuner {command}" in r.out, command
+
+
+def test_studies_lists_the_demo(tuner_cli: RunCli, demo_url: str) -> None:
+    r = tuner_cli("studies", "--storage", demo_url, "--json")
+    assert r.code == 0, r.err
+    (row,) = json.loads(r.out)
+    assert row["name"] == STUDY and row["trials"] == 12 and row["running"] == 1
+    assert row["best_trial"] == 9 and row["best_throughput"] == pytest.approx(3400.0)
+    assert row["state"] == "running" and row["gpu"] == "h100-80gb"
+    table = tuner_cli("studies", "--storage", demo_url)
+    (cells,) = [c for c in table_rows(table.out) if c[0] == STUDY]
+    assert cells[1:5] == ["running", "12", "1", "6"] and cells[5] == "3,400.0 (#9)"
+
+
+def test_storage_from_environment(tuner_cli: RunCli, demo_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNER_STORAGE", demo_url)
+    r = tuner_cli("studies", "--json")
+    assert r.code == 0 and json.loads(r.out)[0]["name"] == STUDY
+
+
+def test_storage_and_study_from_a_job_file(tuner_cli: RunCli, demo_url: str, tmp_path: Path) -> None:
+    job = tmp_path / "night.yaml"
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "study": {"name": STUDY, "storage": demo_url},
+                "target": {"launcher": "emulator", "model": "llama-3.1-8b", "gpu": "h100-80gb"},
+                "space": {"max_num_seqs": {"low": 8, "high": 64}},
+                "arrival": {"concurrency": 4, "requests": 10},
+            }
+        )
+    )
+    r = tuner_cli("status", "--job", job, "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["name"] == STUDY
+
+
+def test_status(tuner_cli: RunCli, demo_url: str) -> None:
+    r = tuner_cli("status", STUDY, "--storage", demo_url, "--json")
+    assert r.code == 0, r.err
+    st = json.loads(r.out)
+    assert (st["budget"], st["finished"], st["running"], st["feasible"]) == (16, 11, [11], 6)
+    assert st["failures"] == {"kv_cache_too_small": 1, "crashed_under_load": 1}
+    assert st["skipped"] == {"no_kv_memory": 1} and st["server_minutes_saved"] == pytest.approx(1.9)
+    assert st["best"]["number"] == 9
+    text = tuner_cli("status", STUDY, "--storage", demo_url).out
+    assert "11/16 trials finished" in text
+    assert "best so far: trial 9: 3,400.0 tok/s" in text and "×1.70 throughput" in text
+    assert "kv_cache_too_small 1" in text and "saving ≈ 1.9 server-minutes" in text
+
+
+def test_trials_sort_filter_json_csv(tuner_cli: RunCli, demo_url: str) -> None:
+    r = tuner_cli("trials", STUDY, "--storage", demo_url, "--sort", "throughput", "--json")
+    rows = json.loads(r.out)
+    assert [t["number"] for t in rows][:8] == [10, 2, 9, 6, 1, 4, 0, 7]
+    feasible = json.loads(tuner_cli("trials", STUDY, "--storage", demo_url, "--feasible", "--json").out)
+    assert {t["number"] for t in feasible} == {0, 1, 4, 6, 7, 9}
+    failed = json.loads(tuner_cli("trials", STUDY, "--storage", demo_url, "--outcome", "launch_failed", "--json").out)
+    assert [(t["number"], t["verdict"]) for t in failed] == [(3, "launch failed: kv_cache_too_small")]
+    top = json.loads(
+        tuner_cli("trials", STUDY, "--storage", demo_url, "--sort", "latency", "--limit", "2", "--json").out
+    )
+    assert [t["number"] for t in top] == [7, 4]
+    out = tuner_cli("trials", STUDY, "--storage", demo_url, "--csv").out
+    records = list(csv.DictReader(io.StringIO(out)))
+    assert len(records) == 12 and records[2]["verdict"] == "misses e2e_p95<=5s"
+    assert json.loads(records[9]["flags"])["max_num_seqs"] == 256
+    table = table_rows(tuner_cli("trials", STUDY, "--storage", demo_url).out)
+    by_number = {row[0].rstrip("ᵇ"): row for row in table if row[0].rstrip("ᵇ").isdigit()}
+    assert by_number["10"][6] == "misses success_rate>=0.99" and by_number["2"][7].startswith("bottleneck: KV")
+    assert by_number["0"][0] == "0ᵇ" and by_number["9"][2] == "3,400.0"
+
+
+def test_trials_bad_sort_key_is_a_usage_error(tuner_cli: RunCli, demo_url: str) -> None:
+    r = tuner_cli("trials", STUDY, "--storage", demo_url, "--sort", "speed")
+    assert r.code == 2 and "allowed: number, throughput" in r.err
+
+
+def test_pareto_table_plot_html_png(tuner_cli: RunCli, demo_url: str, tmp_path: Path) -> None:
+    html, png = tmp_path / "front.html", tmp_path / "front.png"
+    r = tuner_cli("pareto", STUDY, "--storage", demo_url, "--html", html, "--png", png)
+    assert r.code == 0, r.err
+    rows = table_rows(r.out)
+    front = [row for row in rows if row[1].isdigit() and row[0] != "baseline"]
+    assert [row[1] for row in front] == ["9", "6", "4", "7"]
+    assert front[0][0] == "throughput" and front[2][0] == "balanced" and front[3][0] == "latency"
+    assert front[0][7:9] == ["×1.70", "×1.20"]
+    (baseline,) = [row for row in rows if row[0] == "baseline"]
+    assert baseline[1] == "0" and baseline[2] == "2,000.0"
+    # the terminal scatter: every kind of point, and its key
+    assert "x infeasible   o feasible   * front   B baseline" in r.out
+    plot = r.out[r.out.index("throughput vs latency P95") :]
+    for marker in ("x", "o", "*", "B", "·"):
+        assert marker in plot
+    page = html.read_text()
+    assert "plotly" in page.lower() and "Plotly.newPlot" in page
+    assert "feasible front" in page and "baseline (vLLM defaults)" in page
+    assert "3400" in page and "Infeasible" in page  # Optuna's own plot marks infeasible trials
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    assert matplotlib.image.imread(str(png)).shape[:2] == (500, 800)
+
+
+def test_pareto_json(tuner_cli: RunCli, demo_url: str) -> None:
+    doc = json.loads(tuner_cli("pareto", STUDY, "--storage", demo_url, "--json").out)
+    assert [t["number"] for t in doc["front"]] == [9, 6, 4, 7]
+    assert doc["picks"]["balanced"]["trial"] == 4
+    assert doc["picks"]["throughput"]["throughput_ratio"] == pytest.approx(1.7)
+    assert doc["baseline"]["number"] == 0 and doc["latency_metric"] == "e2e_p95"
+
+
+def test_show_measured_and_failed_trials(tuner_cli: RunCli, demo_url: str) -> None:
+    r = tuner_cli("show", STUDY, "2", "--storage", demo_url)
+    assert r.code == 0, r.err
+    assert "misses e2e_p95<=5s" in r.out and "bottleneck: KV cache" in r.out
+    lat = {row[0]: row[1:] for row in table_rows(r.out) if row and row[0] in ("ttft", "tpot", "itl", "e2e")}
+    assert lat["e2e"] == ["3.3000", "3.0000", "3.3000", "6.0000", "6.0000", "6.0000"]
+    assert "--max-num-seqs" in r.out and "prediction" in r.out and "start-up facts" in r.out
+    assert "kv_usage_max" in r.out and "Application startup complete" in r.out
+    doc = json.loads(tuner_cli("show", STUDY, "2", "--storage", demo_url, "--json").out)
+    assert doc["detail"]["load_summary"]["e2e"]["p95"] == pytest.approx(6.0)
+    assert doc["request_steps"] == [0] and doc["trial"]["verdict"] == "misses e2e_p95<=5s"
+    failed = tuner_cli("show", STUDY, "3", "--storage", demo_url)
+    assert "launch failed: kv_cache_too_small" in failed.out and "ValueError: To serve" in failed.out
+    fail10 = tuner_cli("show", STUDY, "10", "--storage", demo_url).out
+    assert "http_5xx" in fail10 and "HTTP 503" in fail10
+    running = tuner_cli("show", STUDY, "11", "--storage", demo_url)
+    assert running.code == 0 and "no detail stored" in running.out
+
+
+def test_export_best_round_trips(tuner_cli: RunCli, demo_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_NeverPrintMe")
+    r = tuner_cli("export", STUDY, "--storage", demo_url)
+    assert r.code == 0, r.err
+    words = shlex.split(r.out, comments=True)
+    assert words[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert VllmFlags.from_dict(_parse_flags(words[3:])) == flags_of(9)
+    assert "trial 9" in r.out and "wl-5e1f00d" in r.out and "3,400.0 output tok/s" in r.out
+    for fmt in ("vllm-args", "vllm-config", "docker", "compose", "kubernetes", "json", "python"):
+        out = tuner_cli("export", STUDY, "--storage", demo_url, "--best", "latency", "--format", fmt)
+        assert out.code == 0 and "hf_NeverPrintMe" not in out.out, fmt
+        assert "trial" in out.out and ("7" in out.out), fmt
+
+
+def _parse_flags(args: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    i = 0
+    while i < len(args):
+        name = args[i].removeprefix("--").replace("-", "_")
+        value = args[i + 1]
+        out[name] = float(value) if "." in value else int(value)
+        i += 2
+    return out
+
+
+def test_export_kubernetes_to_a_file(tuner_cli: RunCli, demo_url: str, tmp_path: Path) -> None:
+    target = tmp_path / "vllm.yaml"
+    r = tuner_cli("export", STUDY, "--storage", demo_url, "--trial", "4", "-f", "kubernetes", "-o", target)
+    assert r.code == 0 and "wrote" in r.err
+    deployment, service = yaml.safe_load_all(target.read_text())
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["--model", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert VllmFlags.from_dict(_parse_flags(args[2:])) == flags_of(4)
+    assert deployment["metadata"]["annotations"]["tuner/trial"] == "4" and service["kind"] == "Service"
+
+
+def test_export_refusals(tuner_cli: RunCli, demo_url: str) -> None:
+    r = tuner_cli("export", STUDY, "--storage", demo_url, "--trial", "3")
+    assert r.code == 1 and "has no measurement (launch failed: kv_cache_too_small)" in r.err
+    r = tuner_cli("export", STUDY, "--storage", demo_url, "--trial", "2")
+    assert r.code == 0 and "warning: trial 2 misses e2e_p95<=5s" in r.err
+    r = tuner_cli("export", STUDY, "--storage", demo_url, "--format", "helm")
+    assert r.code == 2 and "allowed: vllm-args" in r.err
+    r = tuner_cli("export", STUDY, "--storage", demo_url, "--best", "cheapest")
+    assert r.code == 2 and "allowed: throughput, latency, balanced" in r.err
+
+
+def test_rescore_with_a_tighter_slo(tuner_cli: RunCli, demo_url: str, tmp_path: Path) -> None:
+    args = ("rescore", STUDY, "--storage", demo_url, "--slo", "e2e_p95<=3s", "--slo", "success_rate>=0.99")
+    doc = json.loads(tuner_cli(*args, "--json").out)
+    assert (doc["feasible_before"], doc["feasible_after"]) == (6, 2)
+    assert [t["number"] for t in doc["front"]] == [4, 7]
+    assert {t["number"] for t in doc["trials"] if t["feasible_after"]} == {4, 7}
+    html = tmp_path / "rescored.html"
+    r = tuner_cli(*args, "--html", html)
+    assert r.code == 0, r.err
+    assert "feasible: 6 → 2 trials" in r.out
+    changed = {row[0] for row in table_rows(r.out) if len(row) > 2 and "(changed)" in row[2]}
+    assert changed == {"0", "1", "6", "9"}
+    assert "Plotly.newPlot" in html.read_text()
+    # the study itself is untouched
+    storage = optuna.storages.RDBStorage(demo_url)
+    try:
+        study = optuna.load_study(study_name=STUDY, storage=storage)
+        assert sorted(t.number for t in study.best_trials) == [4, 6, 7, 9]
+    finally:
+        storage.engine.dispose()
+
+
+def test_rescore_needs_a_valid_slo(tuner_cli: RunCli, demo_url: str) -> None:
+    r = tuner_cli("rescore", STUDY, "--storage", demo_url)
+    assert r.code == 2 and "--slo" in r.err
+    r = tuner_cli("rescore", STUDY, "--storage", demo_url, "--slo", "e2e_p42<=3s")
+    assert r.code == 2 and "e2e_p42" in r.err
+
+
+@pytest.fixture
+def empty_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    storage = optuna.storages.RDBStorage(url)
+    optuna.create_study(study_name="fresh", storage=storage, directions=["maximize", "minimize"])
+    storage.engine.dispose()
+    return url
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status", "fresh"),
+        ("trials", "fresh"),
+        ("pareto", "fresh"),
+        ("show", "fresh", "0"),
+        ("export", "fresh"),
+        ("rescore", "fresh", "--slo", "e2e_p95<=3s"),
+    ],
+)
+def test_empty_study_is_one_line_and_exit_1(tuner_cli: RunCli, empty_url: str, args: tuple[str, ...]) -> None:
+    r = tuner_cli(*args, "--storage", empty_url)
+    assert r.code == 1
+    assert r.err.strip().count("\n") == 0 and "'fresh'" in r.err and "no trials yet" in r.err
+    assert "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("command", ["status", "trials", "pareto", "export", "rescore"])
+def test_missing_study_names_the_ones_there(tuner_cli: RunCli, demo_url: str, command: str) -> None:
+    extra = ("--slo", "e2e_p95<=3s") if command == "rescore" else ()
+    r = tuner_cli(command, "nope", "--storage", demo_url, *extra)
+    assert r.code == 1 and r.err.strip().count("\n") == 0
+    assert "no study 'nope'" in r.err and "studies there: demo" in r.err
+
+
+def test_missing_trial(tuner_cli: RunCli, demo_url: str) -> None:
+    r = tuner_cli("show", STUDY, "99", "--storage", demo_url)
+    assert r.code == 1 and "no trial 99 in study 'demo'; trials are 0..11" in r.err
+    r = tuner_cli("export", STUDY, "--storage", demo_url, "--trial", "99")
+    assert r.code == 1 and "no trial 99" in r.err
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("not a url", "is not a database URL"),
+        ("nosuchdb://x/y", "cannot open storage"),
+        ("sqlite:////nonexistent/dir/night.db", "no study storage at /nonexistent/dir/night.db"),
+    ],
+)
+def test_bad_storage_is_one_line_and_exit_1(tuner_cli: RunCli, url: str, needle: str) -> None:
+    for args in (("studies",), ("status", STUDY), ("pareto", STUDY)):
+        r = tuner_cli(*args, "--storage", url)
+        assert r.code == 1, (args, r)
+        assert needle in r.err and r.err.strip().count("\n") == 0 and "Traceback" not in r.err
+
+
+def test_no_studies_in_storage(tuner_cli: RunCli, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'blank.db'}"
+    optuna.storages.RDBStorage(url).engine.dispose()
+    r = tuner_cli("studies", "--storage", url)
+    assert r.code == 1 and "no study in" in r.err
