@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.config import job_schema, load_job, parse_duration
+from tuner.errors import ConfigError
+
+GOOD = """
+study: {name: demo}
+target: {launcher: emulator, model: llama-3.1-8b, gpu: l4, emulator: {time_scale: 20}}
+space:
+  max_num_seqs: {low: 8, high: 128, log: true}
+  gpu_memory_utilization: {low: 0.85, high: 0.95, step: 0.05}
+  max_model_len: 4k
+workload: {input_len: 256, output_len: 64}
+arrival: {concurrency: 8, requests: 40}
+slos: ["e2e_p95 <= 20s", "success_rate >= 0.99"]
+budget: {n_trials: 5, timeout: 30m}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_good_job_loads_with_defaults_and_storage_beside_the_file(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, GOOD))
+    assert job.study.name == "demo" and job.target.emulator.time_scale == 20
+    assert job.budget.timeout == 1800 and job.request_timeout == 60
+    assert job.storage_url() == f"sqlite:///{(tmp_path / 'demo.db').resolve()}"
+    assert job.primary_latency() == "e2e_p95"
+    assert job.sampler.name == "tpe" and job.objective == "throughput"
+    assert job.search_space().fixed == {"max_model_len": 4000}
+    record = job.as_record()
+    assert record["study"]["name"] == "demo" and "source" not in record
+
+
+def error_of(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_job(write(tmp_path, text))
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            ("budget: {n_trials: 5, timeout: 30m}", "budget: {n_trials: 5, timout: 30m}"),
+            "budget.timout: unknown field; allowed: n_trials, timeout",
+        ),
+        (("slos: [", "sampler: {name: cmaes}\nslos: ["), "sampler.name: Input should be 'tpe', 'gp', 'nsga2'"),
+        (("gpu: l4", "gpu: v100"), "target.gpu: unknown GPU 'v100'; known GPUs: rtx4090"),
+        (
+            ("e2e_p95 <= 20s", "e2e_p95 <= 20 parsecs"),
+            "slos[0]: SLO 'e2e_p95 <= 20 parsecs': unit 'parsecs'",
+        ),
+        (("timeout: 30m", "timeout: soon"), "budget.timeout: 'soon' is not a duration"),
+        (("max_model_len: 4k", "max_model_len: 400k"), "space.max_model_len: 400000 is above the model's limit"),
+        (("launcher: emulator", "launcher: k8s"), "target.launcher: Input should be 'emulator', 'process' or 'docker'"),
+        (("arrival: {concurrency: 8, requests: 40}", "arrival: {requests: 40}"), "arrival: give exactly one of"),
+        (("study: {name: demo}\n", ""), "study: required field is missing"),
+    ],
+)
+def test_bad_job_names_the_file_the_field_and_what_is_allowed(
+    tmp_path: Path, change: tuple[str, str], expected: str
+) -> None:
+    text = GOOD.replace(*change)
+    assert text != GOOD
+    message = error_of(tmp_path, text)
+    assert str(tmp_path / "job.yaml") in message
+    assert expected in message
+
+
+def test_yaml_syntax_error_gives_the_line(tmp_path: Path) -> None:
+    message = error_of(tmp_path, GOOD + "\nspace: [unclosed\n")
+    assert "not valid YAML at line" in message
+
+
+def test_missing_file_and_non_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_job(tmp_path / "nope.yaml")
+    assert "a job file is a mapping" in error_of(tmp_path, "- just\n- a list\n")
+
+
+def test_secrets_are_names_only(tmp_path: Path) -> None:
+    text = GOOD.replace("launcher: emulator", "launcher: docker, docker: {env: [HF_TOKEN]}")
+    job = load_job(write(tmp_path, text))
+    assert job.target.docker.env == ["HF_TOKEN"]
+    bad = GOOD.replace("launcher: emulator", "launcher: docker, docker: {env: ['HF_TOKEN=hf_abc']}")
+    message = error_of(tmp_path, bad)
+    assert "target.docker.env: 'HF_TOKEN=hf_abc' is not an environment variable name" in message
+
+
+def test_grid_sampler_needs_a_finite_space(tmp_path: Path) -> None:
+    text = GOOD.replace("slos: [", "sampler: {name: grid}\nslos: [")
+    assert "grid sampler needs a finite set of values" in error_of(tmp_path, text)
+
+
+def test_latency_metric_must_be_a_latency(tmp_path: Path) -> None:
+    text = GOOD.replace("slos: [", "latency_metric: success_rate\nslos: [")
+    assert "latency_metric 'success_rate' is not a latency" in error_of(tmp_path, text)
+    job = load_job(write(tmp_path, GOOD.replace("slos: [", "latency_metric: ttft_p95\nslos: [")))
+    assert job.primary_latency() == "ttft_p95"
+
+
+def test_schema_describes_the_job_file() -> None:
+    schema = job_schema()
+    assert {"study", "target", "space", "workload", "arrival", "slos", "budget", "sampler"} <= set(schema["properties"])
+    assert "source" not in schema["properties"]
+    assert set(schema["required"]) == {"study", "target", "space", "arrival"}
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800), ("8h", 28800), (1.5, 1.5)])
+def test_durations(text: str | float, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_shipped_job_files_validate() -> None:
+    root = Path(__file__).resolve().parents[2] / "search_spaces"
+    files = sorted(root.glob("*.yaml"))
+    assert len(files) >= 4
+    for f in files:
+        job = load_job(f)
+        job.search_space().baseline()

@@ -1,0 +1,351 @@
+"""The job file: one YAML a user writes before going home. Pydantic models (extra="forbid"), loaded with errors that
+name the file, the field path and what is allowed, never a traceback.
+
+    study:    {name: my-study, storage: null}     # null: a SQLite file beside the job file
+    target:   {launcher: emulator, model: llama-3.1-8b, gpu: l4, emulator: {time_scale: 20}}
+    space:    {max_num_seqs: {low: 8, high: 128, log: true}, max_model_len: 8192, ...}
+    workload: {input_len: 512, output_len: 128}
+    arrival:  {concurrency: 16, requests: 100}
+    slos:     ["e2e_p95 <= 20s", "success_rate >= 0.99"]
+    objective: throughput                          # or max_rate (highest SLO-meeting request rate)
+    budget:   {n_trials: 12, timeout: 8h}
+    sampler:  {name: tpe, seed: 0}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from tuner.catalog import get_gpu, load_model
+from tuner.catalog.gpus import GpuProfile
+from tuner.catalog.models import ModelProfile
+from tuner.errors import ConfigError
+from tuner.load import Arrival, Workload
+from tuner.scoring import Slo, parse_slo
+from tuner.space import ParamSpec, SearchSpace
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
+_UNIT_SECONDS = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `90`, `90s`, `30m`, `8h`, `1.5h`, `500ms`."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration; write e.g. 90s, 30m, 8h")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise ValueError(f"{value!r} is not a duration; write e.g. 90s, 30m, 8h (or a number of seconds)")
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"{value!r}: a duration must be > 0")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _check_slo(text: str) -> str:
+    try:
+        parse_slo(text)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    return text
+
+
+SloText = Annotated[str, AfterValidator(_check_slo)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StudySection(_Model):
+    name: str = Field(min_length=1, max_length=200, description="Optuna study name; the same name continues it")
+    storage: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL; null = sqlite file <name>.db beside the job file; postgresql+psycopg://... "
+        "for several workers",
+    )
+    heartbeat_interval: int = Field(default=10, ge=1, description="seconds between a running trial's heartbeats")
+    grace_period: int = Field(
+        default=60, ge=2, description="a RUNNING trial without a heartbeat this long is failed and retried once"
+    )
+
+
+def _env_names(names: list[str]) -> list[str]:
+    for n in names:
+        if not _ENV_NAME.match(n):
+            raise ValueError(
+                f"{n!r} is not an environment variable name; list names only (e.g. HF_TOKEN), the value is read "
+                "from the environment when the server starts and never stored"
+            )
+    return names
+
+
+class EmulatorOptions(_Model):
+    time_scale: float = Field(default=1.0, gt=0, description="the emulator runs this many times faster than the GPU")
+    memory_in_use_gib: float = Field(default=0.0, ge=0, description="GPU memory other processes hold")
+    seed: int | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class DockerOptions(_Model):
+    image: str = Field(default="vllm/vllm-openai:v0.11.0", description="the vLLM image to run")
+    model_id: str | None = Field(default=None, description="Hugging Face id passed as --model (default: the model's)")
+    env: Annotated[list[str], BeforeValidator(_env_names)] = Field(
+        default_factory=list, description="names of environment variables passed through (HF_TOKEN, ...)"
+    )
+    volumes: dict[str, str] = Field(default_factory=dict, description="host path -> container path")
+    extra_args: list[str] = Field(default_factory=list, description="more vLLM arguments, e.g. [--load-format, dummy]")
+    options: dict[str, Any] = Field(default_factory=dict, description="further DockerLauncher keyword arguments")
+
+
+class ProcessOptions(_Model):
+    command: list[str] = Field(
+        default_factory=lambda: ["vllm", "serve", "{model}"],
+        min_length=1,
+        description="the server command; {model}, {host}, {port} are filled in",
+    )
+    model_id: str | None = None
+    env: Annotated[list[str], BeforeValidator(_env_names)] = Field(default_factory=list)
+    extra_args: list[str] = Field(default_factory=list)
+    options: dict[str, Any] = Field(default_factory=dict, description="further ProcessLauncher keyword arguments")
+
+
+class TargetSection(_Model):
+    launcher: Literal["emulator", "process", "docker"] = "emulator"
+    model: str = Field(description="catalog name (llama-3.1-8b, qwen2.5-7b, ...) or a directory with config.json")
+    gpu: str = Field(description="rtx4090, rtx5090, l4, a100-40gb, a100-80gb, h100-80gb or h200")
+    startup_timeout: Duration = Field(default=1200.0, description="how long a server may take to become ready")
+    emulator: EmulatorOptions = Field(default_factory=EmulatorOptions)
+    docker: DockerOptions = Field(default_factory=DockerOptions)
+    process: ProcessOptions = Field(default_factory=ProcessOptions)
+
+
+class CapacitySearch(_Model):
+    requests_per_step: int = Field(default=100, ge=1)
+    max_steps: int = Field(default=6, ge=1)
+
+
+class Budget(_Model):
+    n_trials: int = Field(default=30, ge=1, description="trials of the whole study, over every worker")
+    timeout: Duration | None = Field(default=None, description="stop starting trials after this long (e.g. 8h)")
+
+
+class SamplerSection(_Model):
+    name: Literal["tpe", "gp", "nsga2", "random", "grid"] = "tpe"
+    seed: int | None = 0
+    n_startup_trials: int | None = Field(default=None, ge=0, description="random trials before the model (tpe, gp)")
+    population_size: int | None = Field(default=None, ge=2, description="nsga2 population")
+
+
+class FeasibilitySection(_Model):
+    enabled: bool = True
+    margin: float = Field(default=0.03, ge=0, le=1, description="launch flag sets predicted short by less than this")
+
+
+class Job(_Model):
+    """A tuning job: what to tune, on what, under which load and SLOs, with which budget."""
+
+    study: StudySection
+    target: TargetSection
+    space: dict[str, ParamSpec] = Field(
+        description="per vLLM flag: {low, high, step?, log?}, {choices: [...]}, a value"
+    )
+    workload: Workload = Field(default_factory=Workload)
+    arrival: Arrival
+    slos: list[Annotated[str, AfterValidator(_check_slo)]] = Field(
+        default_factory=lambda: ["e2e_p95 <= 10s", "success_rate >= 0.99"]
+    )
+    objective: Literal["throughput", "max_rate"] = "throughput"
+    latency_metric: str | None = Field(
+        default=None, description="the P95 minimised beside throughput; default: the first latency SLO, else e2e_p95"
+    )
+    capacity_search: CapacitySearch = Field(default_factory=CapacitySearch)
+    request_timeout: Duration = 60.0
+    budget: Budget = Field(default_factory=Budget)
+    sampler: SamplerSection = Field(default_factory=SamplerSection)
+    feasibility: FeasibilitySection = Field(default_factory=FeasibilitySection)
+
+    # Where the job file was read from: relative paths (storage, dataset) are resolved against it.
+    source: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _latency_metric(self) -> Job:
+        if self.latency_metric is not None:
+            try:
+                slo = parse_slo(f"{self.latency_metric} <= 1")
+            except ConfigError:
+                slo = None
+            if slo is None or not slo.is_latency:
+                raise ValueError(f"latency_metric {self.latency_metric!r} is not a latency (e.g. e2e_p95, ttft_p95)")
+        return self
+
+    # -- derived --------------------------------------------------------------------------------------------------
+
+    def parsed_slos(self) -> list[Slo]:
+        return [parse_slo(s) for s in self.slos]
+
+    def primary_latency(self) -> str:
+        if self.latency_metric:
+            return self.latency_metric
+        for slo in self.parsed_slos():
+            if slo.is_latency:
+                return slo.metric
+        return "e2e_p95"
+
+    def gpu_profile(self) -> GpuProfile:
+        return get_gpu(self.target.gpu)
+
+    def model_profile(self) -> ModelProfile:
+        return load_model(self.target.model)
+
+    def search_space(self) -> SearchSpace:
+        return SearchSpace.build(
+            self.space, self.gpu_profile(), self.model_profile(), longest_request=self.workload.max_request_tokens()
+        )
+
+    def storage_url(self) -> str:
+        if self.study.storage:
+            return self.study.storage
+        folder = self.source.parent if self.source is not None else Path.cwd()
+        return f"sqlite:///{(folder / (_safe_file_name(self.study.name) + '.db')).resolve()}"
+
+    def as_record(self) -> dict[str, Any]:
+        """The job as plain JSON for the study's user_attrs (secrets appear by name only: the model has no values)."""
+        return json.loads(self.model_dump_json())  # type: ignore[no-any-return]
+
+
+def _safe_file_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def job_schema() -> dict[str, Any]:
+    """JSON Schema of the job file, for editors (yaml-language-server) and `tuner schema`."""
+    schema = Job.model_json_schema(mode="validation")
+    schema["title"] = "tuner job file"
+    schema["properties"].pop("source", None)
+    return schema
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out or "(top level)"
+
+
+def _allowed_keys(loc: tuple[int | str, ...]) -> list[str] | None:
+    """The field names allowed where an unknown key was found, by walking the models along the path."""
+    model: Any = Job
+    for part in loc[:-1]:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        model = field.annotation
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return [k for k in model.model_fields if k != "source"]
+    return None
+
+
+def format_validation_error(e: ValidationError, where: str) -> str:
+    lines = []
+    for err in e.errors(include_url=False):
+        loc = tuple(err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(loc)
+            msg = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"{where}: {_loc(loc)}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_job(data: Any, *, where: str = "job", source: Path | None = None) -> Job:
+    """A Job from already-parsed YAML/JSON; ConfigError naming `where`, the field path and what is allowed."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: a job file is a mapping with study, target, space, arrival, ...")
+    try:
+        job = Job.model_validate({**data, "source": source})
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, where)) from None
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    # Things that need the catalog: a GPU, a model, a space that fits them.
+    try:
+        job.gpu_profile()
+    except ConfigError as e:
+        raise ConfigError(f"{where}: target.gpu: {e}") from None
+    try:
+        job.model_profile()
+    except ConfigError as e:
+        raise ConfigError(f"{where}: target.model: {e}") from None
+    if job.workload.dataset is not None and source is not None and not job.workload.dataset.is_absolute():
+        dataset = source.parent / job.workload.dataset
+        job = job.model_copy(update={"workload": job.workload.model_copy(update={"dataset": dataset})})
+    try:
+        job.search_space()
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    if job.sampler.name == "grid":
+        try:
+            job.search_space().grid()
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    return job
+
+
+def load_job(path: str | Path) -> Job:
+    """Read and validate a job file (YAML or JSON)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"job file {p}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"job file {p}: cannot read it ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{p}: not valid YAML{at}: {problem}") from None
+    return parse_job(data, where=str(p), source=p.resolve())
+
+
+__all__ = [
+    "SAMPLERS",
+    "Budget",
+    "CapacitySearch",
+    "DockerOptions",
+    "EmulatorOptions",
+    "FeasibilitySection",
+    "Job",
+    "ProcessOptions",
+    "SamplerSection",
+    "StudySection",
+    "TargetSection",
+    "format_validation_error",
+    "job_schema",
+    "load_job",
+    "parse_duration",
+    "parse_job",
+]

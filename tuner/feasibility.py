@@ -1,0 +1,109 @@
+"""Spend no GPU time on what cannot start: predict a start from the model's config and the GPU, before launching.
+
+The prediction is `tuner.capacity.plan_startup` (vLLM's own start-up arithmetic). Our activation and non-torch
+figures are estimates, so once real starts have been seen the predicted KV memory is scaled by what the servers
+logged (`observed KV tokens / predicted KV tokens`, median over the starts seen): a GPU whose driver keeps more or less
+memory than we assume corrects the filter after one start. Refusals that do not depend on the KV estimate (bad flags,
+not enough free memory, weights that do not fit) are taken as they are.
+
+A small margin lets borderline flag sets through: a wrong "cannot start" loses a candidate for the whole night, a
+wrong "can start" costs one failed launch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tuner.capacity import CUDA_OOM, KV_CACHE_TOO_SMALL, NO_KV_MEMORY, StartupPlan, cuda_oom_message, plan_startup
+from tuner.catalog.gpus import GpuProfile
+from tuner.catalog.models import ModelProfile
+from tuner.flags import VllmFlags, resolve
+
+DEFAULT_MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Whether a flag set is predicted to start, with vLLM's reason and message when not."""
+
+    ok: bool
+    reason: str | None
+    message: str | None
+    kv_tokens: int  # calibrated
+    raw_kv_tokens: int  # plan_startup's own figure, before calibration
+    max_concurrency: float
+    kv_scale: float
+    estimated_max_model_len: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class FeasibilityModel:
+    """plan_startup, calibrated by the start-up facts of the servers seen so far."""
+
+    def __init__(
+        self, gpu: GpuProfile, model: ModelProfile, *, memory_in_use_gib: float = 0.0, margin: float = DEFAULT_MARGIN
+    ) -> None:
+        self.gpu = gpu
+        self.model = model
+        self.memory_in_use_gib = memory_in_use_gib
+        self.margin = margin
+        self._ratios: list[float] = []
+
+    @property
+    def kv_scale(self) -> float:
+        """Observed / predicted KV tokens, median of the starts seen (1.0 before any)."""
+        return statistics.median(self._ratios) if self._ratios else 1.0
+
+    @property
+    def observations(self) -> int:
+        return len(self._ratios)
+
+    def reset(self) -> None:
+        self._ratios.clear()
+
+    def observe(self, predicted_raw_kv_tokens: int | None, observed_kv_tokens: int | None) -> None:
+        """Learn from one start: the KV tokens the server logged against plan_startup's raw figure."""
+        if predicted_raw_kv_tokens and observed_kv_tokens and predicted_raw_kv_tokens > 0 and observed_kv_tokens > 0:
+            self._ratios.append(observed_kv_tokens / predicted_raw_kv_tokens)
+
+    def plan(self, flags: VllmFlags) -> StartupPlan:
+        return plan_startup(self.model, self.gpu, resolve(flags, self.gpu, self.model), self.memory_in_use_gib)
+
+    def predict(self, flags: VllmFlags) -> Prediction:
+        resolved = resolve(flags, self.gpu, self.model)
+        plan = plan_startup(self.model, self.gpu, resolved, self.memory_in_use_gib)
+        scale = self.kv_scale
+        block = resolved.block_size
+        raw = plan.kv_tokens
+        calibrated = int(raw * scale) // block * block
+        need = resolved.max_model_len
+        concurrency = calibrated / need if need > 0 else 0.0
+
+        def verdict(reason: str | None, message: str | None, est: int | None = None) -> Prediction:
+            return Prediction(reason is None, reason, message, calibrated, raw, concurrency, scale, est)
+
+        if plan.reason not in (None, KV_CACHE_TOO_SMALL):
+            return verdict(plan.reason, plan.message, plan.estimated_max_model_len)
+        if plan.available_kv_bytes * scale <= 0:
+            return verdict(NO_KV_MEMORY, plan.message or "No available memory for the cache blocks.")
+        if calibrated * (1 + self.margin) < need:
+            if plan.reason == KV_CACHE_TOO_SMALL and not self._ratios:
+                return verdict(plan.reason, plan.message, plan.estimated_max_model_len)
+            return verdict(
+                KV_CACHE_TOO_SMALL,
+                f"predicted: the KV cache holds about {calibrated} tokens (x{scale:.3f} calibration from "
+                f"{self.observations} start(s)), fewer than max_model_len {need}; vLLM would refuse to start. "
+                f"Estimated maximum model length: {calibrated}.",
+                calibrated,
+            )
+        if plan.reason == KV_CACHE_TOO_SMALL and plan.cuda_graph_bytes > plan.headroom_bytes:
+            # plan_startup stopped at the KV check; the CUDA-graph check after it still applies.
+            return verdict(CUDA_OOM, cuda_oom_message(plan.cuda_graph_bytes, plan.total_bytes, plan.headroom_bytes))
+        return verdict(None, None)
+
+
+__all__ = ["DEFAULT_MARGIN", "FeasibilityModel", "Prediction"]

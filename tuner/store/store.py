@@ -1,0 +1,285 @@
+"""Reading and writing the project's tables. One Store per storage URL; short transactions, safe across workers."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from tuner.errors import StorageError
+from tuner.load.results import RequestRecord
+from tuner.store.engine import make_engine, safe_url
+from tuner.store.migrate import upgrade
+from tuner.store.models import FlagClaimRow, RequestRow, TrialRow
+
+_REQUEST_FIELDS = (
+    "index",
+    "start_s",
+    "ttft_s",
+    "itl_s",
+    "e2e_s",
+    "prompt_tokens",
+    "completion_tokens",
+    "ok",
+    "error_class",
+    "error_message",
+    "warmup",
+    "usage_from_server",
+)
+
+
+@dataclass(frozen=True)
+class TrialDetail:
+    """Everything stored about one trial beyond Optuna's own record. JSON fields are kept as stored."""
+
+    study: str
+    number: int
+    flags: dict[str, Any]
+    baseline: bool
+    outcome: str
+    reason: str | None
+    message: str | None
+    prediction: dict[str, Any] | None
+    startup_facts: dict[str, Any] | None
+    load_summary: dict[str, Any] | None
+    capacity_steps: list[Any] | None
+    scored_step: int | None
+    server_metrics: dict[str, Any] | None
+    diagnosis: str | None
+    log_tail: str | None
+    attempts: int
+    server_seconds: float
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def _of(cls, row: TrialRow) -> TrialDetail:
+        return cls(
+            study=row.study_name,
+            number=row.trial_number,
+            flags=row.flags,
+            baseline=row.baseline,
+            outcome=row.outcome,
+            reason=row.reason,
+            message=row.message,
+            prediction=row.prediction,
+            startup_facts=row.startup_facts,
+            load_summary=row.load_summary,
+            capacity_steps=row.capacity_steps,
+            scored_step=row.scored_step,
+            server_metrics=row.server_metrics,
+            diagnosis=row.diagnosis,
+            log_tail=row.log_tail,
+            attempts=row.attempts,
+            server_seconds=row.server_seconds,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+def flag_key(flags: dict[str, Any]) -> str:
+    """A stable identity of a flag set (sorted, type-exact), for "never launch the same flags twice"."""
+    text = repr(sorted((k, type(v).__name__, v) for k, v in flags.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Store:
+    """The project's tables in one database (the study's own). Open it with `open_store(url)`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._thread_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return safe_url(self.engine.url.render_as_string(hide_password=False))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[Session]:
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except IntegrityError:
+            raise
+        except SQLAlchemyError as e:
+            cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+            raise StorageError(f"storage {self.url}: {cause}") from None
+
+    # -- trial detail ---------------------------------------------------------------------------------------------
+
+    def save_trial(self, study: str, number: int, **fields: Any) -> None:
+        """Create or update the detail row of one trial; `fields` are TrialDetail's names (flags, outcome, ...)."""
+        allowed = set(TrialDetail.__dataclass_fields__) - {"study", "number", "created_at", "updated_at"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise TypeError(f"unknown trial fields: {', '.join(sorted(unknown))}")
+        with self._session() as s:
+            row = s.get(TrialRow, (study, number))
+            if row is None:
+                row = TrialRow(study_name=study, trial_number=number, flags={}, outcome="measured")
+                s.add(row)
+            for name, value in fields.items():
+                setattr(row, name, value)
+
+    def trial_detail(self, study: str, number: int) -> TrialDetail | None:
+        with self._session() as s:
+            row = s.get(TrialRow, (study, number))
+            return None if row is None else TrialDetail._of(row)
+
+    def trial_details(self, study: str) -> list[TrialDetail]:
+        with self._session() as s:
+            rows = s.scalars(sa.select(TrialRow).where(TrialRow.study_name == study).order_by(TrialRow.trial_number))
+            return [TrialDetail._of(r) for r in rows]
+
+    # -- per-request records --------------------------------------------------------------------------------------
+
+    def save_requests(self, study: str, number: int, records: Sequence[RequestRecord], *, step: int = 0) -> None:
+        """Replace the records of one trial's load step (a retried trial keeps only its last attempt's)."""
+        with self._session() as s:
+            s.execute(
+                sa.delete(RequestRow).where(
+                    RequestRow.study_name == study, RequestRow.trial_number == number, RequestRow.step == step
+                )
+            )
+            if records:
+                rows = [
+                    {
+                        "study_name": study,
+                        "trial_number": number,
+                        "step": step,
+                        **r.model_dump(include=set(_REQUEST_FIELDS)),
+                    }
+                    for r in records
+                ]
+                s.execute(sa.insert(RequestRow), rows)
+
+    def request_records(self, study: str, number: int, step: int | None = None) -> list[RequestRecord]:
+        """The records of a trial's scored load step (`step=None`), or of one capacity-search step."""
+        with self._session() as s:
+            if step is None:
+                scored = s.scalar(
+                    sa.select(TrialRow.scored_step).where(TrialRow.study_name == study, TrialRow.trial_number == number)
+                )
+                step = scored or 0
+            rows = s.scalars(
+                sa.select(RequestRow)
+                .where(RequestRow.study_name == study, RequestRow.trial_number == number, RequestRow.step == step)
+                .order_by(RequestRow.index)
+            )
+            return [RequestRecord.model_validate({f: getattr(r, f) for f in _REQUEST_FIELDS}) for r in rows]
+
+    def request_steps(self, study: str, number: int) -> list[int]:
+        with self._session() as s:
+            q = (
+                sa.select(RequestRow.step)
+                .where(RequestRow.study_name == study, RequestRow.trial_number == number)
+                .distinct()
+                .order_by(RequestRow.step)
+            )
+            return list(s.scalars(q))
+
+    # -- flag-set claims: one launch per flag set, across workers -------------------------------------------------
+
+    def claim(self, study: str, key: str, number: int) -> int:
+        """Claim a flag set for trial `number`; returns the owner (== number when this trial won the claim)."""
+        try:
+            with self._session() as s:
+                s.add(FlagClaimRow(study_name=study, flag_key=key, trial_number=number))
+            return number
+        except IntegrityError:
+            with self._session() as s:
+                row = s.get(FlagClaimRow, (study, key))
+                if row is None:  # released between our insert and this read: try once more
+                    s.add(FlagClaimRow(study_name=study, flag_key=key, trial_number=number))
+                    return number
+                return row.trial_number
+
+    def take_over_claim(self, study: str, key: str, old: int, new: int) -> bool:
+        """Move a claim from a trial that died (`old`) to `new`; False when another worker moved it first."""
+        with self._session() as s:
+            result = s.execute(
+                sa.update(FlagClaimRow)
+                .where(FlagClaimRow.study_name == study, FlagClaimRow.flag_key == key, FlagClaimRow.trial_number == old)
+                .values(trial_number=new)
+            )
+            return bool(getattr(result, "rowcount", 0))
+
+    def release_claim(self, study: str, key: str, number: int) -> None:
+        with self._session() as s:
+            s.execute(
+                sa.delete(FlagClaimRow).where(
+                    FlagClaimRow.study_name == study, FlagClaimRow.flag_key == key, FlagClaimRow.trial_number == number
+                )
+            )
+
+    # -- housekeeping ---------------------------------------------------------------------------------------------
+
+    def delete_study(self, study: str) -> None:
+        """Drop every row of a study (when a new study takes an old, deleted one's name)."""
+        with self._session() as s:
+            for table in (RequestRow, TrialRow, FlagClaimRow):
+                s.execute(sa.delete(table).where(table.study_name == study))
+
+    @contextlib.contextmanager
+    def exclusive(self, study: str) -> Iterator[None]:
+        """A lock across every worker of `study` on this database: held while one worker decides and creates its next
+        trial, so a shared budget is never overrun. PostgreSQL: an advisory lock; SQLite: a lock file beside the
+        database file (a lock inside the file would block Optuna's own writes)."""
+        name = self.engine.dialect.name
+        with self._thread_lock:
+            if name == "postgresql":
+                key = int.from_bytes(hashlib.sha256(study.encode()).digest()[:8], "big", signed=True)
+                with self.engine.connect() as conn:
+                    conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                    conn.commit()
+                    try:
+                        yield
+                    finally:
+                        conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                        conn.commit()
+            elif name == "sqlite" and self.engine.url.database not in (None, "", ":memory:"):
+                path = os.path.abspath(str(self.engine.url.database)) + ".lock"
+                with open(path, "a+") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX)
+                    try:
+                        yield
+                    finally:
+                        fcntl.flock(f, fcntl.LOCK_UN)
+            else:
+                yield
+
+
+def open_store(url: str, *, migrate: bool = True) -> Store:
+    """The Store of a storage URL (the study's own), its tables migrated to the newest schema unless told not to."""
+    engine = make_engine(url)
+    if migrate:
+        try:
+            upgrade(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+    return Store(engine)
+
+
+__all__ = ["Store", "TrialDetail", "flag_key", "open_store"]
