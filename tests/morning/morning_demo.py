@@ -1,6 +1,7 @@
 """A demo study written with Optuna's public API and the project's store, exactly as the contract describes a
-tuner-run study: every value derives from per-request records through tuner.scoring, so re-scoring can be checked by
-hand against the same records."""
+tuner-run study (tuner/study.py's shapes: failed starts are COMPLETE with the worst values and a positive "startup"
+constraint, SLOs are named constraints "slo:<slo>"): every measured value derives from per-request records through
+tuner.scoring, so re-scoring can be checked by hand against the same records."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ STUDY = "demo"
 SLOS = ["e2e_p95<=5s", "success_rate>=0.99"]
 DURATION_S = 10.0
 N_REQUESTS = 20
+WORST_LATENCY_S = 60.0  # the job's request timeout: a failed start's latency value
 DISTRIBUTIONS = {
     "max_num_seqs": IntDistribution(8, 1024, log=True),
     "max_model_len": IntDistribution(2048, 32768),
@@ -57,14 +59,13 @@ SPECS = [
     Spec(0, _flags(1024, 32768, 0.90, 8192), throughput=2000.0, e2e_p95=4.0, baseline=True),
     Spec(1, _flags(128, 8192, 0.92, 4096), throughput=3000.0, e2e_p95=4.5),
     Spec(2, _flags(512, 8192, 0.95, 8192), throughput=3500.0, e2e_p95=6.0),
-    Spec(3, _flags(64, 32768, 0.80, 2048), outcome="launch_failed", reason="kv_cache_too_small", state=TrialState.FAIL),
+    Spec(3, _flags(64, 32768, 0.80, 2048), outcome="launch_failed", reason="kv_cache_too_small"),
     Spec(4, _flags(64, 8192, 0.92, 2048), throughput=2800.0, e2e_p95=2.5),
     Spec(
         5,
         _flags(256, 32768, 0.81, 16384),
         outcome="skipped_infeasible",
         reason="no_kv_memory",
-        state=TrialState.FAIL,
         server_seconds=0.0,
     ),
     Spec(6, _flags(192, 8192, 0.93, 4096), throughput=3200.0, e2e_p95=3.5),
@@ -74,12 +75,20 @@ SPECS = [
         _flags(384, 16384, 0.98, 8192),
         outcome="crashed",
         reason="crashed_under_load",
-        state=TrialState.FAIL,
         server_seconds=60.0,
     ),
     Spec(9, _flags(256, 8192, 0.94, 8192), throughput=3400.0, e2e_p95=4.8),
     Spec(10, _flags(448, 8192, 0.96, 8192), throughput=3600.0, e2e_p95=3.0, failed=2),
     Spec(11, _flags(96, 8192, 0.91, 4096), outcome="running", state=TrialState.RUNNING),
+    # Ctrl-C: the one outcome the study leaves FAIL (it says nothing about the flags)
+    Spec(
+        12,
+        _flags(160, 8192, 0.93, 4096),
+        outcome="interrupted",
+        reason="interrupted",
+        state=TrialState.FAIL,
+        server_seconds=30.0,
+    ),
 ]
 
 
@@ -125,7 +134,7 @@ def build_demo_study(path: Path) -> str:
         "slos": SLOS,
         "objective": "throughput",
         "n_trials": 16,
-        "job": {"study": {"name": STUDY}, "slos": SLOS, "env": ["HF_TOKEN"]},
+        "job": {"study": {"name": STUDY}, "slos": SLOS, "request_timeout": WORST_LATENCY_S, "env": ["HF_TOKEN"]},
     }
     for k, v in attrs.items():
         study.set_user_attr(k, v)
@@ -145,10 +154,16 @@ def build_demo_study(path: Path) -> str:
                 "feasible": False,
             }
             kwargs: dict[str, Any] = {}
+            names = ["startup", *(f"slo:{x}" for x in SLOS)]
+            if spec.state == TrialState.COMPLETE and spec.outcome != "measured":
+                startup = {"kv_cache_too_small": 1.4, "no_kv_memory": 2.0, "crashed_under_load": 1.0}[spec.reason or ""]
+                constraints = [startup, 0.0, 0.0]
+                ua |= {"constraints": constraints, "constraint_names": names, "latency_metric": "e2e_p95"}
+                kwargs = {"values": [0.0, WORST_LATENCY_S], "constraints": dict(zip(names, constraints, strict=True))}
             if spec.outcome == "measured":
                 records = records_for(spec)
                 summary = summarize(records, duration_s=DURATION_S, slos=slos)
-                constraints = [s.violation(summary) for s in slos]
+                constraints = [0.0, *(s.violation(summary) for s in slos)]
                 ua |= {
                     "output_tok_s": summary.output_throughput,
                     "request_rate": summary.request_throughput,
@@ -161,10 +176,12 @@ def build_demo_study(path: Path) -> str:
                     "diagnosis": "bottleneck: KV cache (preemptions 12)" if spec.number == 2 else "bottleneck: decode",
                     "feasible": all(c <= 0 for c in constraints),
                     "constraints": constraints,
+                    "constraint_names": names,
+                    "latency_metric": "e2e_p95",
                 }
                 kwargs = {
                     "values": [summary.output_throughput, summary.e2e.p95],
-                    "constraints": {str(i): c for i, c in enumerate(constraints)},
+                    "constraints": dict(zip(names, constraints, strict=True)),
                 }
             ua = {k: v for k, v in ua.items() if v is not None or k in ("reason", "diagnosis")}
             study.add_trial(

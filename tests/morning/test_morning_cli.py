@@ -41,12 +41,12 @@ def test_studies_lists_the_demo(tuner_cli: RunCli, demo_url: str) -> None:
     r = tuner_cli("studies", "--storage", demo_url, "--json")
     assert r.code == 0, r.err
     (row,) = json.loads(r.out)
-    assert row["name"] == STUDY and row["trials"] == 12 and row["running"] == 1
+    assert row["name"] == STUDY and row["trials"] == 13 and row["running"] == 1
     assert row["best_trial"] == 9 and row["best_throughput"] == pytest.approx(3400.0)
     assert row["state"] == "running" and row["gpu"] == "h100-80gb"
     table = tuner_cli("studies", "--storage", demo_url)
     (cells,) = [c for c in table_rows(table.out) if c[0] == STUDY]
-    assert cells[1:5] == ["running", "12", "1", "6"] and cells[5] == "3,400.0 (#9)"
+    assert cells[1:5] == ["running", "13", "1", "6"] and cells[5] == "3,400.0 (#9)"
 
 
 def test_storage_from_environment(tuner_cli: RunCli, demo_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,14 +76,15 @@ def test_status(tuner_cli: RunCli, demo_url: str) -> None:
     r = tuner_cli("status", STUDY, "--storage", demo_url, "--json")
     assert r.code == 0, r.err
     st = json.loads(r.out)
-    assert (st["budget"], st["finished"], st["running"], st["feasible"]) == (16, 11, [11], 6)
-    assert st["failures"] == {"kv_cache_too_small": 1, "crashed_under_load": 1}
-    assert st["skipped"] == {"no_kv_memory": 1} and st["server_minutes_saved"] == pytest.approx(1.9)
+    assert (st["budget"], st["finished"], st["running"], st["feasible"]) == (16, 12, [11], 6)
+    assert st["failures"] == {"kv_cache_too_small": 1, "crashed_under_load": 1, "interrupted": 1}
+    # one skip saved the mean server time of the trials that started one: (9 x 120 s + 60 s + 30 s) / 11
+    assert st["skipped"] == {"no_kv_memory": 1} and st["server_minutes_saved"] == pytest.approx(1170 / 11 / 60)
     assert st["best"]["number"] == 9
     text = tuner_cli("status", STUDY, "--storage", demo_url).out
-    assert "11/16 trials finished" in text
+    assert "12/16 trials finished" in text
     assert "best so far: trial 9: 3,400.0 tok/s" in text and "×1.70 throughput" in text
-    assert "kv_cache_too_small 1" in text and "saving ≈ 1.9 server-minutes" in text
+    assert "kv_cache_too_small 1" in text and "saving ≈ 1.8 server-minutes" in text
 
 
 def test_trials_sort_filter_json_csv(tuner_cli: RunCli, demo_url: str) -> None:
@@ -100,7 +101,7 @@ def test_trials_sort_filter_json_csv(tuner_cli: RunCli, demo_url: str) -> None:
     assert [t["number"] for t in top] == [7, 4]
     out = tuner_cli("trials", STUDY, "--storage", demo_url, "--csv").out
     records = list(csv.DictReader(io.StringIO(out)))
-    assert len(records) == 12 and records[2]["verdict"] == "misses e2e_p95<=5s"
+    assert len(records) == 13 and records[2]["verdict"] == "misses e2e_p95<=5s"
     assert json.loads(records[9]["flags"])["max_num_seqs"] == 256
     table = table_rows(tuner_cli("trials", STUDY, "--storage", demo_url).out)
     by_number = {row[0].rstrip("ᵇ"): row for row in table if row[0].rstrip("ᵇ").isdigit()}
@@ -280,7 +281,7 @@ def test_missing_study_names_the_ones_there(tuner_cli: RunCli, demo_url: str, co
 
 def test_missing_trial(tuner_cli: RunCli, demo_url: str) -> None:
     r = tuner_cli("show", STUDY, "99", "--storage", demo_url)
-    assert r.code == 1 and "no trial 99 in study 'demo'; trials are 0..11" in r.err
+    assert r.code == 1 and "no trial 99 in study 'demo'; trials are 0..12" in r.err
     r = tuner_cli("export", STUDY, "--storage", demo_url, "--trial", "99")
     assert r.code == 1 and "no trial 99" in r.err
 

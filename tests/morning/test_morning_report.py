@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import optuna
 import pytest
 from morning_demo import DURATION_S, SLOS, SPECS, STUDY
+from optuna.trial import FrozenTrial
 
+from tuner.load.results import RequestRecord
 from tuner.report import (
     NoFeasibleTrial,
     choose,
@@ -19,9 +23,10 @@ from tuner.report import (
     rescore,
     status,
     study_view,
+    trial_view,
 )
 from tuner.report.views import StudyView
-from tuner.scoring import parse_slo
+from tuner.scoring import parse_slo, summarize
 from tuner.store import open_store
 
 
@@ -70,12 +75,12 @@ def test_picks_and_ratios(view: StudyView) -> None:
 
 def test_listing_and_status(view: StudyView) -> None:
     li = listing(view)
-    assert (li.trials, li.running, li.feasible, li.best_trial, li.state) == (12, 1, 6, 9, "running")
+    assert (li.trials, li.running, li.feasible, li.best_trial, li.state) == (13, 1, 6, 9, "running")
     st = status(view)
-    assert st.budget == 16 and st.finished == 11 and [t.number for t in st.running] == [11]
-    assert st.failures == {"kv_cache_too_small": 1, "crashed_under_load": 1}
+    assert st.budget == 16 and st.finished == 12 and [t.number for t in st.running] == [11]
+    assert st.failures == {"kv_cache_too_small": 1, "crashed_under_load": 1, "interrupted": 1}
     assert st.skipped == {"no_kv_memory": 1}
-    launched = [s.server_seconds for s in SPECS if s.outcome in ("measured", "launch_failed", "crashed")]
+    launched = [s.server_seconds for s in SPECS if s.outcome in ("measured", "launch_failed", "crashed", "interrupted")]
     assert st.server_minutes_saved == pytest.approx(sum(launched) / len(launched) / 60)
     assert st.best is not None and st.best.number == 9
 
@@ -121,7 +126,9 @@ def test_rescore_under_the_original_slos_reproduces_the_study(view: StudyView, d
         (r.after.number, r.after.feasible) for r in result.trials
     ]
     for r in result.trials:
-        assert r.after.constraints == pytest.approx(r.before.constraints)
+        before = dict(zip(r.before.constraint_names, r.before.constraints, strict=True))
+        after = dict(zip(r.after.constraint_names, r.after.constraints, strict=True))
+        assert {k: before[k] for k in after} == pytest.approx(after)
 
 
 def test_dropping_an_slo_can_admit_a_trial(view: StudyView, demo_url: str) -> None:
@@ -145,3 +152,86 @@ def test_dashboard_reads_our_attrs_through_optunas_public_api(demo_url: str) -> 
         assert optuna.study.get_all_study_names(storage) == [STUDY]
     finally:
         storage.engine.dispose()
+
+
+class FakeRecords:
+    """A RecordSource in memory: the shape tuner.store.Store answers with."""
+
+    def __init__(self, details: dict[int, Any], records: dict[tuple[int, int], list[RequestRecord]]) -> None:
+        self.details, self.records = details, records
+
+    def trial_detail(self, study: str, number: int) -> Any:
+        return self.details.get(number)
+
+    def request_records(self, study: str, number: int, step: int | None = None) -> list[RequestRecord]:
+        return self.records.get((number, step or 0), [])
+
+    def request_steps(self, study: str, number: int) -> list[int]:
+        return sorted(s for n, s in self.records if n == number)
+
+
+@dataclass(frozen=True)
+class Detail:
+    load_summary: dict[str, Any] | None
+    capacity_steps: list[Any] | None
+    scored_step: int | None
+
+
+def _uniform(e2e: float, tokens: int, n: int = 10, duration: float = 10.0) -> list[RequestRecord]:
+    return [
+        RequestRecord(index=i, start_s=i * 0.5, ttft_s=0.1, e2e_s=e2e, completion_tokens=tokens, ok=True)
+        for i in range(n)
+    ]
+
+
+def _measured(number: int, tput: float, lat: float, **attrs: Any) -> FrozenTrial:
+    trial = optuna.trial.create_trial(
+        values=[tput, lat],
+        params={},
+        distributions={},
+        user_attrs={"outcome": "measured", "flags": {"max_num_seqs": number + 1}, **attrs},
+        constraints={"startup": 0.0, "slo:e2e_p95<=5s": lat / 5 - 1},
+    )
+    trial.number = number
+    return trial
+
+
+def test_max_rate_rescore_walks_down_the_stored_steps() -> None:
+    """Records exist for the scored step only (as the study keeps them); lower steps are re-judged from their
+    stored summaries. Steps: 2 req/s at e2e 1.5 s, 4 req/s at 2.5 s, 8 req/s at 4.0 s (scored under <= 5 s)."""
+    steps = []
+    for rate, e2e in ((2.0, 1.5), (4.0, 2.5), (8.0, 4.0)):
+        recs = _uniform(e2e, tokens=int(rate * 100))
+        steps.append({"rate": rate, "summary": summarize(recs, duration_s=10.0).model_dump(mode="json")})
+    source = FakeRecords({0: Detail(None, steps, 2)}, {(0, 2): _uniform(4.0, tokens=800)})
+    view = StudyView(STUDY, {"objective": "max_rate", "slos": ["e2e_p95<=5s"]}, [trial_view(_measured(0, 800, 4.0))])
+    loose = rescore(view, source, [parse_slo("e2e_p95<=5s")]).trials[0]
+    assert (loose.step, loose.source, loose.after.request_rate) == (2, "records", 8.0)
+    tight = rescore(view, source, [parse_slo("e2e_p95<=3s")]).trials[0]
+    # 8 req/s misses 3 s (4.0 s), 4 req/s meets it (2.5 s): the highest rate that still meets the SLO
+    assert (tight.step, tight.source, tight.after.request_rate) == (1, "stored summary", 4.0)
+    assert tight.after.feasible and tight.after.latency_p95_s == pytest.approx(2.5)
+    assert tight.after.throughput == pytest.approx(400.0)  # 10 requests x 400 tokens / 10 s
+    none = rescore(view, source, [parse_slo("e2e_p95<=1s")]).trials[0]
+    assert not none.after.feasible and none.step == 0  # closest miss, as the study scores it
+
+
+def test_duplicates_are_no_point_of_their_own_and_follow_their_original() -> None:
+    original, duplicate = trial_view(_measured(0, 100.0, 2.0)), trial_view(_measured(1, 100.0, 2.0, duplicate_of=0))
+    view = StudyView(STUDY, {"slos": ["e2e_p95<=5s"]}, [original, duplicate])
+    assert [t.number for t in pareto_front(view.trials)] == [0]
+    assert view.trials[1].verdict == "duplicate of #0"
+    source = FakeRecords({0: Detail(None, None, 0)}, {(0, 0): _uniform(2.0, tokens=100)})
+    result = rescore(view, source, [parse_slo("e2e_p95<=1s")])
+    assert [r.after.feasible for r in result.trials] == [False, False]
+    assert result.trials[1].after.number == 1 and result.trials[1].note == "duplicate"
+
+
+def test_named_constraints_map_to_slos() -> None:
+    t = trial_view(_measured(0, 100.0, 6.0), ["e2e_p95<=5s"])
+    assert set(t.constraint_names) == {"startup", "e2e_p95<=5s"} and t.violated == ("e2e_p95<=5s",)
+    assert not t.feasible and t.verdict == "misses e2e_p95<=5s"
+    # the study's own order, when it lists its constraint names
+    ordered = trial_view(_measured(0, 100.0, 6.0, constraint_names=["startup", "slo:e2e_p95<=5s"]))
+    assert ordered.constraint_names == ("startup", "e2e_p95<=5s")
+    assert ordered.constraints == pytest.approx((0.0, 0.2))

@@ -409,7 +409,7 @@ def pareto_cmd(
         _need_trials(view, url)
         front = pareto_front(view.trials)
         if html is not None:
-            write_html(s, view, front, html)
+            write_html(view, front, html)
     if png is not None:
         write_png(view, front, png)
     _show_front(view, front, as_json=as_json, plot=plot, width=width, height=height)
@@ -761,7 +761,7 @@ def rescore_cmd(
         store.close()
     after = StudyView(name=view.name, attrs=view.attrs, trials=result.view_after)
     if html is not None:
-        write_html(None, after, result.front, html)
+        write_html(after, result.front, html)
     if png is not None:
         write_png(after, result.front, png)
     if as_json:

@@ -26,8 +26,9 @@ class Ratios:
 
 
 def pareto_front(trials: Sequence[TrialView]) -> list[TrialView]:
-    """Feasible, measured trials no other feasible one dominates; most throughput first."""
-    pool = [t for t in trials if t.feasible and t.measured]
+    """Feasible, measured trials no other feasible one dominates; most throughput first. A duplicate (the same
+    flags, its values copied from the trial that ran them) is not a point of its own."""
+    pool = [t for t in trials if t.feasible and t.measured and t.duplicate_of is None]
     front = [t for t in pool if not any(_dominates(o, t) for o in pool)]
     return sorted(front, key=lambda t: (-_t(t), _l(t), t.number))
 

@@ -1,5 +1,5 @@
 """The front drawn three ways: in the terminal (plotext, works over SSH), as interactive HTML (Plotly, Optuna's own
-`plot_pareto_front` where the study's feasibility is Optuna's), and as a PNG (matplotlib, the optional extra `png`:
+`plot_pareto_front` over the measured trials), and as a PNG (matplotlib, the optional extra `png`:
 Plotly's PNG export needs a Chrome it would download, which fails offline)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _points(trials: Sequence[TrialView]) -> tuple[list[float], list[float]]:
 
 def _groups(view: StudyView, front: Sequence[TrialView]) -> dict[str, list[TrialView]]:
     on_front = {t.number for t in front}
-    measured = [t for t in view.trials if t.measured]
+    measured = [t for t in view.trials if t.measured and t.duplicate_of is None]
     return {
         "infeasible": [t for t in measured if not t.feasible],
         "feasible": [t for t in measured if t.feasible and t.number not in on_front and not t.baseline],
@@ -67,11 +67,11 @@ def terminal_scatter(
     return text.rstrip() + "\n" + key + "\n"
 
 
-def write_html(study: optuna.Study | None, view: StudyView, front: Sequence[TrialView], path: Path) -> None:
-    """An interactive chart in one self-contained file (plotly.js inlined: it opens offline)."""
-    fig = _optuna_figure(study, view) if study is not None else None
-    if fig is None:
-        fig = _own_figure(view, front)
+def write_html(view: StudyView, front: Sequence[TrialView], path: Path) -> None:
+    """Optuna's own `plot_pareto_front` (feasible trials coloured, infeasible grey), in one self-contained file
+    (plotly.js inlined: it opens offline), with the front joined and the baseline marked."""
+    fig = optuna.visualization.plot_pareto_front(_plot_study(view), target_names=[X_LABEL, Y_LABEL])
+    fig.update_layout(title=f"Pareto-front plot: {view.name}")
     _add_overlays(fig, view, front)
     try:
         fig.write_html(str(path), include_plotlyjs=True, full_html=True)
@@ -79,45 +79,30 @@ def write_html(study: optuna.Study | None, view: StudyView, front: Sequence[Tria
         raise TunerError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def _optuna_figure(study: optuna.Study, view: StudyView) -> Any | None:
-    """Optuna's own plot, when its idea of feasibility (trial.constraints) is ours; else None."""
-    if any(t.measured and t.state != "COMPLETE" for t in view.trials):
-        return None
-    by_number = {t.number: t for t in view.trials}
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        ours = by_number.get(trial.number)
-        optuna_feasible = all(c <= 0 for c in trial.constraints.values())
-        if ours is None or not ours.measured or ours.feasible != optuna_feasible:
-            return None
-    return optuna.visualization.plot_pareto_front(study, target_names=[X_LABEL, Y_LABEL])
+def _plot_study(view: StudyView) -> optuna.Study:
+    """An in-memory copy holding only the measured trials, with our feasibility as Optuna constraints: the stored
+    study also holds failed starts at (0 tok/s, the timeout), which would squash the plot into one corner, and a
+    re-scored view has feasibility the stored constraints do not know."""
+    from optuna.distributions import CategoricalDistribution
 
-
-def _own_figure(view: StudyView, front: Sequence[TrialView]) -> Any:
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    groups = _groups(view, front)
-    styles = {
-        "feasible": {"color": "#1f77b4", "symbol": "circle"},
-        "infeasible": {"color": "#cccccc", "symbol": "x"},
-    }
-    for name in ("feasible", "infeasible"):
-        trials = groups[name]
-        if trials:
-            x, y = _points(trials)
-            fig.add_trace(
-                go.Scatter(
-                    x=x,
-                    y=y,
-                    mode="markers",
-                    name=f"{name} trial",
-                    marker=styles[name],
-                    text=[_hover(t) for t in trials],
-                    hoverinfo="text",
-                )
+    study = optuna.create_study(directions=["maximize", "minimize"], study_name=view.name)
+    for t in view.trials:
+        if not t.measured or t.duplicate_of is not None:
+            continue
+        constraints = dict(zip(t.constraint_names, t.constraints, strict=True))
+        if not t.feasible and all(c <= 0 for c in constraints.values()):
+            constraints["feasible"] = 1.0
+        params = {k: v for k, v in t.flags.items() if isinstance(v, bool | int | float | str)}
+        study.add_trial(
+            optuna.trial.create_trial(
+                values=[t.throughput or 0.0, t.latency_p95_s or 0.0],
+                params=params,
+                distributions={k: CategoricalDistribution((v,)) for k, v in params.items()},
+                user_attrs={"trial": t.number, "baseline": t.baseline, "verdict": t.verdict},
+                constraints=constraints,
             )
-    fig.update_layout(title=f"Pareto-front plot: {view.name}", xaxis_title=X_LABEL, yaxis_title=Y_LABEL)
-    return fig
+        )
+    return study
 
 
 def _add_overlays(fig: Any, view: StudyView, front: Sequence[TrialView]) -> None:

@@ -1,16 +1,21 @@
-"""Re-scoring a finished study under new SLOs from its stored per-request records: no server, no GPU time.
+"""Re-scoring a finished study under new SLOs from what it stored: no server, no GPU time.
 
-Each measured trial's records are summarised again (`tuner.scoring.summarize`) and checked against the new SLOs
-(`Slo.violation`, Optuna's constraint shape). A trial whose objective was the highest SLO-meeting rate is re-decided
-over its stored capacity-search steps: under a tighter SLO a lower step may be the one that still meets it.
+A measured trial's per-request records are summarised again (`tuner.scoring.summarize`) and checked against the new
+SLOs (`Slo.violation`, Optuna's constraint shape). A trial whose objective was the highest SLO-meeting rate is
+re-decided over its capacity-search steps: the records where they were kept (the scored step), each step's stored
+summary elsewhere, so under a tighter SLO a lower step may be the one that still meets it, and under a looser one a
+higher step may now count.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from pydantic import ValidationError
 
 from tuner.load.results import RequestRecord
 from tuner.report.front import pareto_front
@@ -43,6 +48,7 @@ class RescoredTrial:
     after: TrialView
     summary: LoadSummary | None  # of the step now scored; None when nothing could be re-scored
     step: int | None = None
+    source: str | None = None  # "records" or "stored summary"
     note: str | None = None  # why it was not re-scored
 
     @property
@@ -71,70 +77,135 @@ class RescoreResult:
         return [t.after for t in self.trials]
 
 
+@dataclass(frozen=True)
+class _Run:
+    step: int
+    rate: float | None
+    summary: LoadSummary
+    violations: list[float]
+    source: str
+
+    @property
+    def meets(self) -> bool:
+        return all(v <= 0 for v in self.violations)
+
+
 def rescore(view: StudyView, source: RecordSource, slos: Sequence[Slo]) -> RescoreResult:
-    latency_metric = view.latency_metric
-    max_rate = view.attrs.get("objective") == "max_rate"
-    out = [_rescore_trial(view.name, t, source, slos, latency_metric, max_rate) for t in view.trials]
+    job = view.attrs.get("job") if isinstance(view.attrs.get("job"), dict) else {}
+    timeout = (job or {}).get("request_timeout")
+    worst_latency = float(timeout) if isinstance(timeout, int | float) else 60.0
+    rescorer = _Rescorer(view.name, source, list(slos), view.latency_metric, worst_latency)
+    out = [rescorer.trial(t) for t in view.trials]
+    # A duplicate ran nothing itself: it takes its original's new verdict.
+    by_number = {r.after.number: r for r in out}
+    for i, r in enumerate(out):
+        owner = by_number.get(r.before.duplicate_of) if r.before.duplicate_of is not None else None
+        if owner is not None:
+            copied = dataclasses.replace(
+                owner.after, number=r.before.number, baseline=r.before.baseline, duplicate_of=r.before.duplicate_of
+            )
+            out[i] = RescoredTrial(r.before, copied, owner.summary, owner.step, owner.source, "duplicate")
     return RescoreResult(
         study=view.name,
         slos=[str(s) for s in slos],
-        latency_metric=latency_metric,
+        latency_metric=view.latency_metric,
         trials=out,
         front=pareto_front([t.after for t in out]),
     )
 
 
-def _rescore_trial(
-    study: str, t: TrialView, source: RecordSource, slos: Sequence[Slo], latency_metric: str, max_rate: bool
-) -> RescoredTrial:
-    if not t.measured:
-        return RescoredTrial(t, t, None, note="no measurement")
-    detail = source.trial_detail(study, t.number)
-    steps = source.request_steps(study, t.number)
-    if not steps:
-        return RescoredTrial(t, dataclasses.replace(t, feasible=False), None, note="no stored requests")
-    if max_rate and len(steps) > 1:
-        candidates = steps
-    else:
-        scored = detail.scored_step if detail is not None and detail.scored_step is not None else None
-        candidates = [scored if scored is not None and scored in steps else steps[-1]]
-    scored_runs: list[tuple[int, LoadSummary, list[float]]] = []
-    for step in candidates:
-        records = source.request_records(study, t.number, step)
-        summary = summarize(records, duration_s=_duration(detail, step, records), slos=slos)
-        scored_runs.append((step, summary, [s.violation(summary) for s in slos]))
-    meeting = [r for r in scored_runs if all(v <= 0 for v in r[2])]
-    # The highest-throughput step that meets the SLOs; if none does, the scored (or last) one, infeasible.
-    step, summary, violations = max(meeting, key=lambda r: r[1].output_throughput) if meeting else scored_runs[-1]
-    after = dataclasses.replace(
-        t,
-        throughput=summary.output_throughput,
-        latency_p95_s=summary.metric(latency_metric),
-        output_tok_s=summary.output_throughput,
-        request_rate=summary.request_throughput,
-        success_rate=summary.success_rate,
-        ttft_p95_s=summary.ttft.p95,
-        e2e_p95_s=summary.e2e.p95,
-        tpot_p95_s=summary.tpot.p95,
-        goodput=summary.goodput,
-        feasible=all(v <= 0 for v in violations),
-        constraints=tuple(violations),
-        violated=tuple(str(s) for s, v in zip(slos, violations, strict=True) if v > 0),
-    )
-    return RescoredTrial(t, after, summary, step=step)
+@dataclass(frozen=True)
+class _Rescorer:
+    study: str
+    source: RecordSource
+    slos: list[Slo]
+    latency_metric: str
+    worst_latency: float
+
+    def trial(self, t: TrialView) -> RescoredTrial:
+        if not t.measured:
+            return RescoredTrial(t, t, None, note="no measurement")
+        if t.duplicate_of is not None:
+            return RescoredTrial(t, t, None, note="duplicate")
+        detail = self.source.trial_detail(self.study, t.number)
+        runs = self._runs(t.number, detail)
+        if not runs:
+            return RescoredTrial(t, dataclasses.replace(t, feasible=False), None, note="nothing stored to re-score")
+        meeting = [r for r in runs if r.meets]
+        if meeting:
+            # The highest SLO-meeting rate (a fixed load has one run): what the study's objective rewards.
+            run = max(meeting, key=lambda r: (r.rate or 0.0, r.summary.output_throughput))
+        else:
+            # None meets: the run that came closest, as the study scores it, so it stays comparable.
+            run = min(runs, key=lambda r: sum(max(0.0, v) for v in r.violations))
+        s = run.summary
+        after = dataclasses.replace(
+            t,
+            throughput=float(s.output_throughput),
+            latency_p95_s=self._latency(s),
+            output_tok_s=float(s.output_throughput),
+            request_rate=run.rate if run.rate is not None else float(s.request_throughput),
+            success_rate=float(s.success_rate),
+            ttft_p95_s=s.ttft.p95,
+            e2e_p95_s=s.e2e.p95,
+            tpot_p95_s=s.tpot.p95,
+            goodput=float(s.goodput),
+            feasible=run.meets,
+            constraints=tuple(run.violations),
+            constraint_names=tuple(str(x) for x in self.slos),
+            violated=tuple(str(x) for x, v in zip(self.slos, run.violations, strict=True) if v > 0),
+        )
+        return RescoredTrial(t, after, s, step=run.step, source=run.source)
+
+    def _latency(self, s: LoadSummary) -> float:
+        if s.requests_succeeded == 0:
+            return self.worst_latency
+        value = float(s.metric(self.latency_metric))
+        return value if math.isfinite(value) else self.worst_latency
+
+    def _runs(self, number: int, detail: _Detail | None) -> list[_Run]:
+        stored_steps = set(self.source.request_steps(self.study, number))
+        steps = [s for s in (detail.capacity_steps or []) if isinstance(s, dict)] if detail is not None else []
+        runs: list[_Run] = []
+        if steps:
+            for i, step in enumerate(steps):
+                rate = step.get("rate")
+                run = self._run(number, i, stored_steps, step.get("summary"))
+                if run is not None:
+                    runs.append(dataclasses.replace(run, rate=float(rate) if isinstance(rate, int | float) else None))
+            return runs
+        scored = detail.scored_step if detail is not None and detail.scored_step is not None else 0
+        run = self._run(number, scored, stored_steps, detail.load_summary if detail is not None else None)
+        return [run] if run is not None else []
+
+    def _run(self, number: int, step: int, stored_steps: set[int], stored: Any) -> _Run | None:
+        stored_summary = _summary(stored)
+        if step in stored_steps:
+            records = self.source.request_records(self.study, number, step)
+            if records:
+                duration = _duration(stored_summary, records)
+                summary = summarize(records, duration_s=duration, slos=self.slos)
+                return _Run(step, None, summary, [x.violation(summary) for x in self.slos], "records")
+        if stored_summary is not None:
+            # No records for this step (the study keeps the scored step's): its stored summary holds every
+            # percentile an SLO can name; only goodput stays as it was measured under the old SLOs.
+            return _Run(step, None, stored_summary, [x.violation(stored_summary) for x in self.slos], "stored summary")
+        return None
 
 
-def _duration(detail: _Detail | None, step: int, records: Sequence[RequestRecord]) -> float:
+def _summary(data: Any) -> LoadSummary | None:
+    if not isinstance(data, dict):
+        return None
+    try:
+        return LoadSummary.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def _duration(stored: LoadSummary | None, records: Sequence[RequestRecord]) -> float:
     """The measured phase's length as the load run measured it; the records' own span if it was not stored."""
-    if detail is not None:
-        stored: Any = None
-        steps = detail.capacity_steps or []
-        if 0 <= step < len(steps) and isinstance(steps[step], dict):
-            stored = (steps[step].get("summary") or {}).get("duration_s")
-        if stored is None and detail.load_summary and (detail.scored_step or 0) == step:
-            stored = detail.load_summary.get("duration_s")
-        if isinstance(stored, int | float) and stored > 0:
-            return float(stored)
+    if stored is not None and stored.duration_s > 0:
+        return float(stored.duration_s)
     measured = [r for r in records if not r.warmup]
     if not measured:
         return 0.0

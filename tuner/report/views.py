@@ -42,8 +42,11 @@ class TrialView:
     predicted_kv_tokens: int | None = None
     feasible: bool = False
     constraints: tuple[float, ...] = ()
+    constraint_names: tuple[str, ...] = ()
     violated: tuple[str, ...] = ()
+    duplicate_of: int | None = None
     server_seconds: float = 0.0
+    latency_metric: str | None = None
     started: dt.datetime | None = None
     completed: dt.datetime | None = None
 
@@ -59,6 +62,8 @@ class TrialView:
             return "running"
         if self.state == "WAITING":
             return "waiting"
+        if self.duplicate_of is not None:
+            return f"duplicate of #{self.duplicate_of}"
         if self.measured:
             if self.feasible:
                 return "ok"
@@ -73,7 +78,8 @@ class TrialView:
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        d["constraints"] = list(self.constraints)
+        d["constraints"] = dict(zip(self.constraint_names, self.constraints, strict=True))
+        del d["constraint_names"]
         d["violated"] = list(self.violated)
         d["verdict"] = self.verdict
         for k in ("started", "completed"):
@@ -105,6 +111,7 @@ class StudyView:
         """The P95 minimised beside throughput: as the job chose it, else its first latency SLO, else e2e_p95."""
         job = self.attrs.get("job") if isinstance(self.attrs.get("job"), dict) else {}
         chosen = self.attrs.get("latency_metric") or (job or {}).get("latency_metric")
+        chosen = chosen or next((t.latency_metric for t in self.trials if t.latency_metric), None)
         if isinstance(chosen, str) and chosen:
             return chosen
         for slo in self.slos:
@@ -132,8 +139,9 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         outcome = MEASURED  # a study written by hand, or by an older tuner: its values are its measurement
     throughput = _float(values[0]) if values else _float(ua.get("output_tok_s"))
     latency = _float(values[1]) if values and len(values) > 1 else _float(ua.get("e2e_p95_s"))
-    constraints = _constraints(trial)
-    violated = tuple(slos[i] if i < len(slos) else f"constraint {i}" for i, c in enumerate(constraints) if c > 0)
+    names, constraints = _constraints(trial, slos)
+    violated = tuple(n for n, c in zip(names, constraints, strict=True) if c > 0)
+    duplicate_of = _int(ua.get("duplicate_of"))
     feasible = (
         outcome == MEASURED
         and values is not None
@@ -162,22 +170,43 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         predicted_kv_tokens=_int(ua.get("predicted_kv_tokens")),
         feasible=feasible,
         constraints=constraints,
+        constraint_names=names,
         violated=violated if outcome == MEASURED else (),
+        duplicate_of=duplicate_of,
         server_seconds=_float(ua.get("server_seconds")) or 0.0,
+        latency_metric=_str(ua.get("latency_metric")),
         started=trial.datetime_start,
         completed=trial.datetime_complete,
     )
 
 
-def _constraints(trial: FrozenTrial) -> tuple[float, ...]:
-    """Optuna's own constraints (what best_trials and plot_pareto_front honour), else the user attribute."""
+def _constraints(trial: FrozenTrial, slos: Sequence[str]) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """(names, values): Optuna's own constraints (what best_trials and plot_pareto_front honour), named as the
+    study names them ("startup", "slo:e2e_p95<=5s"), in the order the study listed them; else the user attribute."""
+    ua = trial.user_attrs
+    listed, listed_names = ua.get("constraints"), ua.get("constraint_names")
     own = trial.constraints
+    if isinstance(listed_names, list) and own and all(n in own for n in listed_names):
+        keys: list[str] = [str(n) for n in listed_names]
+        return tuple(_constraint_name(k, slos) for k in keys), tuple(float(own[k]) for k in keys)
     if own:
-        return tuple(float(own[k]) for k in sorted(own, key=_constraint_order))
-    listed = trial.user_attrs.get("constraints")
+        keys = sorted(own, key=_constraint_order)
+        return tuple(_constraint_name(k, slos) for k in keys), tuple(float(own[k]) for k in keys)
     if isinstance(listed, list):
-        return tuple(float(c) for c in listed if isinstance(c, int | float))
-    return ()
+        values = [float(c) for c in listed if isinstance(c, int | float)]
+        names = listed_names if isinstance(listed_names, list) and len(listed_names) == len(values) else None
+        keys = [str(n) for n in names] if names else [str(i) for i in range(len(values))]
+        return tuple(_constraint_name(k, slos) for k in keys), tuple(values)
+    return (), ()
+
+
+def _constraint_name(key: str, slos: Sequence[str]) -> str:
+    if key.startswith("slo:"):
+        return key.removeprefix("slo:")
+    if key.isdigit():
+        i = int(key)
+        return slos[i] if i < len(slos) else f"constraint {i}"
+    return key
 
 
 def _constraint_order(key: str) -> tuple[int, str]:
