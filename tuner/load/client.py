@@ -18,6 +18,7 @@ from tuner.load.sse import SseDecoder, SseError
 __all__ = ["send_request"]
 
 _MAX_ERROR_BODY = 4096
+_decode = json.JSONDecoder().decode
 _MAX_MESSAGE = 300
 
 
@@ -120,7 +121,8 @@ def _handle(payloads: list[bytes], now: float, state: _StreamState) -> bool:
             state.done = True
             return True
         try:
-            obj = json.loads(data)
+            # str decoding + the decoder directly: json.loads(bytes) would sniff the encoding of every chunk.
+            obj = _decode(data.decode("utf-8", "replace"))
         except ValueError:
             raise _Failure("malformed_sse", f"event data is not JSON: {data[:80]!r}") from None
         if not isinstance(obj, dict):

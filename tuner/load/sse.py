@@ -4,6 +4,8 @@ from __future__ import annotations
 
 __all__ = ["SseDecoder", "SseError"]
 
+_FIELDS = (b"event:", b"id:", b"retry:")
+
 
 class SseError(ValueError):
     """The bytes are not an event stream."""
@@ -12,15 +14,14 @@ class SseError(ValueError):
 class SseDecoder:
     """Feed bytes as they arrive; get the data payloads of the events completed by them.
 
-    Events end at a blank line. Multi-line data is joined with newlines; comments (`:`) and other fields
-    (event, id, retry) are ignored, as the SSE spec allows.
+    Events end at a blank line. Multi-line data is joined with newlines; comments (`:`) and the other fields
+    (event, id, retry) are ignored, as the SSE spec allows; any other line is not SSE and raises SseError.
     """
 
-    __slots__ = ("_buf", "_data")
+    __slots__ = ("_buf",)
 
     def __init__(self) -> None:
         self._buf = b""
-        self._data: list[bytes] = []
 
     def feed(self, chunk: bytes) -> list[bytes]:
         buf = self._buf + chunk if self._buf else chunk
@@ -30,37 +31,35 @@ class SseDecoder:
                 # Its \n may be in the next chunk: decide then, or a CRLF split in two would read as a blank line.
                 buf, hold = buf[:-1], b"\r"
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        events = buf.split(b"\n\n")
+        self._buf = events.pop() + hold
         out: list[bytes] = []
-        start = 0
-        while True:
-            nl = buf.find(b"\n", start)
-            if nl < 0:
-                break
-            line = buf[start:nl]
-            start = nl + 1
-            if not line:
-                if self._data:
-                    out.append(b"\n".join(self._data))
-                    self._data = []
-                continue
-            if line.startswith(b"data:"):
-                value = line[5:]
-                self._data.append(value[1:] if value.startswith(b" ") else value)
-            elif line.startswith(b":") or line.startswith((b"event:", b"id:", b"retry:")):
-                continue
-            else:
-                raise SseError(f"not an SSE line: {line[:80]!r}")
-        self._buf = buf[start:] + hold
+        for event in events:
+            # The fast path is every event an OpenAI server sends: one `data: ...` line.
+            if event.startswith(b"data: ") and b"\n" not in event:
+                out.append(event[6:])
+            elif event:
+                data = _parse_event(event)
+                if data is not None:
+                    out.append(data)
         return out
 
     def close(self) -> list[bytes]:
-        """Flush at end of stream: an event whose blank line never came still counts (servers often omit it)."""
-        out = self.feed(b"\n\n") if self._buf else []
-        if self._data:
-            out.append(b"\n".join(self._data))
-            self._data = []
-        return out
+        """At end of stream: an event whose blank line never came still counts (servers often omit it)."""
+        rest, self._buf = self._buf.replace(b"\r", b"\n").strip(b"\n"), b""
+        if not rest:
+            return []
+        return [p for event in rest.split(b"\n\n") if event and (p := _parse_event(event)) is not None]
 
-    @property
-    def pending(self) -> bool:
-        return bool(self._buf.strip()) or bool(self._data)
+
+def _parse_event(event: bytes) -> bytes | None:
+    data: list[bytes] = []
+    for line in event.strip(b"\n").split(b"\n"):
+        if line.startswith(b"data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(b" ") else value)
+        elif not line or line.startswith(b":") or line.startswith(_FIELDS):
+            continue
+        else:
+            raise SseError(f"not an SSE line: {line[:80]!r}")
+    return b"\n".join(data) if data else None
