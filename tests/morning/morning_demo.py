@@ -134,7 +134,12 @@ def build_demo_study(path: Path) -> str:
         "slos": SLOS,
         "objective": "throughput",
         "n_trials": 16,
-        "job": {"study": {"name": STUDY}, "slos": SLOS, "request_timeout": WORST_LATENCY_S, "env": ["HF_TOKEN"]},
+        "job": {
+            "study": {"name": STUDY},
+            "target": {"launcher": "emulator", "docker": {"env": ["HF_TOKEN", "VLLM_API_KEY"]}},
+            "slos": SLOS,
+            "request_timeout": WORST_LATENCY_S,
+        },
     }
     for k, v in attrs.items():
         study.set_user_attr(k, v)

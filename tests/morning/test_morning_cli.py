@@ -112,6 +112,8 @@ def test_trials_sort_filter_json_csv(tuner_cli: RunCli, demo_url: str) -> None:
 def test_trials_bad_sort_key_is_a_usage_error(tuner_cli: RunCli, demo_url: str) -> None:
     r = tuner_cli("trials", STUDY, "--storage", demo_url, "--sort", "speed")
     assert r.code == 2 and "allowed: number, throughput" in r.err
+    r = tuner_cli("trials", STUDY, "--storage", demo_url, "--outcome", "exploded")
+    assert r.code == 2 and "allowed: measured, launch_failed" in r.err
 
 
 def test_pareto_table_plot_html_png(tuner_cli: RunCli, demo_url: str, tmp_path: Path) -> None:
@@ -180,6 +182,23 @@ def test_export_best_round_trips(tuner_cli: RunCli, demo_url: str, monkeypatch: 
         out = tuner_cli("export", STUDY, "--storage", demo_url, "--best", "latency", "--format", fmt)
         assert out.code == 0 and "hf_NeverPrintMe" not in out.out, fmt
         assert "trial" in out.out and ("7" in out.out), fmt
+
+
+def test_export_passes_the_jobs_secrets_by_name(
+    tuner_cli: RunCli, demo_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "sk-secret-value")
+    words = shlex.split(tuner_cli("export", STUDY, "--storage", demo_url, "-f", "docker").out.replace("\\\n", " "))
+    names = [words[i + 1] for i, w in enumerate(words) if w == "-e"]
+    assert names == ["HF_TOKEN", "VLLM_API_KEY"]
+    out = tuner_cli("export", STUDY, "--storage", demo_url, "-f", "compose").out
+    assert "VLLM_API_KEY: ${VLLM_API_KEY}" in out and "sk-secret-value" not in out
+    custom = tuner_cli(
+        "export", STUDY, "--storage", demo_url, "--model", "/models/llama", "--image", "vllm/vllm-openai:v0.12.0"
+    )
+    assert shlex.split(custom.out, comments=True)[2] == "/models/llama"
+    docker = tuner_cli("export", STUDY, "--storage", demo_url, "-f", "docker", "--image", "vllm/vllm-openai:v0.12.0")
+    assert "vllm/vllm-openai:v0.12.0" in docker.out
 
 
 def _parse_flags(args: list[str]) -> dict[str, object]:

@@ -77,6 +77,7 @@ _SHORT = {
     "enable_prefix_caching": "prefix",
     "enforce_eager": "eager",
 }
+_OUTCOMES = ("measured", "launch_failed", "crashed", "skipped_infeasible", "interrupted", "running", "waiting", "fail")
 _SORT_KEYS = ("number", "throughput", "latency", "ttft", "e2e", "success")
 
 
@@ -286,8 +287,12 @@ def trials_cmd(
 
     Example: [bold]tuner trials night --sort throughput --feasible --limit 10[/bold]
     """
+    key = _sort_key(sort)
+    unknown = sorted(set(outcome or ()) - set(_OUTCOMES))
+    if unknown:
+        raise ConfigError(f"unknown --outcome {', '.join(unknown)}; allowed: {', '.join(_OUTCOMES)}")
     _, view = _view(study, storage, job)
-    rows = sorted(view.trials, key=_sort_key(sort), reverse=reverse)
+    rows = sorted(view.trials, key=key, reverse=reverse)
     if feasible:
         rows = [t for t in rows if t.feasible]
     if outcome:
@@ -621,12 +626,35 @@ def _steps_table(steps: list[Any], scored: int | None) -> Table:
 # -- tuner export --------------------------------------------------------------------------------------------------
 
 
-def _hub_model(name: str) -> str:
-    """The name vLLM should load: a built-in profile's Hugging Face id, else the name or path as given."""
+def _hub_model(attrs: dict[str, Any]) -> str:
+    """The name vLLM should load: the job's `model_id` for its launcher, else a built-in profile's Hugging Face id,
+    else the model name or path as the study recorded it."""
     from tuner.catalog import BUILTIN_MODELS
 
+    target = _job_target(attrs)
+    for section in (str(attrs.get("launcher") or ""), "docker", "process"):
+        model_id = (target.get(section) or {}).get("model_id") if isinstance(target.get(section), dict) else None
+        if isinstance(model_id, str) and model_id:
+            return model_id
+    name = str(attrs.get("model") or "")
     profile = BUILTIN_MODELS.get(name.strip().lower())
     return profile.name if profile is not None else name
+
+
+def _job_target(attrs: dict[str, Any]) -> dict[str, Any]:
+    job = attrs.get("job")
+    target = job.get("target") if isinstance(job, dict) else None
+    return target if isinstance(target, dict) else {}
+
+
+def _secret_names(attrs: dict[str, Any]) -> tuple[str, ...]:
+    """HF_TOKEN, plus every variable the job passed through to its server (names only: values never stored)."""
+    target = _job_target(attrs)
+    names = ["HF_TOKEN"]
+    for section in ("docker", "process"):
+        env = (target.get(section) or {}).get("env") if isinstance(target.get(section), dict) else None
+        names += [str(n) for n in env or [] if isinstance(n, str)]
+    return tuple(dict.fromkeys(names))
 
 
 @app.command("export")
@@ -649,7 +677,11 @@ def export_cmd(
     name: Annotated[str, typer.Option("--name", help="Compose service / Kubernetes object name.")] = "vllm",
     secret_env: Annotated[
         list[str] | None,
-        typer.Option("--secret-env", help="Secret variables passed by name (default: HF_TOKEN).", show_default=False),
+        typer.Option(
+            "--secret-env",
+            help="Secret variables passed by name (default: HF_TOKEN and the job's env names).",
+            show_default=False,
+        ),
     ] = None,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.", show_default=False)
@@ -674,7 +706,7 @@ def export_cmd(
     else:
         t = choose(pareto_front(view.trials), best, study=view.name)
     a = view.attrs
-    model_name = model or _hub_model(str(a.get("model") or ""))
+    model_name = model or _hub_model(a)
     if not model_name:
         raise ConfigError("the study records no model: give --model NAME")
     options = DeployOptions(
@@ -682,7 +714,7 @@ def export_cmd(
         image=image or str(a.get("image") or DEFAULT_IMAGE),
         port=port,
         name=name,
-        secret_env=tuple(secret_env) if secret_env is not None else ("HF_TOKEN",),
+        secret_env=tuple(secret_env) if secret_env is not None else _secret_names(a),
     )
     prov = Provenance(
         study=view.name,
