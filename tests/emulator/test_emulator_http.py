@@ -12,6 +12,7 @@ import pytest
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from tuner.clock import Clock
 from tuner.emulator import Emulator
 
 ARGS = ["--model", "llama-3.1-8b", "--gpu", "h100-80gb", "--max-model-len", "8192", "--time-scale", "50"]
@@ -137,3 +138,111 @@ async def test_metrics_have_vllm_names(served: tuple[Emulator, str]) -> None:
     info = next(s for s in families["vllm:cache_config_info"].samples)
     assert info.labels["num_gpu_blocks"] == str(emu.plan.num_gpu_blocks)
     assert info.labels["block_size"] == "16" and info.labels["gpu_memory_utilization"] == "0.9"
+
+
+def _emulator(*args: str) -> Emulator:
+    return Emulator.from_args(["--model", "llama-3.1-8b", *args], log_stream=io.StringIO())
+
+
+async def _stream_times(client: httpx.AsyncClient, clock: Clock, body: dict[str, object]) -> list[float]:
+    """Emulated arrival times of the token chunks of one streamed request."""
+    times: list[float] = []
+    async with client.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and '"text"' in line:
+                times.append(clock.now())
+    return times
+
+
+async def test_real_run_tpot_at_a_modest_time_scale() -> None:
+    emu = _emulator("--gpu", "h100-80gb", "--max-model-len", "8192", "--time-scale", "2")
+    clock = Clock(emu.time_scale)
+    async with emu.serve_http(host="127.0.0.1", port=0) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+        body = {"prompt": list(range(512)), "max_tokens": 100, "ignore_eos": True}
+        one = await _stream_times(client, clock, body)
+        assert len(one) == 100
+        assert 5e-3 <= (one[-1] - one[0]) / 99 <= 8e-3
+        runs = await asyncio.gather(
+            *(_stream_times(client, clock, body | {"prompt": [i, *range(1, 512)], "max_tokens": 64}) for i in range(16))
+        )
+        tpots = [(t[-1] - t[0]) / (len(t) - 1) for t in runs]
+        assert 7e-3 <= sum(tpots) / len(tpots) <= 13e-3
+    assert emu.engine.stats.timing_error < 0.25  # the engine kept (roughly) to the model on a busy machine
+
+
+async def test_oversubscribed_kv_cache_preempts_over_http() -> None:
+    emu = _emulator("--gpu", "rtx4090", "--max-model-len", "2048", "--gpu-memory-utilization", "0.715",
+                    "--time-scale", "50")  # fmt: skip
+    assert emu.plan.kv_tokens < 16 * 700 / 2
+    async with emu.serve_http(host="127.0.0.1", port=0) as base, httpx.AsyncClient(base_url=base, timeout=60) as client:
+        body = {"max_tokens": 200, "ignore_eos": True}
+        results = await asyncio.gather(
+            *(client.post("/v1/completions", json=body | {"prompt": [i, *range(1, 500)]}) for i in range(16))
+        )
+        assert all(r.json()["usage"]["completion_tokens"] == 200 for r in results)
+        families = {f.name: f for f in text_string_to_metric_families((await client.get("/metrics")).text)}
+    assert families["vllm:num_preemptions"].samples[0].value > 0
+    assert emu.engine.stats.preemptions > 0
+
+
+async def test_runtime_cuda_oom_at_098_under_load() -> None:
+    emu = _emulator("--gpu", "rtx4090", "--max-model-len", "8192", "--gpu-memory-utilization", "0.98",
+                    "--time-scale", "20")  # fmt: skip
+    assert emu.plan.ok  # it starts...
+    limits = httpx.Limits(max_connections=None)  # httpx allows 100 connections by default
+    async with (
+        emu.serve_http(host="127.0.0.1", port=0) as base,
+        httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client,
+    ):
+        body = {"prompt": "x " * 32, "max_tokens": 200, "ignore_eos": True}
+        small = await client.post("/v1/completions", json=body | {"max_tokens": 4})
+        assert small.status_code == 200  # ...and serves a few requests
+        outcomes = await asyncio.gather(
+            *(_stream_times(client, Clock(20), body) for _ in range(160)), return_exceptions=True
+        )
+    assert emu.exit_code == 1 and emu.fatal_reason == "cuda_oom"
+    assert any(isinstance(o, httpx.RemoteProtocolError | httpx.ReadError) for o in outcomes)  # streams were cut
+    assert "torch.OutOfMemoryError: CUDA out of memory." in emu.log.text()
+    assert any(line.startswith("ERROR ") and "CUDA out of memory" in line for line in emu.log.lines)
+
+
+async def test_disconnect_aborts_the_request() -> None:
+    emu = _emulator("--gpu", "h100-80gb", "--max-model-len", "8192")
+    async with emu.serve_http(host="127.0.0.1", port=0) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+        body = {"prompt": list(range(64)), "max_tokens": 5000, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    break
+        assert len(emu.engine.running) <= 1
+        for _ in range(100):
+            if not emu.engine.running:
+                break
+            await asyncio.sleep(0.01)
+        assert not emu.engine.running and emu.engine.pool.usage == 0.0
+
+
+async def test_token_counts_natural_lengths_and_api_key() -> None:
+    emu = _emulator("--gpu", "h100-80gb", "--max-model-len", "8192", "--time-scale", "200", "--api-key", "s3cret")
+    assert "s3cret" not in emu.log.text()
+    async with emu.serve_http(host="127.0.0.1", port=0) as base, httpx.AsyncClient(base_url=base, timeout=30) as client:
+        assert (await client.get("/v1/models")).status_code == 401
+        client.headers["authorization"] = "Bearer s3cret"
+        r = await client.post("/v1/completions", json={"prompt": "hi internationalization", "max_tokens": 1})
+        assert r.json()["usage"]["prompt_tokens"] == 1 + 5  # one per word, one per 4 characters
+        messages = [{"role": "user", "content": "a b c"}]
+        r = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+        assert r.json()["usage"]["prompt_tokens"] == 1 + 4 + 3 + 1 + 4  # the chat template's tokens count too
+        assert r.json()["choices"][0]["message"]["role"] == "assistant"
+        results = await asyncio.gather(
+            *(
+                client.post("/v1/completions", json={"prompt": [i, 2, 3], "max_tokens": 300, "min_tokens": 10})
+                for i in range(40)
+            )
+        )
+    choices = [(r.json()["choices"][0]["finish_reason"], r.json()["usage"]["completion_tokens"]) for r in results]
+    assert {reason for reason, _ in choices} == {"stop", "length"}
+    assert all(10 <= n < 300 for reason, n in choices if reason == "stop")
+    assert all(n == 300 for reason, n in choices if reason == "length")
+    assert "s3cret" not in emu.log.text()

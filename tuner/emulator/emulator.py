@@ -8,11 +8,13 @@ only when ready, vLLM's message and exit 1 for a start vLLM would refuse, exit 2
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, suppress
 from typing import TextIO
 
@@ -60,6 +62,15 @@ def _quiet_uvicorn() -> None:
         lg = logging.getLogger(name)
         lg.handlers = [logging.NullHandler()]
         lg.propagate = False
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal capture: in-process users keep their handlers, the process form installs its
+    own (uvicorn would re-raise SIGTERM after a graceful shutdown and turn exit code 0 into -15)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def _fmt_args(config: EmulatorConfig) -> str:
@@ -278,7 +289,7 @@ class Emulator:
             timeout_graceful_shutdown=2,
             timeout_keep_alive=30,
         )
-        server = uvicorn.Server(config)
+        server = _Server(config)
         self._server = server
         engine_task = asyncio.create_task(self.engine.run(), name="emulator-engine")
         serve_task = asyncio.create_task(server.serve(sockets=[sock]), name="emulator-uvicorn")
@@ -308,6 +319,13 @@ class Emulator:
                     await engine_task
                 sock.close()
                 self._server = None
+                self.log.uvicorn("Shutting down")
+                self.log.uvicorn(f"Finished server process [{os.getpid()}]")
+
+    def request_stop(self) -> None:
+        """Stop serving gracefully (what SIGTERM does to the process form)."""
+        if self._server is not None:
+            self._server.should_exit = True
 
     async def wait_closed(self) -> None:
         """Until the server stops by itself (a fatal error) or is told to (SIGTERM/SIGINT)."""
@@ -318,7 +336,10 @@ class Emulator:
         """The process form: start-up with delays, serve until a signal or a fatal error; the exit code."""
         if not await self.startup(delays=True):
             return 1
+        loop = asyncio.get_running_loop()
         async with self.serve_http(startup_delay=True):
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
             await self.wait_closed()
         return self.exit_code or 0
 

@@ -8,6 +8,7 @@ wake-up (several chunks at once if the client side lags, as a TCP stream would c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -197,6 +198,7 @@ class OpenAiApp:
                 Route("/ping", self.health, methods=["GET", "POST"]),
                 Route("/version", self.version, methods=["GET"]),
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+                Route("/emulator/stats", self.emulator_stats, methods=["GET"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -213,6 +215,18 @@ class OpenAiApp:
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def emulator_stats(self, request: Request) -> Response:
+        """Not in vLLM: the engine's own counters, for benchmarks (is the step timing keeping up?)."""
+        stats = self.engine.stats
+        return JSONResponse(
+            dataclasses.asdict(stats)
+            | {
+                "timing_error": stats.timing_error,
+                "running": len(self.engine.running),
+                "waiting": len(self.engine.waiting),
+            }
+        )
 
     async def models(self, request: Request) -> Response:
         if (denied := self._check_auth(request)) is not None:

@@ -1,6 +1,6 @@
 """How long one engine step takes on the imitated GPU, in emulated seconds.
 
-    t = overhead + max(memory_time, compute_time) + per_seq x decoding sequences + all-reduce (TP > 1)
+    t = overhead + max(memory_time + per_seq x decoding sequences, compute_time) + all-reduce (TP > 1)
 
 memory_time reads the per-GPU weights once per step plus the KV cache of every scheduled request's context;
 compute_time is 2 x parameters FLOP a token (+ attention, 4 x layers x hidden x context) at a fraction of the
@@ -17,11 +17,12 @@ from tuner.capacity import cuda_graph_capture_sizes
 from tuner.catalog import GpuProfile, ModelProfile
 from tuner.flags import ResolvedFlags
 
-STEP_OVERHEAD_S = 1.0e-3  # scheduler, sampler, kernel launches with CUDA graphs
+STEP_OVERHEAD_S = 1.3e-3  # scheduler, sampler, kernel launches with CUDA graphs
 EAGER_OVERHEAD_PER_LAYER_S = 0.08e-3  # extra launch latency a layer without CUDA graphs
-PER_SEQ_S = 0.02e-3  # per decoding sequence: sampling, detokenising, output processing
-MEMORY_EFFICIENCY = 0.95  # achieved fraction of HBM bandwidth in a decode step
-MFU = 0.5  # achieved fraction of dense bf16 FLOP/s in prefill
+PER_SEQ_S = 0.04e-3  # per decoding sequence: sampling, detokenising, output processing
+MEMORY_EFFICIENCY = 0.93  # achieved fraction of HBM bandwidth streaming the weights in a decode step
+KV_MEMORY_EFFICIENCY = 0.7  # paged attention gathers scattered blocks: less of the bandwidth
+MFU = 0.6  # achieved fraction of dense bf16 FLOP/s in large (prefill) GEMMs
 QUANT_MEMORY_EFFICIENCY = 0.70  # int4 kernels dequantise on the fly and reach less of the bandwidth
 QUANT_MFU = 0.30
 NVLINK_GBPS = 300.0  # effective all-reduce bus bandwidth on SXM parts
@@ -31,13 +32,18 @@ PCIE_LATENCY_S = 30e-6
 _NVLINK_GPUS = ("a100", "h100", "h200")
 
 
+def _input_embedding_bytes(model: ModelProfile) -> int:
+    return 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size * 2
+
+
 @dataclass(frozen=True)
 class StepTimeModel:
     overhead_s: float
     per_seq_s: float
     weight_bytes: float  # per GPU
     kv_bytes_per_token: float  # per GPU
-    bytes_per_s: float  # effective
+    bytes_per_s: float  # effective, weights
+    kv_bytes_per_s: float  # effective, KV cache reads
     flop_per_token: float  # per GPU, linear layers
     attn_flop_per_ctx: float  # per GPU, a token attending one context token
     flop_per_s: float  # effective
@@ -68,9 +74,11 @@ class StepTimeModel:
         return cls(
             overhead_s=STEP_OVERHEAD_S,
             per_seq_s=PER_SEQ_S,
-            weight_bytes=model.weight_bytes / tp,
+            # a decode step streams every weight but the input embedding, of which it reads a few rows
+            weight_bytes=(model.weight_bytes - _input_embedding_bytes(model)) / tp,
             kv_bytes_per_token=model.kv_bytes_per_token(kv_dtype) / tp,
             bytes_per_s=gpu.bandwidth_gbps * 1e9 * mem_eff,
+            kv_bytes_per_s=gpu.bandwidth_gbps * 1e9 * KV_MEMORY_EFFICIENCY,
             flop_per_token=2 * model.num_params / tp,
             attn_flop_per_ctx=4 * model.num_layers * model.num_attention_heads * model.head_dim / tp,
             flop_per_s=gpu.bf16_tflops * 1e12 * mfu,
@@ -85,9 +93,10 @@ class StepTimeModel:
         `kv_tokens_read` cached tokens and doing `attn_pairs` (query, key) products."""
         if num_tokens <= 0:
             return 0.0
-        memory = (self.weight_bytes + kv_tokens_read * self.kv_bytes_per_token) / self.bytes_per_s
+        memory = self.weight_bytes / self.bytes_per_s + kv_tokens_read * self.kv_bytes_per_token / self.kv_bytes_per_s
         compute = (num_tokens * self.flop_per_token + attn_pairs * self.attn_flop_per_ctx) / self.flop_per_s
-        t = self.overhead_s + max(memory, compute) + self.per_seq_s * num_decode
+        # per-sequence work (sampling, output processing) hides under a compute-bound step's GEMMs
+        t = self.overhead_s + max(memory + self.per_seq_s * num_decode, compute)
         if self.allreduce_fixed_s:
             t += self.allreduce_fixed_s + self.allreduce_s_per_token * num_tokens
         if num_tokens > self.max_graph_tokens or num_decode < num_tokens:
