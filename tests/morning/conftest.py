@@ -33,6 +33,7 @@ def tuner_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setenv("COLUMNS", "220")
     monkeypatch.delenv("TUNER_STORAGE", raising=False)
+    monkeypatch.delenv("TUNER_STORAGE_URL", raising=False)
 
     def run(*args: str | Path) -> Run:
         capsys.readouterr()

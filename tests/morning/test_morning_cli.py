@@ -49,8 +49,11 @@ def test_studies_lists_the_demo(tuner_cli: RunCli, demo_url: str) -> None:
     assert cells[1:5] == ["running", "13", "1", "6"] and cells[5] == "3,400.0 (#9)"
 
 
-def test_storage_from_environment(tuner_cli: RunCli, demo_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNER_STORAGE", demo_url)
+@pytest.mark.parametrize("variable", ["TUNER_STORAGE_URL", "TUNER_STORAGE"])
+def test_storage_from_environment(
+    tuner_cli: RunCli, demo_url: str, monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    monkeypatch.setenv(variable, demo_url)
     r = tuner_cli("studies", "--json")
     assert r.code == 0 and json.loads(r.out)[0]["name"] == STUDY
 

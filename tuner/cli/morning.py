@@ -52,9 +52,9 @@ StorageOpt = Annotated[
     str | None,
     typer.Option(
         "--storage",
-        envvar="TUNER_STORAGE",
+        envvar=["TUNER_STORAGE_URL", "TUNER_STORAGE"],
         help="Study storage URL (sqlite:///night.db, postgresql+psycopg://...). Default: the --job file's, "
-        "else $TUNER_STORAGE, else sqlite:///tuner.db.",
+        "else $TUNER_STORAGE_URL, else sqlite:///tuner.db.",
         show_default=False,
     ),
 ]
@@ -545,18 +545,13 @@ def show_cmd(
     if diagnosis:
         con.print(f"[bold]diagnosis:[/bold] {escape(str(diagnosis))}")
     if t.constraints:
-        con.print(
-            "constraints (<= 0 met): "
-            + ", ".join(
-                f"{escape(n)} {c:+.3f}"
-                for n, c in zip(view.slos or [""] * len(t.constraints), t.constraints, strict=False)
-            )
-        )
+        pairs = zip(t.constraint_names, t.constraints, strict=True)
+        con.print("constraints (<= 0 met): " + ", ".join(f"{escape(n)} {c:+.3f}" for n, c in pairs))
     con.print(f"server time: {t.server_seconds:.1f} s" + (f", attempts {d['attempts']}" if d.get("attempts") else ""))
     if d.get("log_tail"):
         tail = "\n".join(str(d["log_tail"]).splitlines()[-max(log_lines, 1) :])
         con.print("[bold]server log tail:[/bold]")
-        con.print(tail, markup=False, highlight=False)
+        con.print(tail, markup=False, highlight=False, soft_wrap=True)
     if detail is None:
         con.print("(no detail stored for this trial beyond Optuna's record)")
 

@@ -26,7 +26,8 @@ __all__ = [
     "study_names",
 ]
 
-STORAGE_ENV = "TUNER_STORAGE"
+STORAGE_ENV = "TUNER_STORAGE_URL"  # as `tuner tune` reads it
+_STORAGE_ENV_ALIASES = (STORAGE_ENV, "TUNER_STORAGE")
 DEFAULT_STORAGE = "sqlite:///tuner.db"
 _ALLOWED = "sqlite:///PATH.db or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB"
 
@@ -40,15 +41,15 @@ def safe_url(url: str) -> str:
 
 
 def resolve_storage(storage: str | None, job: Path | None = None) -> str:
-    """--storage wins, then the job file's storage (a SQLite file beside it by default), then $TUNER_STORAGE,
-    then ./tuner.db."""
+    """--storage wins, then the job file's storage (a SQLite file beside it by default), then $TUNER_STORAGE_URL
+    (or $TUNER_STORAGE), then ./tuner.db."""
     if storage:
         return storage
     if job is not None:
         from tuner.config import load_job
 
         return load_job(job).storage_url()
-    return os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
+    return next((os.environ[v] for v in _STORAGE_ENV_ALIASES if os.environ.get(v)), DEFAULT_STORAGE)
 
 
 def job_study_name(job: Path) -> str:
