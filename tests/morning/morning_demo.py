@@ -118,12 +118,13 @@ def records_for(spec: Spec) -> list[RequestRecord]:
     return out
 
 
-def build_demo_study(path: Path) -> str:
-    """Write the demo study into a SQLite file; returns its URL."""
-    url = f"sqlite:///{path}"
+def build_demo_study(path: Path | str) -> str:
+    """Write the demo study into a SQLite file (a path) or a database (a URL); returns its URL."""
+    url = path if isinstance(path, str) else f"sqlite:///{path}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     slos = [parse_slo(s) for s in SLOS]
-    study = optuna.create_study(study_name=STUDY, storage=url, directions=["maximize", "minimize"])
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name=STUDY, storage=storage, directions=["maximize", "minimize"])
     attrs: dict[str, Any] = {
         "tuner_version": "0.1.0",
         "gpu": "h100-80gb",
@@ -223,4 +224,5 @@ def build_demo_study(path: Path) -> str:
                 store.save_requests(STUDY, spec.number, records_for(spec))
     finally:
         store.close()
+        storage.engine.dispose()
     return url

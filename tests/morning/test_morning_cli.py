@@ -12,7 +12,7 @@ import optuna
 import pytest
 import yaml
 from conftest import RunCli
-from morning_demo import SPECS, STUDY
+from morning_demo import SPECS, STUDY, build_demo_study
 
 from tuner.flags import VllmFlags
 
@@ -257,6 +257,24 @@ def test_rescore_with_a_tighter_slo(tuner_cli: RunCli, demo_url: str, tmp_path: 
         assert sorted(t.number for t in study.best_trials) == [4, 6, 7, 9]
     finally:
         storage.engine.dispose()
+
+
+def test_no_feasible_trial_is_one_line_and_exit_1(tuner_cli: RunCli, demo_url: str) -> None:
+    r = tuner_cli("rescore", STUDY, "--storage", demo_url, "--slo", "e2e_p95<=100ms", "--no-plot")
+    assert r.code == 1 and "feasible: 6 → 0 trials" in r.out
+    assert r.err.startswith("error: no feasible trial in study 'demo'") and r.err.strip().count("\n") == 0
+
+
+@pytest.mark.postgres
+def test_a_study_in_postgresql(tuner_cli: RunCli, postgres_url: str) -> None:
+    build_demo_study(postgres_url)
+    doc = json.loads(tuner_cli("pareto", STUDY, "--storage", postgres_url, "--json").out)
+    assert [t["number"] for t in doc["front"]] == [9, 6, 4, 7]
+    r = tuner_cli("rescore", STUDY, "--storage", postgres_url, "--slo", "e2e_p95<=3s", "--json")
+    assert [t["number"] for t in json.loads(r.out)["front"]] == [10, 4, 7]
+    bad = postgres_url.replace("tuner:tuner@", "tuner:wrong@")
+    r = tuner_cli("studies", "--storage", bad)
+    assert r.code == 1 and "cannot open storage" in r.err and "wrong" not in r.err
 
 
 def test_rescore_needs_a_valid_slo(tuner_cli: RunCli, demo_url: str) -> None:
