@@ -91,6 +91,12 @@ def test_jsonl_dataset(tmp_path: Path) -> None:
     assert Workload(dataset=p).fingerprint() != before
 
 
+def test_aiperf_single_turn_rows_are_read(tmp_path: Path) -> None:
+    p = tmp_path / "aiperf.jsonl"
+    p.write_text(json.dumps({"text": "the of and", "output_length": 12}) + "\n")
+    assert take(Workload(dataset=p), 1)[0].output_len == 12
+
+
 def test_sharegpt_dataset(tmp_path: Path) -> None:
     p = tmp_path / "sg.json"
     conv = [
@@ -106,7 +112,7 @@ def test_sharegpt_dataset(tmp_path: Path) -> None:
     ("content", "match"),
     [
         ("not json\n", "line 1 is not JSON"),
-        ('{"text": "x"}\n', "needs a string 'prompt'"),
+        ('{"body": "x"}\n', "needs a string 'prompt'"),
         ("[{}]", "entry 0 has no prompt"),
         ("", "no prompts"),
     ],

@@ -152,7 +152,8 @@ class Workload(BaseModel):
     input_len: int | LengthDist = 512
     output_len: int | LengthDist = 128
     dataset: Path | None = None
-    """JSONL of {"prompt": ..., "output_len": ...} (output optional) or ShareGPT JSON; replaces input_len."""
+    """JSONL of {"prompt"|"text": ..., "output_len"|"output_length": ...} (output optional) or ShareGPT JSON;
+    replaces input_len."""
     api: ChatApi = "completions"
     prefix_len: int = Field(default=0, ge=0)
     """Tokens at the start of every prompt that are shared by all requests (exercises prefix caching)."""
@@ -290,7 +291,7 @@ def _read_dataset(path: Path) -> tuple[_DatasetRow, ...]:
             row = _jsonl_row(item)
             if row is None:
                 raise ConfigError(
-                    f"dataset {path}: line {lineno} needs a string 'prompt' (optional integer 'output_len')"
+                    f"dataset {path}: line {lineno} needs a string 'prompt' or 'text' (optional integer 'output_len')"
                 )
             rows.append(row)
     rows = [r for r in rows if r.prompt]
@@ -299,11 +300,18 @@ def _read_dataset(path: Path) -> tuple[_DatasetRow, ...]:
     return tuple(rows)
 
 
+_PROMPT_KEYS = ("prompt", "text")  # ours, and AIPerf's single_turn files
+_OUTPUT_KEYS = ("output_len", "output_length", "output_tokens", "max_tokens")
+
+
 def _jsonl_row(item: object) -> _DatasetRow | None:
-    if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+    if not isinstance(item, dict):
         return None
-    out = item.get("output_len", item.get("output_tokens", item.get("max_tokens")))
-    return _DatasetRow(prompt=item["prompt"], output_len=out if isinstance(out, int) and out > 0 else None)
+    prompt = next((item[k] for k in _PROMPT_KEYS if isinstance(item.get(k), str)), None)
+    if prompt is None:
+        return None
+    out = next((item[k] for k in _OUTPUT_KEYS if k in item), None)
+    return _DatasetRow(prompt=prompt, output_len=out if isinstance(out, int) and out > 0 else None)
 
 
 def _sharegpt_row(item: dict[str, Any]) -> _DatasetRow | None:
