@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+from study_fakes import FakeLauncher, fake_measure, job
+
+from tuner.config import Job
+from tuner.flags import VllmFlags
+from tuner.store import flag_key, open_store
+from tuner.study import TuningRun
+
+STUDY_ATTRS = {
+    "tuner_version",
+    "gpu",
+    "model",
+    "launcher",
+    "image",
+    "workload_hash",
+    "slos",
+    "objective",
+    "n_trials",
+    "job",
+}
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'study.db'}"
+
+
+def run_job(j: Job, url: str, launcher: FakeLauncher | None = None, **kwargs: Any) -> optuna.Study:
+    tuning = TuningRun(j, launcher or FakeLauncher(), storage_url=url, measure=fake_measure(), poll_s=0.1, **kwargs)
+    try:
+        tuning.run()
+        return tuning.study
+    finally:
+        tuning.close()
+
+
+def states(study: optuna.Study) -> list[TrialState]:
+    return [t.state for t in study.get_trials(deepcopy=False)]
+
+
+def test_study_runs_to_budget_with_the_baseline_first_and_continues(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    launcher = FakeLauncher()
+    study = run_job(job(), url, launcher)
+    trials = study.get_trials(deepcopy=False)
+    assert states(study) == [TrialState.COMPLETE] * 4
+    t0 = trials[0]
+    assert t0.user_attrs["baseline"] is True and not any(t.user_attrs["baseline"] for t in trials[1:])
+    assert t0.user_attrs["flags"]["max_num_seqs"] == 256 and launcher.launches[0]["trial"] == 0
+    assert set(study.user_attrs) == STUDY_ATTRS
+    assert study.user_attrs["n_trials"] == 4 and study.user_attrs["launcher"] == "emulator"
+    assert study.user_attrs["job"]["study"]["name"] == "fake"
+    assert study.directions == [optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE]
+    assert study.best_trials and all(t.user_attrs["feasible"] for t in study.best_trials)
+    # Never the same flags twice: duplicates are answered from the store.
+    launched = [flag_key(x["flags"]) for x in launcher.launches]
+    assert len(launched) == len(set(launched))
+    with open_store(url) as store:
+        for t in trials:
+            detail = store.trial_detail("fake", t.number)
+            assert detail is not None and detail.outcome == t.user_attrs["outcome"]
+            if t.user_attrs.get("duplicate_of") is None:
+                assert detail.load_summary is not None and len(store.request_records("fake", t.number)) == 10
+    # The same command again, with a bigger budget, continues the study; the baseline is not enqueued again.
+    bigger = job(budget={"n_trials": 6})
+    study = run_job(bigger, url)
+    assert states(study) == [TrialState.COMPLETE] * 6
+    assert sum(bool(t.user_attrs["baseline"]) for t in study.trials) == 1
+    assert study.user_attrs["n_trials"] == 6
+    # ... and at its budget, runs nothing.
+    assert len(run_job(bigger, url).trials) == 6
+
+
+def test_ctrl_c_records_interrupted_and_the_next_run_retries_it(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+
+    def interrupt_trial_1(flags: VllmFlags, attempt: int) -> None:
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        calls.append(flags)
+
+    calls: list[VllmFlags] = []
+    launcher = FakeLauncher(fail=lambda flags, attempt: interrupt_trial_1(flags, attempt))
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job(), url, launcher)
+    study = run_job(job(), url)
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials].count(TrialState.COMPLETE) == 4
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(failed) == 1 and failed[0].number == 1 and failed[0].user_attrs["outcome"] == "interrupted"
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == 1]
+    assert len(retry) == 1 and retry[0].params == failed[0].params and retry[0].state == TrialState.COMPLETE
+
+
+def test_trial_left_running_by_a_dead_worker_is_failed_by_the_heartbeat_and_retried(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    j = job(budget={"n_trials": 3})
+    tuning = TuningRun(j, FakeLauncher(), storage_url=url, measure=fake_measure(), poll_s=0.1)
+    try:
+        tuning._prepare()
+        with pytest.warns(UserWarning, match="Heartbeat of storage"):
+            dead = tuning.study.ask()  # the baseline, started by a worker that then died (no more heartbeats)
+        tuning.storage.record_heartbeat(dead._trial_id)
+        dead.set_user_attr("flags", {"max_num_seqs": 256})
+    finally:
+        tuning.close()
+    started = time.monotonic()
+    study = run_job(j, url)
+    trials = study.get_trials(deepcopy=False)
+    assert trials[0].state == TrialState.FAIL
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == 0]
+    assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE and retry[0].user_attrs["baseline"] is True
+    assert [t.state for t in trials].count(TrialState.COMPLETE) == 3
+    assert time.monotonic() - started >= 1.0  # it waited for the grace period rather than count the dead trial
+
+
+def threaded_workers(url: str, n_workers: int, n_trials: int) -> tuple[list[FrozenTrial], list[FakeLauncher]]:
+    space = {"max_num_seqs": {"choices": [8, 16, 32]}, "gpu_memory_utilization": {"choices": [0.85, 0.9]}}
+    j = job(space=space, budget={"n_trials": n_trials})
+    launchers = [FakeLauncher() for _ in range(n_workers)]
+    errors: list[BaseException] = []
+
+    def worker(launcher: FakeLauncher) -> None:
+        try:
+            run_job(j, url, launcher)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(launcher,)) for launcher in launchers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        return optuna.load_study(study_name="fake", storage=storage).get_trials(), launchers
+    finally:
+        storage.engine.dispose()
+
+
+@pytest.mark.postgres
+def test_two_workers_share_one_budget_and_never_launch_the_same_flags(postgres_url: str) -> None:
+    trials, launchers = threaded_workers(postgres_url, 2, 8)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 8
+    launched = [flag_key(x["flags"]) for launcher in launchers for x in launcher.launches]
+    assert len(launched) == len(set(launched))
+    assert sum(bool(t.user_attrs["baseline"]) for t in trials) == 1

@@ -1,0 +1,300 @@
+"""`tuner tune JOB.yaml` (run the overnight study), `tuner schema` (the job file's schema), `tuner db upgrade`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import optuna
+import typer
+from optuna.trial import FrozenTrial, TrialState
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from tuner.cli import app
+from tuner.config import Job, job_schema, load_job
+from tuner.errors import ConfigError
+from tuner.feasibility import FeasibilityModel
+from tuner.store import make_engine, safe_url, upgrade
+
+console = Console(highlight=False)
+
+db_app = typer.Typer(
+    name="db",
+    rich_markup_mode="rich",
+    no_args_is_help=True,
+    help="The project's own tables beside the Optuna study.\n\nExample: [bold]tuner db upgrade --storage sqlite:///study.db[/bold]",
+)
+app.add_typer(db_app)
+
+_SHORT = {
+    "max_num_seqs": "seqs",
+    "max_num_batched_tokens": "batched",
+    "gpu_memory_utilization": "util",
+    "max_model_len": "len",
+    "tensor_parallel_size": "tp",
+    "enable_prefix_caching": "prefix_cache",
+    "enable_chunked_prefill": "chunked",
+}
+
+
+def short_flags(flags: dict[str, Any]) -> str:
+    return " ".join(
+        f"{_SHORT.get(k, k)}={v:g}" if isinstance(v, float) else f"{_SHORT.get(k, k)}={v}" for k, v in flags.items()
+    )
+
+
+def trial_line(t: FrozenTrial) -> str:
+    """One line a person reads in the morning: flags -> throughput, P95, success, verdict or reason."""
+    a = t.user_attrs
+    head = f"#{t.number:<3}{' (baseline)' if a.get('baseline') else ''} {short_flags(a.get('flags', {}))}"
+    outcome = a.get("outcome")
+    dup = a.get("duplicate_of")
+    suffix = f"  [same flags as #{dup}, not relaunched]" if dup is not None else ""
+    if outcome != "measured":
+        return f"{head} -> {outcome}: {a.get('reason')}{suffix}"
+    metric = a.get("latency_metric", "e2e_p95")
+    latency = t.values[1] if t.values else None
+    success = a.get("success_rate")
+    verdict = "feasible" if a.get("feasible") else "misses " + ", ".join(_missed(a))
+    parts = [
+        f"{a.get('output_tok_s') or 0:.1f} tok/s",
+        f"{metric} {latency:.2f}s" if latency is not None else "",
+        f"success {success:.1%}" if success is not None else "",
+        verdict,
+    ]
+    return f"{head} -> " + "  ".join(p for p in parts if p) + suffix
+
+
+def _missed(attrs: dict[str, Any]) -> list[str]:
+    names = attrs.get("constraint_names") or []
+    values = attrs.get("constraints") or []
+    return [n.removeprefix("slo:") for n, v in zip(names, values, strict=False) if v > 0] or ["SLOs"]
+
+
+def pareto_table(study: optuna.Study) -> Table:
+    from tuner.study import feasible_front
+
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    baseline = next((t for t in trials if t.user_attrs.get("baseline")), None)
+    base_tput = (baseline.user_attrs.get("output_tok_s") or 0.0) if baseline else 0.0
+    metric = next((str(t.user_attrs["latency_metric"]) for t in trials if "latency_metric" in t.user_attrs), "P95")
+    table = Table(title=f"Feasible Pareto front of {study.study_name} (output tok/s vs {metric})")
+    for col in ("trial", "flags", "tok/s", f"{metric} s", "success", "vs baseline"):
+        table.add_column(col, justify="left" if col == "flags" else "right")
+    for t in feasible_front(study):
+        a = t.user_attrs
+        assert t.values is not None
+        gain = f"{(t.values[0] / base_tput - 1):+.0%}" if base_tput else "baseline did not run"
+        table.add_row(
+            f"#{t.number}" + (" (baseline)" if a.get("baseline") else ""),
+            short_flags(a.get("flags", {})),
+            f"{t.values[0]:.1f}",
+            f"{t.values[1]:.2f}",
+            f"{a.get('success_rate', 0):.1%}",
+            gain,
+        )
+    if baseline is not None:
+        b = baseline.user_attrs
+        tput = f"{base_tput:.1f}" if b.get("outcome") == "measured" else f"{b.get('outcome')}: {b.get('reason')}"
+        table.caption = f"baseline #{baseline.number} (vLLM's defaults): {tput}; feasible: {bool(b.get('feasible'))}"
+    return table
+
+
+class _Log:
+    """The plain --log-file: one timestamped line per event and per finished trial."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._f: IO[str] | None = path.open("a", encoding="utf-8") if path else None
+
+    def __call__(self, line: str) -> None:
+        if self._f is not None:
+            self._f.write(f"{dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} {line}\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
+def _best_text(study: optuna.Study) -> str:
+    feasible = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.user_attrs.get("feasible") and t.values
+    ]
+    if not feasible:
+        return "best feasible: none yet"
+    best = max(feasible, key=lambda t: t.values[0] if t.values else 0.0)
+    assert best.values is not None
+    return f"best feasible: #{best.number} {best.values[0]:.1f} tok/s"
+
+
+def dry_run(job: Job, url: str) -> None:
+    """Check the job, show the space, the baseline and what the feasibility filter predicts, launch nothing."""
+    space = job.search_space()
+    console.print(f"[bold]{job.study.name}[/bold]: {job.target.model} on {job.target.gpu} via {job.target.launcher}")
+    console.print(f"storage: {safe_url(url)}")
+    console.print(f"objective: {job.objective}; directions: maximize output tok/s, minimize {job.primary_latency()}")
+    console.print(f"SLOs: {', '.join(job.slos)}; budget: {job.budget.n_trials} trials; sampler: {job.sampler.name}")
+    console.print(
+        f"workload: longest request {job.workload.max_request_tokens()} tokens; arrival: {job.arrival.describe()}"
+    )
+    for name, dist in space.distributions.items():
+        console.print(f"  {name}: {dist}")
+    for name, value in space.fixed.items():
+        console.print(f"  {name}: {value} (fixed)")
+    for note in space.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    fm = FeasibilityModel(job.gpu_profile(), job.model_profile(), margin=job.feasibility.margin)
+    base = space.baseline()
+    p = fm.predict(base)
+    verdict = f"starts, {p.kv_tokens:,} KV tokens" if p.ok else f"predicted not to start: {p.reason}"
+    console.print(f"baseline (vLLM's defaults): {short_flags(base.as_dict())} -> {verdict}")
+    # What the filter would spare: a random sample of the space, predicted.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), directions=["maximize", "minimize"])
+    reasons: dict[str, int] = {}
+    n = 64
+    for _ in range(n):
+        trial = probe.ask()
+        s = space.suggest(trial)
+        pr = fm.predict(s.flags)
+        key = "starts" if pr.ok else str(pr.reason)
+        reasons[key] = reasons.get(key, 0) + 1
+        probe.tell(trial, state=TrialState.PRUNED)
+    console.print(f"of {n} random flag sets: " + ", ".join(f"{v} {k}" for k, v in sorted(reasons.items())))
+    console.print("[green]job file is valid[/green]; nothing was launched")
+
+
+@app.command(
+    help="Run the tuning study of a job file to its budget: launch a server per proposed flag set, measure it under "
+    "the job's load, keep the feasible Pareto front of throughput against P95 latency. Run it again to continue; "
+    "run it on several machines with one PostgreSQL --storage to scale out.\n\n"
+    "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]"
+)
+def tune(
+    job_file: Annotated[Path, typer.Argument(help="the job file (YAML)", metavar="JOB.yaml")],
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            help="storage URL, overriding the job file's (sqlite:///x.db, postgresql+psycopg://...)",
+            envvar="TUNER_STORAGE_URL",
+        ),
+    ] = None,
+    dry_run_: Annotated[
+        bool, typer.Option("--dry-run", help="check the job and show predictions; launch nothing")
+    ] = False,
+    log_file: Annotated[Path | None, typer.Option(help="also write a plain-text log here")] = None,
+    n_trials: Annotated[int | None, typer.Option(help="override the job's budget.n_trials")] = None,
+) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    job = load_job(job_file)
+    if n_trials is not None:
+        job = job.model_copy(update={"budget": job.budget.model_copy(update={"n_trials": n_trials})})
+    url = storage or job.storage_url()
+    if dry_run_:
+        dry_run(job, url)
+        return
+    run(job, url, log_file)
+
+
+def run(job: Job, url: str, log_file: Path | None = None) -> None:
+    from tuner.study import TuningRun, build_launcher
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    log = _Log(log_file)
+    launcher = build_launcher(job)
+    for line in launcher.cleanup_leftovers(job.study.name):
+        console.print(f"cleaned up: {line}")
+        log(f"cleaned up: {line}")
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("elapsed"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[best]}"),
+        console=console,
+        transient=False,
+    )
+    state: dict[str, Any] = {"task": None, "run": None}
+
+    def say(line: str) -> None:
+        progress.console.print(line)
+        log(line)
+
+    def count_done(study: optuna.Study) -> int:
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+    def on_start(number: int) -> None:
+        r = state["run"]
+        progress.update(state["task"], description=f"trial #{number}", completed=count_done(r.study))
+
+    def on_end(t: FrozenTrial) -> None:
+        r = state["run"]
+        say(trial_line(t))
+        progress.update(state["task"], completed=count_done(r.study), best=_best_text(r.study))
+
+    tuning = TuningRun(job, launcher, storage_url=url, on_event=say, on_trial_start=on_start, on_trial_end=on_end)
+    state["run"] = tuning
+    started = time.monotonic()
+    try:
+        with progress:
+            done = count_done(tuning.study)
+            state["task"] = progress.add_task(
+                "starting", total=job.budget.n_trials, completed=done, best=_best_text(tuning.study)
+            )
+            say(f"study {job.study.name!r} in {safe_url(url)}: {done}/{job.budget.n_trials} trials done")
+            report = tuning.run()
+        took = time.monotonic() - started
+        say(f"finished ({report.stopped_by}) after {took:.0f}s; {report.trials_run} trials run by this worker")
+        console.print(pareto_table(tuning.study))
+        log(json.dumps([t.number for t in tuning.study.best_trials]))
+    except KeyboardInterrupt:
+        say("interrupted: the running trial is recorded as interrupted and will run again; the same command continues")
+        raise typer.Exit(130) from None
+    finally:
+        tuning.close()
+        log.close()
+
+
+@app.command(
+    help="Print the JSON Schema of job files (for editors: yaml-language-server, VS Code).\n\n"
+    "Example: [bold]tuner schema > job.schema.json[/bold]"
+)
+def schema() -> None:
+    typer.echo(json.dumps(job_schema(), indent=2))
+
+
+@db_app.command(
+    "upgrade",
+    help="Create or migrate the project's tables in a study database (tuner tune does this by itself).\n\n"
+    "Example: [bold]tuner db upgrade --storage postgresql+psycopg://tuner:PASSWORD@db/tuner[/bold]",
+)
+def db_upgrade(
+    storage: Annotated[
+        str | None, typer.Option(help="storage URL of the study database", envvar="TUNER_STORAGE_URL")
+    ] = None,
+    job_file: Annotated[Path | None, typer.Option("--job", help="take the storage URL from this job file")] = None,
+) -> None:
+    if storage is not None:
+        url = storage
+    elif job_file is not None:
+        url = load_job(job_file).storage_url()
+    else:
+        raise ConfigError("tuner db upgrade: give --storage URL or --job JOB.yaml")
+    engine = make_engine(url)
+    try:
+        revision = upgrade(engine)
+    finally:
+        engine.dispose()
+    console.print(f"{safe_url(url)}: tuner tables at revision {revision}")
