@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import datetime as dt
 import io
 import json
 import os
@@ -222,10 +223,14 @@ def status_cmd(
         con.print("best so far: no feasible trial yet")
     if st.running:
         table = Table(title="running")
-        for col in ("#", "started", "flags"):
+        for col in ("#", "started", "for", "flags"):
             table.add_column(col)
+        now = dt.datetime.now()
         for t in st.running:
-            table.add_row(str(t.number), t.started.strftime("%H:%M:%S") if t.started else "—", flags_text(t.flags))
+            # Optuna stores naive local datetimes
+            age = f"{(now - t.started).total_seconds() / 60:.1f} min" if t.started else "—"
+            started = t.started.strftime("%H:%M:%S") if t.started else "—"
+            table.add_row(str(t.number), started, age, escape(flags_text(t.flags)))
         con.print(table)
     if st.failures:
         con.print("failures: " + ", ".join(f"{escape(k)} {v}" for k, v in st.failures.items()))
@@ -642,6 +647,13 @@ def _job_target(attrs: dict[str, Any]) -> dict[str, Any]:
     return target if isinstance(target, dict) else {}
 
 
+def _image(attrs: dict[str, Any]) -> str:
+    """The image measured (docker launcher), else the job's vLLM image (pinned by the job file), else the default."""
+    docker = _job_target(attrs).get("docker")
+    job_image = docker.get("image") if isinstance(docker, dict) else None
+    return str(attrs.get("image") or job_image or DEFAULT_IMAGE)
+
+
 def _secret_names(attrs: dict[str, Any]) -> tuple[str, ...]:
     """HF_TOKEN, plus every variable the job passed through to its server (names only: values never stored)."""
     target = _job_target(attrs)
@@ -666,7 +678,8 @@ def export_cmd(
         str | None, typer.Option("--model", help="Model to serve (default: the study's).", show_default=False)
     ] = None,
     image: Annotated[
-        str | None, typer.Option("--image", help=f"Container image (default: the study's, else {DEFAULT_IMAGE}).")
+        str | None,
+        typer.Option("--image", help=f"Container image (default: the study's, else the job's, else {DEFAULT_IMAGE})."),
     ] = None,
     port: Annotated[int, typer.Option("--port", help="Server port.")] = 8000,
     name: Annotated[str, typer.Option("--name", help="Compose service / Kubernetes object name.")] = "vllm",
@@ -706,7 +719,7 @@ def export_cmd(
         raise ConfigError("the study records no model: give --model NAME")
     options = DeployOptions(
         model=model_name,
-        image=image or str(a.get("image") or DEFAULT_IMAGE),
+        image=image or _image(a),
         port=port,
         name=name,
         secret_env=tuple(secret_env) if secret_env is not None else _secret_names(a),

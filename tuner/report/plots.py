@@ -13,10 +13,13 @@ import optuna
 from tuner.errors import TunerError
 from tuner.report.views import StudyView, TrialView
 
-__all__ = ["X_LABEL", "Y_LABEL", "terminal_scatter", "write_html", "write_png"]
+__all__ = ["X_LABEL", "terminal_scatter", "write_html", "write_png"]
 
 X_LABEL = "output tok/s"
-Y_LABEL = "latency P95 (s)"
+
+
+def _y_label(view: StudyView) -> str:
+    return f"{view.latency_metric} (s)"
 
 
 def _points(trials: Sequence[TrialView]) -> tuple[list[float], list[float]]:
@@ -57,7 +60,7 @@ def terminal_scatter(
             fig.draw(fig.signal(*_points(groups[name]), marker=marker))
     fig.title(f"{view.name}: throughput vs latency P95")
     fig.label(X_LABEL, axis="x")
-    fig.label(Y_LABEL, axis="y")
+    fig.label(_y_label(view), axis="y")
     text = str(fig.build())
     fig.clear()
     if not color:
@@ -70,7 +73,7 @@ def terminal_scatter(
 def write_html(view: StudyView, front: Sequence[TrialView], path: Path) -> None:
     """Optuna's own `plot_pareto_front` (feasible trials coloured, infeasible grey), in one self-contained file
     (plotly.js inlined: it opens offline), with the front joined and the baseline marked."""
-    fig = optuna.visualization.plot_pareto_front(_plot_study(view), target_names=[X_LABEL, Y_LABEL])
+    fig = optuna.visualization.plot_pareto_front(_plot_study(view), target_names=[X_LABEL, _y_label(view)])
     fig.update_layout(title=f"Pareto-front plot: {view.name}")
     _add_overlays(fig, view, front)
     try:
@@ -168,7 +171,7 @@ def write_png(view: StudyView, front: Sequence[TrialView], path: Path) -> None:
     if groups["baseline"]:
         ax.scatter(*_points(groups["baseline"]), marker="*", s=200, color="#2ca02c", label="baseline", zorder=3)
     ax.set_xlabel(X_LABEL)
-    ax.set_ylabel(Y_LABEL)
+    ax.set_ylabel(_y_label(view))
     ax.set_title(f"{view.name}: throughput vs latency P95")
     ax.grid(True, alpha=0.3)
     if any(groups.values()):
