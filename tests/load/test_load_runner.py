@@ -66,22 +66,22 @@ def test_gamma_burstiness_keeps_the_mean_and_changes_the_spread() -> None:
 
 
 async def test_open_loop_sends_at_the_rate() -> None:
-    # 60 arrivals at 200 emulated req/s with the clock scaled x10: 20 req/s of wall time, ~3 wall seconds.
+    # 40 arrivals at 50 emulated req/s on a clock scaled x0.5: 25 req/s of wall time, ~1.6 wall seconds apart.
     fake = FakeVllm(token_s=0.0)
     async with fake.client() as client:
         result = await run_load(
             "http://fake",
             "m",
             Workload(input_len=8, output_len=2),
-            Arrival(rate=200.0, requests=60, process="constant"),
+            Arrival(rate=50.0, requests=40, process="constant"),
             client=client,
-            clock=Clock(10.0),
+            clock=Clock(0.5),
         )
     starts = [r.start_s for r in result.records]
-    assert result.summary.requests_succeeded == 60
-    # Absolute due times: the span of 59 gaps is 59/200 s however late single wake-ups were.
-    assert starts[-1] - starts[0] == pytest.approx(59 / 200, rel=0.1)
-    assert result.mode == "open loop, constant 200 req/s"
+    assert result.summary.requests_succeeded == 40
+    # Absolute due times: the span of 39 gaps is 39/50 s however late single wake-ups were.
+    assert starts[-1] - starts[0] == pytest.approx(39 / 50, rel=0.1)
+    assert result.mode == "open loop, constant 50 req/s"
 
 
 async def test_open_loop_poisson_rate_seeded() -> None:
@@ -91,17 +91,15 @@ async def test_open_loop_poisson_rate_seeded() -> None:
             "http://fake",
             "m",
             Workload(input_len=8, output_len=1),
-            Arrival(rate=100.0, requests=150, seed=5),
+            Arrival(rate=150.0, requests=120, seed=5),
             client=client,
-            clock=Clock(5.0),
         )
     starts = [r.start_s for r in result.records]
     measured_rate = (len(starts) - 1) / (starts[-1] - starts[0])
-    expected = 149 / sum(
-        next(g) for g in [interarrival_gaps(Arrival(rate=100.0, requests=1, seed=5))] for _ in range(149)
-    )
+    gaps = interarrival_gaps(Arrival(rate=150.0, requests=1, seed=5))
+    expected = 119 / sum(next(gaps) for _ in range(119))
     assert measured_rate == pytest.approx(expected, rel=0.15)
-    assert measured_rate == pytest.approx(100.0, rel=0.3)
+    assert measured_rate == pytest.approx(150.0, rel=0.3)
 
 
 async def test_open_loop_max_in_flight_caps() -> None:
