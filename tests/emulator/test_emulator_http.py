@@ -135,6 +135,7 @@ async def test_metrics_have_vllm_names(served: tuple[Emulator, str]) -> None:
     assert samples[("vllm:generation_tokens_total", labels)] == 12
     assert samples[("vllm:request_success_total", (*labels[:1], ("finished_reason", "length"), labels[1]))] == 3
     assert samples[("vllm:e2e_request_latency_seconds_count", labels)] == 3
+    assert samples[("vllm:inter_token_latency_seconds_count", labels)] == 3 * 3  # one gap between two tokens
     info = next(s for s in families["vllm:cache_config_info"].samples)
     assert info.labels["num_gpu_blocks"] == str(emu.plan.num_gpu_blocks)
     assert info.labels["block_size"] == "16" and info.labels["gpu_memory_utilization"] == "0.9"

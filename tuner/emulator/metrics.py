@@ -6,9 +6,12 @@ Durations are in emulated seconds. prometheus_client adds the `_total` suffix of
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -36,6 +39,33 @@ def _token_buckets(max_model_len: int) -> list[float]:
                 return out
             out.append(float(value))
         exponent += 1
+
+
+class TokenHistogram(Collector):
+    """A histogram observed once per generated token: a bisect and two additions instead of prometheus_client's
+    locked per-bucket walk (a fifth of the hot path's CPU). Exported as a normal Prometheus histogram."""
+
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...], labels: dict[str, str]) -> None:
+        self.name = name
+        self.doc = doc
+        self.bounds = list(buckets)
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.labels = labels
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.doc, labels=list(self.labels))
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip([*self.bounds, float("inf")], self.counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+        family.add_metric(list(self.labels.values()), buckets, self.sum)
+        yield family
 
 
 class EmulatorMetrics:
@@ -72,7 +102,10 @@ class EmulatorMetrics:
         self.ttft = hist(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
         )
-        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.itl = TokenHistogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS, values
+        )
+        registry.register(self.itl)
         self.tpot = hist(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.",
