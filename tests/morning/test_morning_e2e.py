@@ -33,9 +33,11 @@ JOB = {
     },
     "workload": {"input_len": 256, "output_len": 32, "seed": 1},
     "arrival": {"concurrency": 16, "requests": 24},
-    "slos": ["e2e_p95 <= 6s", "success_rate >= 0.99"],
+    # Loose on purpose: emulated seconds are wall seconds x 50, so a busy machine inflates them; the SLO-sensitive
+    # checks below take their thresholds from the stored records.
+    "slos": ["e2e_p95 <= 300s", "success_rate >= 0.99"],
     "objective": "throughput",
-    "request_timeout": "30s",
+    "request_timeout": "600s",
     "budget": {"n_trials": 4},
     "sampler": {"name": "tpe", "seed": 3, "n_startup_trials": 3},
 }
