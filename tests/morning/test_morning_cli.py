@@ -346,3 +346,23 @@ def test_no_studies_in_storage(tuner_cli: RunCli, tmp_path: Path) -> None:
     optuna.storages.RDBStorage(url).engine.dispose()
     r = tuner_cli("studies", "--storage", url)
     assert r.code == 1 and "no study in" in r.err
+
+
+def test_a_study_optuna_wrote_alone(tuner_cli: RunCli, tmp_path: Path) -> None:
+    """No tuner tables, no user attrs: values are the measurement; show and rescore say what is missing."""
+    url = f"sqlite:///{tmp_path / 'plain.db'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="plain", storage=storage, directions=["maximize", "minimize"])
+    for tput, lat in ((100.0, 2.0), (150.0, 3.0), (90.0, 2.5)):
+        study.add_trial(optuna.trial.create_trial(values=[tput, lat], params={}, distributions={}))
+    storage.engine.dispose()
+    doc = json.loads(tuner_cli("pareto", "plain", "--storage", url, "--json").out)
+    assert [t["number"] for t in doc["front"]] == [1, 0] and doc["baseline"] is None
+    shown = tuner_cli("show", "plain", "1", "--storage", url)
+    assert shown.code == 0 and "no detail stored" in shown.out
+    r = tuner_cli("rescore", "plain", "--storage", url, "--slo", "e2e_p95<=3s")
+    assert r.code == 1 and "holds no per-request records for 'plain'" in r.err
+    out = tuner_cli("export", "plain", "--storage", url)
+    assert out.code == 2 and "--model" in out.err
+    out = tuner_cli("export", "plain", "--storage", url, "--model", "Qwen/Qwen2.5-7B-Instruct")
+    assert out.code == 0 and shlex.split(out.out, comments=True) == ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"]

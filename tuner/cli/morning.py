@@ -793,9 +793,17 @@ def rescore_cmd(
     slos = [parse_slo(s) for s in slo]
     url, view = _view(study, storage, job)
     store = _open_store(url)
+    missing = StorageError(
+        f"{safe_url(url)} holds no per-request records for {view.name!r}: the tuner's tables are missing "
+        "(a study not run by `tuner tune`?)"
+    )
     if store is None:
-        raise StorageError(f"{safe_url(url)} holds no per-request records (the tuner's tables are missing)")
+        raise missing
     try:
+        from tuner.store import current_revision
+
+        if current_revision(store.engine) is None:
+            raise missing
         result = rescore(view, store, slos)
     finally:
         store.close()
