@@ -22,10 +22,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tuner import __version__
 from tuner.cli import app
 from tuner.errors import ConfigError, StorageError, TunerError
-from tuner.export import DEFAULT_IMAGE, FORMATS, DeployOptions, Provenance, render
+from tuner.export import DEFAULT_IMAGE, FORMATS, render
 from tuner.flags import VllmFlags
 from tuner.report import (
     BEST_CHOICES,
@@ -45,7 +44,19 @@ from tuner.report import (
     write_html,
     write_png,
 )
+from tuner.report.deployment import deploy_options, provenance
 from tuner.report.storage import job_study_name, safe_url
+from tuner.report.tables import (
+    flags_table,
+    flags_text,
+    fmt,
+    front_doc,
+    front_table,
+    kv_table,
+    ratio,
+    steps_table,
+    summary_table,
+)
 
 __all__ = ["export_cmd", "pareto_cmd", "rescore_cmd", "show_cmd", "status_cmd", "studies_cmd", "trials_cmd"]
 
@@ -66,18 +77,6 @@ JobOpt = Annotated[
 StudyArg = Annotated[str | None, typer.Argument(help="Study name (default: the --job file's).", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
-_SHORT = {
-    "max_num_seqs": "seqs",
-    "max_model_len": "len",
-    "gpu_memory_utilization": "util",
-    "max_num_batched_tokens": "batch",
-    "tensor_parallel_size": "tp",
-    "kv_cache_dtype": "kv",
-    "block_size": "block",
-    "enable_chunked_prefill": "chunked",
-    "enable_prefix_caching": "prefix",
-    "enforce_eager": "eager",
-}
 _OUTCOMES = ("measured", "launch_failed", "crashed", "skipped_infeasible", "interrupted", "running", "waiting", "fail")
 _SORT_KEYS = ("number", "throughput", "latency", "ttft", "e2e", "success")
 
@@ -114,24 +113,6 @@ def _view(study: str | None, storage: str | None, job: Path | None) -> tuple[str
 def _need_trials(view: StudyView, url: str) -> None:
     if not view.trials:
         raise TunerError(f"study {view.name!r} in {safe_url(url)} has no trials yet")
-
-
-def _fmt(v: float | None, spec: str = ",.1f", suffix: str = "") -> str:
-    return "—" if v is None else f"{v:{spec}}{suffix}"
-
-
-def _ratio(v: float | None) -> str:
-    return "—" if v is None else f"×{v:.2f}"
-
-
-def flags_text(flags: dict[str, Any]) -> str:
-    """Compact: `seqs=192 len=8192 util=0.93 batch=4096 prefix=off`."""
-    parts = []
-    for k, v in flags.items():
-        if isinstance(v, bool):
-            v = "on" if v else "off"
-        parts.append(f"{_SHORT.get(k, k)}={v}")
-    return " ".join(parts) or "(vLLM defaults)"
 
 
 def _print_json(doc: Any) -> None:
@@ -214,10 +195,10 @@ def status_cmd(
     if st.best is not None:
         base = view.baseline
         r = ratios(st.best, base)
-        vs = f"  ({_ratio(r.throughput)} throughput, {_ratio(r.latency_p95)} P95 vs baseline)" if base else ""
+        vs = f"  ({ratio(r.throughput)} throughput, {ratio(r.latency_p95)} P95 vs baseline)" if base else ""
         con.print(
-            f"best so far: trial {st.best.number}: {_fmt(st.best.throughput)} tok/s, "
-            f"P95 {_fmt(st.best.latency_p95_s, '.3f', ' s')}{vs}  {escape('[' + flags_text(st.best.flags) + ']')}"
+            f"best so far: trial {st.best.number}: {fmt(st.best.throughput)} tok/s, "
+            f"P95 {fmt(st.best.latency_p95_s, '.3f', ' s')}{vs}  {escape('[' + flags_text(st.best.flags) + ']')}"
         )
     else:
         con.print("best so far: no feasible trial yet")
@@ -329,10 +310,10 @@ def trials_cmd(
         table.add_row(
             num,
             escape(flags_text(t.flags)),
-            _fmt(t.throughput if t.measured else t.output_tok_s),
-            _fmt(t.ttft_p95_s, ".3f", " s"),
-            _fmt(t.e2e_p95_s, ".3f", " s"),
-            _fmt(t.success_rate, ".1%"),
+            fmt(t.throughput if t.measured else t.output_tok_s),
+            fmt(t.ttft_p95_s, ".3f", " s"),
+            fmt(t.e2e_p95_s, ".3f", " s"),
+            fmt(t.success_rate, ".1%"),
             f"[{style}]{escape(t.verdict)}[/{style}]",
             escape(t.diagnosis or "—"),
         )
@@ -342,55 +323,6 @@ def trials_cmd(
 
 
 # -- tuner pareto --------------------------------------------------------------------------------------------------
-
-
-def _front_table(view_name: str, front: list[TrialView], baseline: TrialView | None, title: str) -> Table:
-    picks = {how: choose(front, how).number for how in BEST_CHOICES} if front else {}
-    table = Table(title=title)
-    for col in ("pick", "#", "tok/s", "latency P95", "TTFT P95", "e2e P95", "success", "× tok/s", "× P95", "flags"):
-        table.add_column(col, justify="left" if col in ("pick", "flags") else "right")
-    for t in front:
-        r = ratios(t, baseline)
-        table.add_row(
-            ", ".join(h for h, n in picks.items() if n == t.number),
-            str(t.number),
-            _fmt(t.throughput),
-            _fmt(t.latency_p95_s, ".3f", " s"),
-            _fmt(t.ttft_p95_s, ".3f", " s"),
-            _fmt(t.e2e_p95_s, ".3f", " s"),
-            _fmt(t.success_rate, ".1%"),
-            _ratio(r.throughput),
-            _ratio(r.latency_p95),
-            escape(flags_text(t.flags)),
-        )
-    if baseline is not None:
-        table.add_section()
-        table.add_row(
-            "baseline",
-            str(baseline.number),
-            _fmt(baseline.throughput if baseline.measured else None),
-            _fmt(baseline.latency_p95_s if baseline.measured else None, ".3f", " s"),
-            _fmt(baseline.ttft_p95_s, ".3f", " s"),
-            _fmt(baseline.e2e_p95_s, ".3f", " s"),
-            _fmt(baseline.success_rate, ".1%"),
-            "×1.00" if baseline.measured else "—",
-            "×1.00" if baseline.measured else "—",
-            escape(f"{baseline.verdict}; {flags_text(baseline.flags)}"),
-        )
-    return table
-
-
-def _front_json(front: list[TrialView], baseline: TrialView | None) -> dict[str, Any]:
-    picks: dict[str, Any] = {}
-    for how in BEST_CHOICES if front else ():
-        w = choose(front, how)
-        r = ratios(w, baseline)
-        picks[how] = {"trial": w.number, "throughput_ratio": r.throughput, "latency_p95_ratio": r.latency_p95}
-    return {
-        "front": [t.as_dict() for t in front],
-        "baseline": baseline.as_dict() if baseline else None,
-        "picks": picks,
-    }
 
 
 @app.command("pareto")
@@ -430,7 +362,7 @@ def pareto_cmd(
 def _show_front(view: StudyView, front: list[TrialView], *, as_json: bool, plot: bool, width: int, height: int) -> None:
     baseline = view.baseline
     if as_json:
-        _print_json({"study": view.name, "latency_metric": view.latency_metric, **_front_json(front, baseline)})
+        _print_json({"study": view.name, "latency_metric": view.latency_metric, **front_doc(front, baseline)})
         return
     con = _console()
     measured = sum(t.measured for t in view.trials)
@@ -438,7 +370,7 @@ def _show_front(view: StudyView, front: list[TrialView], *, as_json: bool, plot:
         f"{escape(view.name)}: feasible front, {len(front)} of {measured} measured trials "
         f"(latency = {view.latency_metric})"
     )
-    con.print(_front_table(view.name, front, baseline, title))
+    con.print(front_table(front, baseline, title))
     if plot:
         con.print(terminal_scatter(view, front, width=width, height=height, color=con.is_terminal), markup=False)
 
@@ -469,17 +401,6 @@ def _detail(url: str, study: str, number: int) -> tuple[Any | None, list[Any]]:
         return detail, steps
     finally:
         store.close()
-
-
-def _kv_table(title: str, data: dict[str, Any]) -> Table:
-    table = Table(title=title, show_header=False, min_width=48)
-    table.add_column("key", style="bold")
-    table.add_column("value")
-    for k, v in data.items():
-        if isinstance(v, float):
-            v = f"{v:,.4g}"
-        table.add_row(escape(str(k)), escape(json.dumps(v) if isinstance(v, dict | list) else str(v)))
-    return table
 
 
 @app.command("show")
@@ -514,7 +435,7 @@ def show_cmd(
         f"[bold]{escape(view.name)} · trial {t.number}[/bold]{' (baseline: vLLM defaults)' if t.baseline else ''}  "
         f"{t.state}  [{style}]{escape(t.verdict)}[/{style}]"
     )
-    con.print(_flags_table(view, t.flags))
+    con.print(flags_table(view, t.flags))
     if d.get("message"):
         con.print(f"[red]{escape(str(d['message']))}[/red]")
     for key, title in (
@@ -522,12 +443,12 @@ def show_cmd(
         ("startup_facts", "start-up facts (from the log)"),
     ):
         if d.get(key):
-            con.print(_kv_table(title, d[key]))
+            con.print(kv_table(title, d[key]))
     if t.kv_tokens is not None or t.predicted_kv_tokens is not None:
-        con.print(f"KV tokens: predicted {_fmt(t.predicted_kv_tokens, ',')}, measured {_fmt(t.kv_tokens, ',')}")
+        con.print(f"KV tokens: predicted {fmt(t.predicted_kv_tokens, ',')}, measured {fmt(t.kv_tokens, ',')}")
     summary = d.get("load_summary")
     if summary:
-        con.print(_summary_table(summary))
+        con.print(summary_table(summary))
         if summary.get("failures"):
             examples = summary.get("failure_examples") or {}
             table = Table(title="failures by class")
@@ -539,13 +460,13 @@ def show_cmd(
             con.print(table)
     elif t.measured:
         con.print(
-            f"load: {_fmt(t.throughput)} tok/s, latency P95 {_fmt(t.latency_p95_s, '.3f', ' s')}, "
-            f"TTFT P95 {_fmt(t.ttft_p95_s, '.3f', ' s')}, success {_fmt(t.success_rate, '.1%')}"
+            f"load: {fmt(t.throughput)} tok/s, latency P95 {fmt(t.latency_p95_s, '.3f', ' s')}, "
+            f"TTFT P95 {fmt(t.ttft_p95_s, '.3f', ' s')}, success {fmt(t.success_rate, '.1%')}"
         )
     if d.get("capacity_steps"):
-        con.print(_steps_table(d["capacity_steps"], d.get("scored_step")))
+        con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
     if d.get("server_metrics"):
-        con.print(_kv_table("server metrics (/metrics during the run)", d["server_metrics"]))
+        con.print(kv_table("server metrics (/metrics during the run)", d["server_metrics"]))
     diagnosis = d.get("diagnosis") or t.diagnosis
     if diagnosis:
         con.print(f"[bold]diagnosis:[/bold] {escape(str(diagnosis))}")
@@ -561,107 +482,7 @@ def show_cmd(
         con.print("(no detail stored for this trial beyond Optuna's record)")
 
 
-def _flags_table(view: StudyView, flags: dict[str, Any]) -> Table:
-    resolved: dict[str, Any] = {}
-    try:
-        from tuner.catalog import get_gpu, load_model
-        from tuner.flags import resolve
-
-        r = resolve(VllmFlags.from_dict(flags), get_gpu(str(view.attrs["gpu"])), load_model(str(view.attrs["model"])))
-        resolved = r.__dict__
-    except (KeyError, TunerError, ValueError):
-        pass
-    table = Table(title="flags")
-    table.add_column("flag")
-    table.add_column("trial")
-    table.add_column("as vLLM runs it")
-    names = list(dict.fromkeys([*flags, *resolved]))
-    for name in names:
-        given = flags.get(name)
-        table.add_row(
-            "--" + name.replace("_", "-"),
-            "—" if given is None else escape(str(given)),
-            escape(str(resolved.get(name, given))) + ("" if name in flags else " (default)"),
-        )
-    return table
-
-
-def _summary_table(summary: dict[str, Any]) -> Table:
-    head = (
-        f"load: {summary.get('requests_succeeded', 0)}/{summary.get('requests_sent', 0)} ok "
-        f"({summary.get('success_rate', 0):.1%}) in {summary.get('duration_s', 0):.1f} s · "
-        f"{summary.get('output_throughput', 0):,.1f} output tok/s · {summary.get('request_throughput', 0):.2f} req/s · "
-        f"goodput {summary.get('goodput', 0):.2f} req/s · concurrency {summary.get('concurrency', 0):.1f}"
-    )
-    table = Table(title=head)
-    stats = ("mean", "p50", "p90", "p95", "p99", "max")
-    table.add_column("latency (s)")
-    for st in stats:
-        table.add_column(st, justify="right")
-    for metric in ("ttft", "tpot", "itl", "e2e"):
-        p = summary.get(metric) or {}
-        table.add_row(metric, *(_fmt(p.get(st), ".4f") for st in stats))
-    return table
-
-
-def _steps_table(steps: list[Any], scored: int | None) -> Table:
-    table = Table(title="capacity search (request rate steps)")
-    for col in ("step", "rate req/s", "tok/s", "e2e P95", "success", "meets SLOs"):
-        table.add_column(col, justify="right")
-    for i, step in enumerate(steps):
-        if not isinstance(step, dict):
-            continue
-        s = step.get("summary") or {}
-        table.add_row(
-            f"{i}{' ←' if i == scored else ''}",
-            _fmt(step.get("rate"), ".2f"),
-            _fmt(s.get("output_throughput")),
-            _fmt((s.get("e2e") or {}).get("p95"), ".3f", " s"),
-            _fmt(s.get("success_rate"), ".1%"),
-            "yes" if step.get("meets_slos") else "no",
-        )
-    return table
-
-
 # -- tuner export --------------------------------------------------------------------------------------------------
-
-
-def _hub_model(attrs: dict[str, Any]) -> str:
-    """The name vLLM should load: the job's `model_id` for its launcher, else a built-in profile's Hugging Face id,
-    else the model name or path as the study recorded it."""
-    from tuner.catalog import BUILTIN_MODELS
-
-    target = _job_target(attrs)
-    for section in (str(attrs.get("launcher") or ""), "docker", "process"):
-        model_id = (target.get(section) or {}).get("model_id") if isinstance(target.get(section), dict) else None
-        if isinstance(model_id, str) and model_id:
-            return model_id
-    name = str(attrs.get("model") or "")
-    profile = BUILTIN_MODELS.get(name.strip().lower())
-    return profile.name if profile is not None else name
-
-
-def _job_target(attrs: dict[str, Any]) -> dict[str, Any]:
-    job = attrs.get("job")
-    target = job.get("target") if isinstance(job, dict) else None
-    return target if isinstance(target, dict) else {}
-
-
-def _image(attrs: dict[str, Any]) -> str:
-    """The image measured (docker launcher), else the job's vLLM image (pinned by the job file), else the default."""
-    docker = _job_target(attrs).get("docker")
-    job_image = docker.get("image") if isinstance(docker, dict) else None
-    return str(attrs.get("image") or job_image or DEFAULT_IMAGE)
-
-
-def _secret_names(attrs: dict[str, Any]) -> tuple[str, ...]:
-    """HF_TOKEN, plus every variable the job passed through to its server (names only: values never stored)."""
-    target = _job_target(attrs)
-    names = ["HF_TOKEN"]
-    for section in ("docker", "process"):
-        env = (target.get(section) or {}).get("env") if isinstance(target.get(section), dict) else None
-        names += [str(n) for n in env or [] if isinstance(n, str)]
-    return tuple(dict.fromkeys(names))
 
 
 @app.command("export")
@@ -713,34 +534,15 @@ def export_cmd(
             typer.echo(f"warning: trial {trial} {t.verdict}", err=True)
     else:
         t = choose(pareto_front(view.trials), best, study=view.name)
-    a = view.attrs
-    model_name = model or _hub_model(a)
-    if not model_name:
-        raise ConfigError("the study records no model: give --model NAME")
-    options = DeployOptions(
-        model=model_name,
-        image=image or _image(a),
+    options = deploy_options(
+        view,
+        model=model,
+        image=image,
         port=port,
         name=name,
-        secret_env=tuple(secret_env) if secret_env is not None else _secret_names(a),
+        secret_env=tuple(secret_env) if secret_env is not None else None,
     )
-    prov = Provenance(
-        study=view.name,
-        trial=t.number,
-        baseline=t.baseline,
-        image=_opt(a.get("image")),
-        gpu=_opt(a.get("gpu")),
-        model=_opt(a.get("model")),
-        launcher=_opt(a.get("launcher")),
-        workload_hash=_opt(a.get("workload_hash")),
-        output_tok_s=t.throughput,
-        latency_p95_s=t.latency_p95_s,
-        ttft_p95_s=t.ttft_p95_s,
-        e2e_p95_s=t.e2e_p95_s,
-        success_rate=t.success_rate,
-        slos=tuple(view.slos),
-        tuner_version=__version__,
-    )
+    prov = provenance(view, t)
     try:
         flags = VllmFlags.from_dict(t.flags)
     except ValueError as e:
@@ -754,10 +556,6 @@ def export_cmd(
     except OSError as e:
         raise TunerError(f"cannot write {output}: {e.strerror or e}") from None
     typer.echo(f"wrote {output} (trial {t.number}, {fmt})", err=True)
-
-
-def _opt(v: Any) -> str | None:
-    return str(v) if v is not None else None
 
 
 # -- tuner rescore -------------------------------------------------------------------------------------------------
@@ -834,7 +632,7 @@ def rescore_cmd(
                     }
                     for r in result.trials
                 ],
-                **_front_json(result.front, after.baseline),
+                **front_doc(result.front, after.baseline),
             }
         )
         return
@@ -850,9 +648,9 @@ def rescore_cmd(
             str(a_.number),
             "ok" if r.before.feasible else "—",
             ("[green]ok[/green]" if a_.feasible else "[red]no[/red]") + (" (changed)" if r.changed else ""),
-            _fmt(a_.throughput),
-            _fmt(a_.latency_p95_s, ".3f", " s"),
-            _fmt(a_.success_rate, ".1%"),
+            fmt(a_.throughput),
+            fmt(a_.latency_p95_s, ".3f", " s"),
+            fmt(a_.success_rate, ".1%"),
             escape(", ".join(a_.violated) or r.note or ""),
         )
     con.print(table)

@@ -1,5 +1,6 @@
 """Reading a study in the morning: listings, progress, the feasible Pareto front, plots, re-scoring."""
 
+from tuner.report.deployment import deploy_options, provenance
 from tuner.report.front import BEST_CHOICES, NoFeasibleTrial, Ratios, choose, pareto_front, ratios
 from tuner.report.overview import StudyListing, StudyStatus, listing, status
 from tuner.report.plots import terminal_scatter, write_html, write_png
@@ -21,9 +22,11 @@ __all__ = [
     "StudyView",
     "TrialView",
     "choose",
+    "deploy_options",
     "listing",
     "opened_study",
     "pareto_front",
+    "provenance",
     "ratios",
     "rescore",
     "resolve_storage",

@@ -1,0 +1,179 @@
+"""Rich tables (and their JSON twins) of what the morning commands show: the front, one trial's stored detail."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from tuner.errors import TunerError
+from tuner.flags import VllmFlags
+from tuner.report.front import BEST_CHOICES, choose, ratios
+from tuner.report.views import StudyView, TrialView
+
+__all__ = [
+    "flags_table",
+    "flags_text",
+    "fmt",
+    "front_doc",
+    "front_table",
+    "kv_table",
+    "ratio",
+    "steps_table",
+    "summary_table",
+]
+
+_SHORT = {
+    "max_num_seqs": "seqs",
+    "max_model_len": "len",
+    "gpu_memory_utilization": "util",
+    "max_num_batched_tokens": "batch",
+    "tensor_parallel_size": "tp",
+    "kv_cache_dtype": "kv",
+    "block_size": "block",
+    "enable_chunked_prefill": "chunked",
+    "enable_prefix_caching": "prefix",
+    "enforce_eager": "eager",
+}
+
+
+def fmt(v: float | None, spec: str = ",.1f", suffix: str = "") -> str:
+    return "—" if v is None else f"{v:{spec}}{suffix}"
+
+
+def ratio(v: float | None) -> str:
+    return "—" if v is None else f"×{v:.2f}"
+
+
+def flags_text(flags: dict[str, Any]) -> str:
+    """Compact: `seqs=192 len=8192 util=0.93 batch=4096 prefix=off`."""
+    parts = []
+    for k, v in flags.items():
+        if isinstance(v, bool):
+            v = "on" if v else "off"
+        parts.append(f"{_SHORT.get(k, k)}={v}")
+    return " ".join(parts) or "(vLLM defaults)"
+
+
+def front_table(front: list[TrialView], baseline: TrialView | None, title: str) -> Table:
+    picks = {how: choose(front, how).number for how in BEST_CHOICES} if front else {}
+    table = Table(title=title)
+    for col in ("pick", "#", "tok/s", "latency P95", "TTFT P95", "e2e P95", "success", "× tok/s", "× P95", "flags"):
+        table.add_column(col, justify="left" if col in ("pick", "flags") else "right")
+    for t in front:
+        r = ratios(t, baseline)
+        table.add_row(
+            ", ".join(h for h, n in picks.items() if n == t.number),
+            str(t.number),
+            fmt(t.throughput),
+            fmt(t.latency_p95_s, ".3f", " s"),
+            fmt(t.ttft_p95_s, ".3f", " s"),
+            fmt(t.e2e_p95_s, ".3f", " s"),
+            fmt(t.success_rate, ".1%"),
+            ratio(r.throughput),
+            ratio(r.latency_p95),
+            escape(flags_text(t.flags)),
+        )
+    if baseline is not None:
+        table.add_section()
+        table.add_row(
+            "baseline",
+            str(baseline.number),
+            fmt(baseline.throughput if baseline.measured else None),
+            fmt(baseline.latency_p95_s if baseline.measured else None, ".3f", " s"),
+            fmt(baseline.ttft_p95_s, ".3f", " s"),
+            fmt(baseline.e2e_p95_s, ".3f", " s"),
+            fmt(baseline.success_rate, ".1%"),
+            "×1.00" if baseline.measured else "—",
+            "×1.00" if baseline.measured else "—",
+            escape(f"{baseline.verdict}; {flags_text(baseline.flags)}"),
+        )
+    return table
+
+
+def front_doc(front: list[TrialView], baseline: TrialView | None) -> dict[str, Any]:
+    picks: dict[str, Any] = {}
+    for how in BEST_CHOICES if front else ():
+        w = choose(front, how)
+        r = ratios(w, baseline)
+        picks[how] = {"trial": w.number, "throughput_ratio": r.throughput, "latency_p95_ratio": r.latency_p95}
+    return {
+        "front": [t.as_dict() for t in front],
+        "baseline": baseline.as_dict() if baseline else None,
+        "picks": picks,
+    }
+
+
+def kv_table(title: str, data: dict[str, Any]) -> Table:
+    table = Table(title=title, show_header=False, min_width=48)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for k, v in data.items():
+        if isinstance(v, float):
+            v = f"{v:,.4g}"
+        table.add_row(escape(str(k)), escape(json.dumps(v) if isinstance(v, dict | list) else str(v)))
+    return table
+
+
+def flags_table(view: StudyView, flags: dict[str, Any]) -> Table:
+    resolved: dict[str, Any] = {}
+    try:
+        from tuner.catalog import get_gpu, load_model
+        from tuner.flags import resolve
+
+        r = resolve(VllmFlags.from_dict(flags), get_gpu(str(view.attrs["gpu"])), load_model(str(view.attrs["model"])))
+        resolved = r.__dict__
+    except (KeyError, TunerError, ValueError):
+        pass
+    table = Table(title="flags")
+    table.add_column("flag")
+    table.add_column("trial")
+    table.add_column("as vLLM runs it")
+    names = list(dict.fromkeys([*flags, *resolved]))
+    for name in names:
+        given = flags.get(name)
+        table.add_row(
+            "--" + name.replace("_", "-"),
+            "—" if given is None else escape(str(given)),
+            escape(str(resolved.get(name, given))) + ("" if name in flags else " (default)"),
+        )
+    return table
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    head = (
+        f"load: {summary.get('requests_succeeded', 0)}/{summary.get('requests_sent', 0)} ok "
+        f"({summary.get('success_rate', 0):.1%}) in {summary.get('duration_s', 0):.1f} s · "
+        f"{summary.get('output_throughput', 0):,.1f} output tok/s · {summary.get('request_throughput', 0):.2f} req/s · "
+        f"goodput {summary.get('goodput', 0):.2f} req/s · concurrency {summary.get('concurrency', 0):.1f}"
+    )
+    table = Table(title=head)
+    stats = ("mean", "p50", "p90", "p95", "p99", "max")
+    table.add_column("latency (s)")
+    for st in stats:
+        table.add_column(st, justify="right")
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        p = summary.get(metric) or {}
+        table.add_row(metric, *(fmt(p.get(st), ".4f") for st in stats))
+    return table
+
+
+def steps_table(steps: list[Any], scored: int | None) -> Table:
+    table = Table(title="capacity search (request rate steps)")
+    for col in ("step", "rate req/s", "tok/s", "e2e P95", "success", "meets SLOs"):
+        table.add_column(col, justify="right")
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict):
+            continue
+        s = step.get("summary") or {}
+        table.add_row(
+            f"{i}{' ←' if i == scored else ''}",
+            fmt(step.get("rate"), ".2f"),
+            fmt(s.get("output_throughput")),
+            fmt((s.get("e2e") or {}).get("p95"), ".3f", " s"),
+            fmt(s.get("success_rate"), ".1%"),
+            "yes" if step.get("meets_slos") else "no",
+        )
+    return table
