@@ -12,6 +12,7 @@ import datetime as dt
 import io
 import json
 import os
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -372,7 +373,12 @@ def _show_front(view: StudyView, front: list[TrialView], *, as_json: bool, plot:
     )
     con.print(front_table(front, baseline, title))
     if plot:
-        con.print(terminal_scatter(view, front, width=width, height=height, color=con.is_terminal), markup=False)
+        scatter = terminal_scatter(view, front, width=min(width, con.width), height=height, color=con.is_terminal)
+        con.print(scatter, markup=False, highlight=False, soft_wrap=True)
+    if front:
+        winner = choose(front, "throughput")
+        hint = f"export it: tuner export {shlex.quote(view.name)} --trial {winner.number} --format docker"
+        con.print(hint, markup=False, highlight=False)
 
 
 # -- tuner show ----------------------------------------------------------------------------------------------------
