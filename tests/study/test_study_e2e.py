@@ -1,0 +1,235 @@
+"""`tuner tune` end to end against real emulator processes: SQLite and PostgreSQL, two workers on one study,
+SIGKILL mid-trial then a restart, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.launch.owner import pid_alive
+from tuner.launch.registry import ProcessRegistry
+from tuner.store import flag_key, open_store
+
+pytestmark = pytest.mark.slow
+
+JOB = {
+    "study": {"name": "e2e", "heartbeat_interval": 1, "grace_period": 4},
+    "target": {
+        "launcher": "emulator",
+        "model": "llama-3.1-8b",
+        "gpu": "h100-80gb",
+        "emulator": {"time_scale": 40},
+        "startup_timeout": "60s",
+    },
+    "space": {
+        "max_num_seqs": {"choices": [4, 8, 16]},
+        "gpu_memory_utilization": {"choices": [0.85, 0.9]},
+        "max_model_len": 4096,
+    },
+    "workload": {"input_len": 64, "output_len": 16},
+    "arrival": {"concurrency": 4, "requests": 12},
+    "slos": ["e2e_p95 <= 5s", "success_rate >= 0.9"],
+    "request_timeout": "30s",
+    "budget": {"n_trials": 4},
+    "sampler": {"name": "random", "seed": 3},
+}
+
+
+def registry_of(state_dir: Path) -> ProcessRegistry:
+    """The launchers' record of the servers they started (TUNER_STATE_DIR/processes)."""
+    return ProcessRegistry(state_dir / "processes")
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Iterator[Path]:
+    d = tmp_path / "state"
+    yield d
+    # Whatever happened, no emulator of ours outlives the test.
+    for record in registry_of(d).records():
+        if pid_alive(record.pid):
+            os.killpg(record.pgid, signal.SIGKILL)
+
+
+def write_job(tmp_path: Path, **changes: object) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**JOB, **changes}))
+    return path
+
+
+def tuner(job: Path, state_dir: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "TUNER_STATE_DIR": str(state_dir), "COLUMNS": "200"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuner", "tune", str(job), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def trials_of(url: str, study: str = "e2e") -> list[FrozenTrial]:
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        return optuna.load_study(study_name=study, storage=storage).get_trials()
+    finally:
+        storage.engine.dispose()
+
+
+def assert_complete_and_stored(url: str, trials: list[FrozenTrial], n: int) -> None:
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == n
+    originals = [t for t in complete if t.user_attrs.get("duplicate_of") is None]
+    keys = [flag_key(t.user_attrs["flags"]) for t in originals]
+    assert len(keys) == len(set(keys)), "a flag set was launched twice"
+    with open_store(url) as store:
+        for t in complete:
+            detail = store.trial_detail("e2e", t.number)
+            assert detail is not None, f"trial {t.number} has no stored detail"
+            if t in originals and t.user_attrs["outcome"] == "measured":
+                assert len(store.request_records("e2e", t.number)) == 12
+                assert detail.load_summary is not None and detail.startup_facts is not None
+
+
+def wait_for(predicate: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting")
+
+
+def test_tune_on_sqlite_ends_with_a_feasible_front_and_no_server_left(tmp_path: Path, state_dir: Path) -> None:
+    job = write_job(tmp_path)
+    log = tmp_path / "tune.log"
+    code, out = finish(tuner(job, state_dir, "--log-file", str(log)))
+    assert code == 0, out
+    assert "Feasible Pareto front of e2e" in out and "(baseline)" in out
+    url = f"sqlite:///{tmp_path / 'e2e.db'}"
+    trials = trials_of(url)
+    assert_complete_and_stored(url, trials, 4)
+    assert trials[0].user_attrs["baseline"] and trials[0].user_attrs["flags"]["max_num_seqs"] == 1024
+    assert "#0   (baseline)" in log.read_text()
+    assert registry_of(state_dir).records() == []
+
+
+@pytest.mark.postgres
+def test_two_workers_on_one_postgres_study(tmp_path: Path, state_dir: Path, postgres_url: str) -> None:
+    space = {**JOB["space"], "max_num_seqs": {"choices": [4, 8, 12, 16]}}  # type: ignore[dict-item]
+    job = write_job(tmp_path, budget={"n_trials": 6}, space=space)
+    workers = [tuner(job, state_dir, "--storage", postgres_url) for _ in range(2)]
+    results = [finish(w, 300) for w in workers]
+    ran = []
+    for code, out in results:
+        assert code == 0, out
+        ran.append(int(re.search(r"(\d+) trials run by this worker", out).group(1)))  # type: ignore[union-attr]
+    assert sum(ran) == 6 and min(ran) >= 1, ran  # both workers ran trials, with their own emulators
+    trials = trials_of(postgres_url)
+    assert [t.state for t in trials].count(TrialState.COMPLETE) == 6
+    assert not [t for t in trials if t.state != TrialState.COMPLETE], "a trial was lost or left running"
+    assert_complete_and_stored(postgres_url, trials, 6)
+    assert sum(bool(t.user_attrs.get("baseline")) for t in trials) == 1
+    assert registry_of(state_dir).records() == []
+
+
+def test_sigkill_mid_trial_then_restart_finishes_the_budget(tmp_path: Path, state_dir: Path) -> None:
+    job = write_job(tmp_path)
+    url = f"sqlite:///{tmp_path / 'e2e.db'}"
+    registry = registry_of(state_dir)
+    first = tuner(job, state_dir)
+    # Kill the tuner while the server of its second trial runs (trial 0 done, a server up).
+    wait_for(lambda: Path(tmp_path / "e2e.db").exists() and _complete(url) >= 1 and registry.records(), 120)
+    orphans = [r.pid for r in registry.records()]
+    first.send_signal(signal.SIGKILL)
+    finish(first)
+    assert any(pid_alive(p) for p in orphans), "the killed tuner's server should still be running"
+    code, out = finish(tuner(job, state_dir))
+    assert code == 0, out
+    trials = trials_of(url)
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(failed) == 1, [(t.number, t.state) for t in trials]
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == failed[0].number]
+    assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
+    assert_complete_and_stored(url, trials, 4)
+    assert not any(pid_alive(p) for p in orphans), "the orphaned server was not cleaned up"
+    assert registry.records() == []
+
+
+def test_ctrl_c_stops_the_server_records_interrupted_and_exits_130(tmp_path: Path, state_dir: Path) -> None:
+    job = write_job(tmp_path)
+    url = f"sqlite:///{tmp_path / 'e2e.db'}"
+    registry = registry_of(state_dir)
+    proc = tuner(job, state_dir)
+    wait_for(lambda: Path(tmp_path / "e2e.db").exists() and _complete(url) >= 1 and registry.records(), 120)
+    servers = [r.pid for r in registry.records()]
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc)
+    assert code == 130, out
+    assert "interrupted" in out
+    assert not any(pid_alive(p) for p in servers) and registry.records() == []
+    trials = trials_of(url)
+    interrupted = [t for t in trials if t.user_attrs.get("outcome") == "interrupted"]
+    assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
+    # The same command continues, and runs the interrupted flag set again.
+    code, out = finish(tuner(job, state_dir))
+    assert code == 0, out
+    trials = trials_of(url)
+    assert [t.state for t in trials].count(TrialState.COMPLETE) == 4
+    assert any(t.system_attrs.get("failed_trial") == interrupted[0].number for t in trials)
+
+
+def _complete(url: str) -> int:
+    try:
+        return sum(t.state == TrialState.COMPLETE for t in trials_of(url))
+    except Exception:  # the study may not exist yet
+        return 0
+
+
+def test_dry_run_validates_the_gpu_job_files_without_launching(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2] / "search_spaces"
+    for name in ("rtx4090-llama-3.1-8b.yaml", "a100-80gb-llama-3.1-8b.yaml", "h100-80gb-llama-3.1-8b.yaml"):
+        out = subprocess.run(
+            [sys.executable, "-m", "tuner", "tune", "--dry-run", str(root / name)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "job file is valid; nothing was launched" in out.stdout
+        assert not (root / name.replace(".yaml", ".db")).exists()
+    rtx = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", "--dry-run", str(root / "rtx4090-llama-3.1-8b.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert "predicted not to start: kv_cache_too_small" in rtx.stdout
+
+
+def test_bad_job_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    job = write_job(tmp_path, budget={"n_trails": 3})
+    out = subprocess.run([sys.executable, "-m", "tuner", "tune", str(job)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "budget.n_trails: unknown field; allowed: n_trials, timeout" in out.stderr
+    assert "Traceback" not in out.stderr
+    schema = subprocess.run([sys.executable, "-m", "tuner", "schema"], capture_output=True, text=True, timeout=60)
+    assert json.loads(schema.stdout)["title"] == "tuner job file"
