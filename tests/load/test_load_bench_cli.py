@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -112,3 +113,20 @@ def test_bad_command_lines_exit_2_with_one_line(
     code, _out, err = run_cli(["bench", *args], capsys, monkeypatch)
     assert code == 2
     assert message in err and "Traceback" not in err
+
+
+async def test_ctrl_c_stops_and_reports_what_was_measured() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tuner", "bench", "--concurrency", "4", "--requests", "100000", "--input-len", "64",
+        "--output-len", "8", "--time-scale", "50",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    first = await asyncio.wait_for(proc.stdout.readline(), 30)  # the target line: the run has begun
+    assert b"target" in first
+    await asyncio.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out_b, err_b = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err_b.decode()
+    out = out_b.decode()
+    assert "(stopped early)" in out and "Load summary" in out

@@ -92,6 +92,16 @@ def test_diagnosis_no_saturation_and_client_bound() -> None:
     assert diagnose(summary(), idle, Arrival(concurrency=16, requests=100)) == (
         "no saturation: 12 running max, KV 20% max, no queue"
     )
+    # one request waiting for the next step is jitter, not a queue; at the known cap it is
+    assert diagnose(summary(), server(0.3, 23, 1, 0), max_num_seqs=64) == (
+        "no saturation: 23 running max, KV 30% max, 1 waiting max"
+    )
+    assert diagnose(summary(), server(0.3, 64, 1, 0), max_num_seqs=64).startswith("capped by max_num_seqs")
+    # a burst of 7 waiting in one scrape, none on average: not a queue
+    burst = server(0.3, 8, 7, 0).model_copy(update={"waiting_mean": 0.4})
+    assert diagnose(summary(), burst, max_num_seqs=1024).startswith("no saturation: 8 running max")
+    steady = server(0.3, 8, 7, 0).model_copy(update={"waiting_mean": 3.0})
+    assert diagnose(summary(), steady, max_num_seqs=1024).startswith("prefill budget")
     assert diagnose(summary(conc=9.0), idle, Arrival(concurrency=16, requests=100)) == (
         "client-bound: 9.0 in flight on average of 16 users"
     )

@@ -7,7 +7,8 @@ import contextlib
 import io
 import json
 import re
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -141,7 +142,8 @@ def bench(
         str | None, typer.Option(help="Served model name. Default: the first of the server's /v1/models.")
     ] = None,
     concurrency: Annotated[
-        int | None, typer.Option(help="Closed loop: this many users, each sending when its last reply ends.")
+        int | None,
+        typer.Option(help="Closed loop: this many users, each sending when its last reply ends (default 16)."),
     ] = None,
     rate: Annotated[float | None, typer.Option(help="Open loop: requests per second.")] = None,
     requests: Annotated[int | None, typer.Option(help="Measured requests (default 200 unless --duration).")] = None,
@@ -171,7 +173,10 @@ def bench(
     timeout: Annotated[float, typer.Option(help="Per-request timeout in (emulated) seconds.")] = 60.0,
     time_scale: Annotated[
         float | None,
-        typer.Option(help="The emulator's --time-scale, so figures read as on the real GPU (default 1 with --url)."),
+        typer.Option(
+            help="The emulator's --time-scale, so figures read as on the real GPU (default: 1 with --url, "
+            "10 for the built-in emulator)."
+        ),
     ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the full result (every request) here.")] = None,
     gpu: Annotated[str, typer.Option(help="Emulator only: GPU profile.")] = "h100-80gb",
@@ -230,9 +235,15 @@ def bench(
     ]  # fmt: skip
     if url is None and model is not None:
         emulator_args += ["--served-model-name", model]
-    asyncio.run(
-        _bench(url, model, workload, arrival, slos, clock, timeout, find_max_rate_, max_steps, json_out, emulator_args)
-    )
+    try:
+        asyncio.run(
+            _bench(
+                url, model, workload, arrival, slos, clock, timeout, find_max_rate_, max_steps, json_out, emulator_args
+            )
+        )
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        err_console.print("interrupted")
+        raise typer.Exit(130) from None
 
 
 def _validation_message(e: ValueError) -> str:
@@ -259,6 +270,58 @@ async def _bench(
     json_out: Path | None,
     emulator_args: list[str],
 ) -> None:
+    interrupted = _Interrupt()
+    with interrupted.installed():
+        await _bench_body(url, model, workload, arrival, slos, clock, timeout, search, max_steps, json_out,
+                          emulator_args, interrupted)  # fmt: skip
+
+
+class _Interrupt:
+    """The first Ctrl-C stops sending and reports what was measured; a second one abandons the run."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._task: asyncio.Task[Any] | None = None
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def _on_sigint(self) -> None:
+        if self.requested and self._task is not None:
+            self._task.cancel()
+            return
+        self.requested = True
+        err_console.print("stopping: in-flight requests are abandoned, the figures so far follow (Ctrl-C again quits)")
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        try:
+            loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+            yield
+            return
+        try:
+            yield
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _bench_body(
+    url: str | None,
+    model: str | None,
+    workload: Workload,
+    arrival: Arrival,
+    slos: list[Slo],
+    clock: Clock,
+    timeout: float,
+    search: bool,
+    max_steps: int,
+    json_out: Path | None,
+    emulator_args: list[str],
+    interrupted: _Interrupt,
+) -> None:
     async with _target(url, emulator_args) as (base, max_num_seqs, desc), new_client() as client:
         served = model if model is not None else await _served_model(client, base)
         console.print(f"[bold]target[/bold] {escape(desc)} · model [bold]{escape(served)}[/bold]", highlight=False)
@@ -281,7 +344,7 @@ async def _bench(
                     base, served, workload, slos, client=client, clock=clock,
                     requests_per_step=arrival.requests or 100, max_steps=max_steps, request_timeout_s=timeout,
                     process=arrival.process, seed=arrival.seed, max_num_seqs=max_num_seqs,
-                    on_step=steps_view.add, on_progress=line.update,
+                    on_step=steps_view.add, on_progress=line.update, should_stop=interrupted,
                 )  # fmt: skip
             _unreachable_check(base, [s.summary for s in found.steps] + ([found.probe] if found.probe else []))
             render_search(found, slos, console)
@@ -291,6 +354,7 @@ async def _bench(
                 result = await run_load(
                     base, served, workload, arrival, slos=slos, client=client, clock=clock,
                     request_timeout_s=timeout, on_progress=line.update, max_num_seqs=max_num_seqs,
+                    should_stop=interrupted,
                 )  # fmt: skip
             _unreachable_check(base, [result.summary])
             render_result(result, slos, console)

@@ -18,6 +18,7 @@ from tuner.load.sse import SseDecoder, SseError
 __all__ = ["send_request"]
 
 _MAX_ERROR_BODY = 4096
+_SLICE = 32
 _decode = json.JSONDecoder().decode
 _MAX_MESSAGE = 300
 
@@ -103,8 +104,13 @@ async def _stream(
                 payloads = decoder.feed(chunk)
             except SseError as e:
                 raise _Failure("malformed_sse", str(e)) from None
-            if _handle(payloads, now, state):
-                return
+            # A large read (a server that writes a whole reply at once) is handled in slices, yielding between
+            # them, so other requests' first tokens are not timestamped late behind it.
+            for i in range(0, len(payloads), _SLICE):
+                if i:
+                    await asyncio.sleep(0)
+                if _handle(payloads[i : i + _SLICE], now, state):
+                    return
         try:
             payloads = decoder.close()
         except SseError as e:

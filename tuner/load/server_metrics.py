@@ -185,7 +185,8 @@ def diagnose(
         if server is None:
             base = "no saturation seen by the client (no server metrics)"
         else:
-            base = f"no saturation: {_n(server.running_max)} running max, KV {_pct(server.kv_usage_max)} max, no queue"
+            queue = "no queue" if not server.waiting_max else f"{_n(server.waiting_max)} waiting max"
+            base = f"no saturation: {_n(server.running_max)} running max, KV {_pct(server.kv_usage_max)} max, {queue}"
     if summary.requests_failed:
         base += f"; {summary.requests_failed} failed ({failed_note})"
     return base
@@ -199,9 +200,15 @@ def _server_bottleneck(server: ServerMetricsSummary | None, max_num_seqs: int | 
     if (kv is not None and kv >= KV_FULL) or preempted > 0:
         return f"KV cache full: {_pct(kv)} max, {_n(preempted)} preemptions"
     waiting = server.waiting_max or 0.0
-    if waiting > 0:
-        running = server.running_max
-        at_cap = max_num_seqs is not None and running is not None and running >= max_num_seqs
+    running = server.running_max
+    at_cap = max_num_seqs is not None and running is not None and running >= max_num_seqs
+    # Requests waiting for the next step now and then are arrival jitter, not a bottleneck: a queue is one that
+    # holds at least a request on average over the scrapes.
+    if server.waiting_mean is not None:
+        queued = server.waiting_mean >= 1.0
+    else:
+        queued = waiting >= max(2.0, 0.1 * (running or 0.0))
+    if (at_cap and waiting > 0) or queued:
         if at_cap or max_num_seqs is None:
             return f"capped by max_num_seqs: {_n(running)} running, {_n(waiting)} waiting, KV {_pct(kv)}"
         # Room in the batch and in the KV cache, yet a queue: the per-step token budget admits no more prefills.
