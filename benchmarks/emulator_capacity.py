@@ -65,8 +65,13 @@ class _Client:
         self.counting = False
         self.stop = False
         self.seq = 0
+        self.current: dict[int, tuple[int, float, float]] = {}  # slot -> (tokens, first, last) in flight
 
-    async def worker(self) -> None:
+    def in_flight_tpots(self) -> list[float]:
+        """Long requests may not finish inside the window: count their gaps so far too."""
+        return [(last - first) / (n - 1) for n, first, last in self.current.values() if n > 1]
+
+    async def worker(self, slot: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
         try:
             while not self.stop:
@@ -86,6 +91,7 @@ class _Client:
                 )
                 n = 0
                 first = last = 0.0
+                self.current[slot] = (0, 0.0, 0.0)
                 while True:
                     data = await reader.read(1 << 16)
                     if not data:
@@ -97,10 +103,12 @@ class _Client:
                             first = now
                         last = now
                         n += k
+                        self.current[slot] = (n, first, last)
                         if self.counting:
                             self.tokens += k
                     if data.endswith(b"data: [DONE]\n\n\r\n") or data.endswith(b"0\r\n\r\n"):
                         break
+                self.current[slot] = (0, 0.0, 0.0)
                 if n > 1 and self.counting:
                     self.tpots.append((last - first) / (n - 1))
         finally:
@@ -119,13 +127,14 @@ async def _stats(port: int) -> dict[str, float]:
 
 async def _measure(port: int, pid: int, scale: float, concurrency: int, seconds: float) -> Point:
     client = _Client(port)
-    tasks = [asyncio.create_task(client.worker()) for _ in range(concurrency)]
+    tasks = [asyncio.create_task(client.worker(i)) for i in range(concurrency)]
     await asyncio.sleep(min(3.0, seconds / 3))  # warm-up: every stream past its first prefill
     s0 = await _stats(port)
     cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
     client.counting = True
     await asyncio.sleep(seconds)
     client.counting = False
+    client.tpots += client.in_flight_tpots()
     s1 = await _stats(port)
     cpu1, t1 = _cpu_seconds(pid), time.perf_counter()
     client.stop = True

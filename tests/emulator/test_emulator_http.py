@@ -222,6 +222,8 @@ async def test_disconnect_aborts_the_request() -> None:
                 break
             await asyncio.sleep(0.01)
         assert not emu.engine.running and emu.engine.pool.usage == 0.0
+        text = (await client.get("/metrics")).text
+    assert 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="llama-3.1-8b"} 1.0' in text
 
 
 async def test_token_counts_natural_lengths_and_api_key() -> None:
@@ -235,6 +237,8 @@ async def test_token_counts_natural_lengths_and_api_key() -> None:
         messages = [{"role": "user", "content": "a b c"}]
         r = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
         assert r.json()["usage"]["prompt_tokens"] == 1 + 4 + 3 + 1 + 4  # the chat template's tokens count too
+        tokenized = (await client.post("/tokenize", json={"messages": messages})).json()
+        assert tokenized["count"] == 13 and len(tokenized["tokens"]) == 13 and tokenized["max_model_len"] == 8192
         assert r.json()["choices"][0]["message"]["role"] == "assistant"
         results = await asyncio.gather(
             *(

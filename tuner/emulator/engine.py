@@ -92,7 +92,9 @@ def output_length(
     seeded 'natural' length where the model would emit EOS (log-normal, median ~180 tokens)."""
     if ignore_eos:
         return max_tokens, "length"
-    key = hash((seed, request_seed, len(prompt_ids), tuple(prompt_ids[:64]), tuple(prompt_ids[-16:])))
+    # ints only: hash(None) differs between processes, and lengths must repeat run to run
+    rseed = -1 if request_seed is None else request_seed
+    key = hash((seed, rseed, len(prompt_ids), tuple(prompt_ids[:64]), tuple(prompt_ids[-16:])))
     natural = max(1, int(random.Random(key).lognormvariate(math.log(180.0), 0.9)))
     if natural >= max_tokens:
         return max_tokens, "length"
@@ -153,7 +155,7 @@ class Engine:
         self._wakeup = asyncio.Event()
         self._has_aborted = False
         self._stopped = False
-        self._oom_threshold = self._runtime_oom_threshold(model, flags, plan)
+        self.oom_running_threshold = self._runtime_oom_threshold(model, flags, plan)
         self._stats_next = 0.0
         self._stats_mark = (0, 0, 0, 0, 0.0)
         metrics.bind_gauges(lambda: len(self.running), lambda: len(self.waiting), lambda: self.pool.usage)
@@ -186,11 +188,13 @@ class Engine:
         for r in self.running:
             if r.state == ABORTED:
                 pool.free_blocks(r.blocks)
+                self.metrics.success["abort"].inc()
         self.running = [r for r in self.running if r.state == RUNNING]
         if any(r.state == ABORTED for r in self.waiting):
             for r in self.waiting:
                 if r.state == ABORTED:
                     pool.free_blocks(r.blocks)
+                    self.metrics.success["abort"].inc()
             self.waiting = deque(r for r in self.waiting if r.state == WAITING)
 
     # -- scheduling ----------------------------------------------------------------------------------------------
@@ -372,7 +376,7 @@ class Engine:
                 base = clock.now()
                 busy_mark = None
                 continue
-            if len(self.running) >= self._oom_threshold:
+            if len(self.running) >= self.oom_running_threshold:
                 self._runtime_oom()
                 return
             num_tokens = sum(n for _, n in items)

@@ -202,6 +202,7 @@ class OpenAiApp:
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
             ]
         )
 
@@ -335,6 +336,27 @@ class OpenAiApp:
         if not ids:
             raise ApiError(400, "Prompt cannot be empty.", param="prompt")
         return ids
+
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's /tokenize: the emulator's token count of a prompt or of chat messages."""
+        if (denied := self._check_auth(request)) is not None:
+            return denied
+        try:
+            body = await self._body(request)
+            self._model_name(body)
+            if "messages" in body:
+                messages = body["messages"]
+                if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                    raise ApiError(400, "messages must be a list of message objects.", param="messages")
+                try:
+                    ids = chat_token_ids(messages)
+                except ValueError as e:
+                    raise ApiError(400, str(e), param="messages") from None
+            else:
+                ids = self._completion_prompt(body)
+        except ApiError as e:
+            return e.response()
+        return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids})
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, chat=False)

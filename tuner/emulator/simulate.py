@@ -126,7 +126,7 @@ def simulate_closed_loop(
         items, num_decode, kv_read, attn = engine.schedule()
         if not items:
             raise RuntimeError("the simulated engine stalled")  # cannot happen for a flag set that starts
-        if len(engine.running) >= engine._oom_threshold:
+        if len(engine.running) >= engine.oom_running_threshold:
             fatal.append("cuda_oom")
             break
         clock.t[0] += step_model.step_seconds(sum(n for _, n in items), num_decode, kv_read, attn)
