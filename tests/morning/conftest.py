@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from morning_demo import build_demo_study
-
-
-@dataclass(frozen=True)
-class Run:
-    code: int
-    out: str
-    err: str
-
-
-RunCli = Callable[..., Run]
+from morning_demo import Run, RunCli, build_demo_study
 
 
 @pytest.fixture(scope="session")

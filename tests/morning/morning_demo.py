@@ -5,6 +5,7 @@ tuner.scoring, so re-scoring can be checked by hand against the same records."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,18 @@ from optuna.trial import TrialState
 from tuner.load.results import RequestRecord
 from tuner.scoring import LoadSummary, parse_slo, summarize
 from tuner.store import open_store
+
+
+@dataclass(frozen=True)
+class Run:
+    """One `tuner` invocation: exit code, stdout, stderr."""
+
+    code: int
+    out: str
+    err: str
+
+
+RunCli = Callable[..., Run]
 
 STUDY = "demo"
 SLOS = ["e2e_p95<=5s", "success_rate>=0.99"]

@@ -11,8 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import RunCli
-from morning_demo import SPECS, STUDY, build_demo_study
+from morning_demo import SPECS, STUDY, RunCli, build_demo_study
 
 from tuner.flags import VllmFlags
 
