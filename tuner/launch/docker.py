@@ -201,6 +201,7 @@ class DockerLauncher:
     ) -> DockerLauncher:
         """The emulator image (docker/Dockerfile): no GPU, no HF cache, the emulator's own flags appended."""
         kwargs.setdefault("gpus", None)
+        kwargs.setdefault("env", ())
         kwargs.setdefault("hf_cache", None)
         kwargs.setdefault("startup_timeout_s", 120.0)
         kwargs.setdefault("stop_grace_s", 5.0)
@@ -292,7 +293,9 @@ class DockerLauncher:
 
     # --- start / stop -------------------------------------------------------------------------------------------
 
-    def _create(self, flags: VllmFlags, study: str | None, trial: int | None, port: int) -> ContainerHandle:
+    def _create(
+        self, flags: VllmFlags, study: str | None, trial: int | None, port: int, environment: dict[str, str]
+    ) -> ContainerHandle:
         labels = {
             LABEL_LAUNCHER: "docker",
             LABEL_STUDY: study or "",
@@ -306,7 +309,7 @@ class DockerLauncher:
             "labels": labels,
             "detach": True,
             "ports": {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", port)},
-            "environment": self._environment(),
+            "environment": environment,
             "volumes": self._volumes(),
             "ipc_mode": "host",
             "init": True,  # tini as PID 1: SIGTERM reaches the server even before it installs handlers
@@ -340,12 +343,12 @@ class DockerLauncher:
             raise LaunchError(f"Docker could not start the container: {text}", UNKNOWN) from None
 
     async def _create_started(
-        self, flags: VllmFlags, study: str | None, trial: int | None
+        self, flags: VllmFlags, study: str | None, trial: int | None, environment: dict[str, str]
     ) -> tuple[ContainerHandle, int]:
         for attempt in range(3):
             port = free_port()
             # The thread cannot be interrupted: when cancelled, wait for it and remove what it made.
-            creating = asyncio.ensure_future(asyncio.to_thread(self._create, flags, study, trial, port))
+            creating = asyncio.ensure_future(asyncio.to_thread(self._create, flags, study, trial, port, environment))
             try:
                 handle = await asyncio.shield(creating)
             except asyncio.CancelledError:
@@ -373,8 +376,9 @@ class DockerLauncher:
     ) -> AsyncIterator[Server]:
         await self.gpu_idle.wait()
         await self._ensure_image()
-        redact = Redactor(self._environment().values())
-        handle, port = await self._create_started(flags, study, trial)
+        environment = self._environment()
+        redact = Redactor(environment.values())
+        handle, port = await self._create_started(flags, study, trial, environment)
         what = f"the container of {self.image}"
         try:
             base_url = f"http://127.0.0.1:{port}"

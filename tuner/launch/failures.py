@@ -48,7 +48,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         (KV_CACHE_TOO_SMALL, r"(To serve at least one request with the models?'?s? max seq len \(\d+\).*)$"),
         (NO_KV_MEMORY, r"(No available memory for the cache blocks.*)$"),
         (INSUFFICIENT_FREE_MEMORY, r"(Free memory on device .*is less than desired GPU memory utilization.*)$"),
-        (CUDA_OOM, r"((?:torch\.)?(?:cuda\.)?OutOfMemoryError:.*|.*CUDA out of memory.*)$"),
+        (CUDA_OOM, r"((?:torch\.)?(?:cuda\.)?OutOfMemoryError:.*|CUDA out of memory.*)$"),
         (INVALID_FLAGS, r"(GPU memory utilization must be .*)$"),
         (INVALID_FLAGS, r"(User-specified max_model_len \(\d+\) is greater than the derived max_model_len.*)$"),
         (INVALID_FLAGS, r"(max_num_batched_tokens \(\d+\) must be greater than or equal to max_num_seqs.*)$"),
@@ -63,6 +63,12 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 _ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
 _PYDANTIC_SUFFIX = re.compile(r"\s*\[type=\w+.*$")
 _ERROR_LINE = re.compile(r"(error|exception|traceback|fatal|killed)", re.IGNORECASE)
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception): \S")
+# vLLM's log prefix, "(EngineCore_DP0 pid=12) ERROR 12-02 10:15:00 [core.py:708] ", and uvicorn's "ERROR:    ".
+_LOG_PREFIX = re.compile(
+    r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[[^\]]*\]\s*"
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+)"
+)
 
 
 @dataclass(frozen=True)
@@ -103,10 +109,19 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def _messages(log: str) -> list[str]:
+    return [m for m in (_LOG_PREFIX.sub("", line).strip() for line in log.splitlines()) if m]
+
+
 def last_error_line(log: str) -> str | None:
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    lines = _messages(log)
     errors = [line for line in lines if _ERROR_LINE.search(line)]
     return (errors or lines)[-1] if lines else None
+
+
+def root_exception(log: str) -> str | None:
+    """The first exception raised (`RuntimeError: CUDA error: ...`): later ones only report it."""
+    return next((line for line in _messages(log) if _EXCEPTION_LINE.match(line)), None)
 
 
 def classify_startup_exit(log: str, code: int, *, what: str = "the server") -> LaunchError:
@@ -130,7 +145,11 @@ def classify_startup_exit(log: str, code: int, *, what: str = "the server") -> L
 def classify_runtime_exit(log_since_ready: str, code: int, *, what: str = "the server") -> LaunchError:
     """The server died after it was ready: always crashed_under_load, with the cause found in its later log."""
     cause = find_cause(log_since_ready)
-    detail = f"{cause.reason}: {cause.message}" if cause else last_error_line(log_since_ready)
+    detail = (
+        f"{cause.reason}: {cause.message}"
+        if cause
+        else root_exception(log_since_ready) or last_error_line(log_since_ready)
+    )
     message = f"{what} {describe_exit(code)} after it was ready" + (f" ({detail})" if detail else "")
     return LaunchError(message, CRASHED_UNDER_LOAD, log_tail(log_since_ready))
 

@@ -12,9 +12,8 @@ import logging
 import os
 import signal
 import subprocess
-import threading
+import tempfile
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,8 +33,8 @@ from tuner.launch.startup_log import parse_startup_facts
 log = logging.getLogger(__name__)
 
 DEFAULT_COMMAND = ("vllm", "serve", "{model}")
-HEAD_LINES = 5_000  # the start-up part of a log is kept whole: the facts and the failure are there
-TAIL_LINES = 20_000  # a long run's access log is kept as a tail
+LOG_HEAD_BYTES = 1 << 20  # the start-up part of a log: the facts and the failure are there
+LOG_TAIL_BYTES = 4 << 20  # the end of a long run's access log
 
 
 def _group_alive(pgid: int) -> bool:
@@ -68,21 +67,21 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 class ProcessHandle:
-    """One spawned server process group and its captured output."""
+    """One spawned server process group and its output.
 
-    def __init__(self, proc: subprocess.Popen[bytes], registry: ProcessRegistry | None) -> None:
+    The server writes to a file, not a pipe: a server that outlives a killed tuner must not die of EPIPE on its
+    next log line (it would hide the leftover it is), and a reader that falls behind cannot stall it.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path, registry: ProcessRegistry | None) -> None:
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the child leads its own group
+        self.log_path = log_path
         self._registry = registry
-        self._head: list[str] = []
-        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self._dropped = 0
-        self._ready_at: int | None = None  # number of lines read when the server became ready
-        self._lines = 0
-        self._lock = threading.Lock()
+        self._ready_offset: int | None = None
+        self._final_logs: str | None = None
+        self._after_ready = ""
         self._stopped_by_us = False
-        self._reader = threading.Thread(target=self._read, name=f"server-log-{proc.pid}", daemon=True)
-        self._reader.start()
 
     @classmethod
     def spawn(
@@ -91,50 +90,46 @@ class ProcessHandle:
         *,
         env: Mapping[str, str],
         cwd: Path | None,
-        registry: ProcessRegistry | None,
+        registry: ProcessRegistry,
         study: str | None,
         trial: int | None,
     ) -> ProcessHandle:
+        log_dir = registry.dir / "logs"
+        try:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix="server-", suffix=".log", dir=log_dir)
+        except OSError as e:
+            raise LaunchError(f"cannot create a server log file in {log_dir}: {e}", "unknown") from None
+        log_path = Path(name)
         try:
             proc = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
+                stdout=fd,
                 stderr=subprocess.STDOUT,
                 env=dict(env),
                 cwd=cwd,
                 start_new_session=True,
             )
         except OSError as e:
+            log_path.unlink(missing_ok=True)
             raise LaunchError(f"cannot run {argv[0]!r}: {e.strerror or e}", "unknown") from None
-        if registry is not None:
-            _register(
-                registry,
-                ProcessRecord(
-                    pid=proc.pid,
-                    pgid=proc.pid,
-                    start_ticks=process_start_ticks(proc.pid),
-                    cmdline=list(argv),
-                    study=study,
-                    trial=trial,
-                    owner=owner_token(),
-                ),
-            )
-        return cls(proc, registry)
-
-    def _read(self) -> None:
-        stream = self.proc.stdout
-        assert stream is not None
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", errors="replace")
-            with self._lock:
-                self._lines += 1
-                if self._ready_at is None and len(self._head) < HEAD_LINES:
-                    self._head.append(line)
-                else:
-                    if len(self._tail) == self._tail.maxlen:
-                        self._dropped += 1
-                    self._tail.append(line)
+        finally:
+            os.close(fd)
+        _register(
+            registry,
+            ProcessRecord(
+                pid=proc.pid,
+                pgid=proc.pid,
+                start_ticks=process_start_ticks(proc.pid),
+                cmdline=list(argv),
+                study=study,
+                trial=trial,
+                owner=owner_token(),
+                log_path=str(log_path),
+            ),
+        )
+        return cls(proc, log_path, registry)
 
     def exit_code(self) -> int | None:
         return self.proc.poll()
@@ -144,19 +139,18 @@ class ProcessHandle:
         return self._stopped_by_us
 
     def logs(self) -> str:
-        with self._lock:
-            gap = f"[... {self._dropped} lines not kept ...]\n" if self._dropped else ""
-            return "".join(self._head) + gap + "".join(self._tail)
+        if self._final_logs is not None:
+            return self._final_logs
+        return read_log(self.log_path)
 
     def logs_since_ready(self) -> str:
-        with self._lock:
-            if self._ready_at is None:
-                return "".join(self._head) + "".join(self._tail)
-            return "".join(self._tail)
+        if self._ready_offset is None:
+            return self.logs()
+        return read_log(self.log_path, start=self._ready_offset) if self._final_logs is None else self._after_ready
 
     def mark_ready(self) -> None:
-        with self._lock:
-            self._ready_at = self._lines
+        with contextlib.suppress(OSError):
+            self._ready_offset = self.log_path.stat().st_size
 
     async def stop(self, grace_s: float) -> None:
         """SIGTERM to the group, up to `grace_s` to exit, then SIGKILL; the whole group, whatever the leader did."""
@@ -175,11 +169,32 @@ class ProcessHandle:
         if _group_alive(self.pgid):
             _signal_group(self.pgid, signal.SIGKILL)
         self.proc.wait()
-        self._reader.join(timeout=5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        if self._final_logs is None:
+            self._after_ready = self.logs_since_ready()
+            self._final_logs = read_log(self.log_path)
+            self.log_path.unlink(missing_ok=True)
         if self._registry is not None:
             self._registry.remove(self.proc.pid)
+
+
+def read_log(path: Path, *, start: int = 0) -> str:
+    """The log from byte `start`; a very long one as its head (start-up) and its tail."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            if size - start <= LOG_HEAD_BYTES + LOG_TAIL_BYTES:
+                f.seek(start)
+                data = f.read()
+            else:
+                f.seek(start)
+                head = f.read(LOG_HEAD_BYTES)
+                f.seek(size - LOG_TAIL_BYTES)
+                skipped = size - LOG_TAIL_BYTES - start - LOG_HEAD_BYTES
+                data = head + f"\n[... {skipped} bytes not shown ...]\n".encode() + f.read()
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace")
 
 
 class ProcessLauncher:
@@ -300,6 +315,7 @@ class ProcessLauncher:
                 _wait_group_gone(record.pgid, self.stop_grace_s)
                 if _group_alive(record.pgid):
                     _signal_group(record.pgid, signal.SIGKILL)
+                    _wait_group_gone(record.pgid, 5.0)
                 what = f"trial {record.trial}" if record.trial is not None else "no trial"
                 line = (
                     f"killed leftover server process group {record.pgid} ({what} of study {study!r}, owner "
@@ -308,6 +324,8 @@ class ProcessLauncher:
                 log.warning("%s", line)
                 removed.append(line)
             self.registry.remove(record.pid)
+            if record.log_path:
+                Path(record.log_path).unlink(missing_ok=True)
         return removed
 
 

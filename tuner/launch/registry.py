@@ -26,6 +26,7 @@ class ProcessRecord:
     study: str | None
     trial: int | None
     owner: str
+    log_path: str | None = None
 
 
 class ProcessRegistry:

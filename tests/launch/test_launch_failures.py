@@ -1,0 +1,184 @@
+"""The log reader on log texts: vLLM's refusals (as tuner.capacity and vLLM word them), start-up facts, exits."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.capacity import plan_startup
+from tuner.catalog import get_gpu, load_model
+from tuner.flags import VllmFlags, resolve
+from tuner.launch import find_cause, parse_startup_facts
+from tuner.launch.failures import (
+    CRASHED_UNDER_LOAD,
+    describe_exit,
+    start_timeout_error,
+)
+from tuner.launch.failures import classify_runtime_exit as runtime_exit
+from tuner.launch.failures import classify_startup_exit as startup_exit
+
+
+def vllm_error(message: str) -> str:
+    """How vLLM's engine core reports a start-up refusal: the root cause, then the front-end's summary."""
+    return (
+        "INFO 12-02 10:15:00 [gpu_worker.py:241] Available KV cache memory: 4.74 GiB\n"
+        "ERROR 12-02 10:15:01 [core.py:708] EngineCore failed to start.\n"
+        "ERROR 12-02 10:15:01 [core.py:708] Traceback (most recent call last):\n"
+        f"ERROR 12-02 10:15:01 [core.py:708] ValueError: {message}\n"
+        "ERROR 12-02 10:15:01 [api_server.py:1920] RuntimeError: Engine core initialization failed. "
+        "See root cause above. Failed core proc(s): {}\n"
+    )
+
+
+def plan(gpu: str, memory_in_use_gib: float = 0.0, **flags: object) -> tuple[str, str, int | None]:
+    model, profile = load_model("llama-3.1-8b"), get_gpu(gpu)
+    p = plan_startup(model, profile, resolve(VllmFlags(**flags), profile, model), memory_in_use_gib)  # type: ignore[arg-type]
+    assert p.reason is not None and p.message is not None
+    return p.reason, p.message, p.estimated_max_model_len
+
+
+@pytest.mark.parametrize(
+    ("gpu", "memory_in_use", "flags"),
+    [
+        ("rtx4090", 0.0, {}),  # default max_model_len 131072 does not fit next to 8B weights
+        ("h100-80gb", 30.0, {"gpu_memory_utilization": 0.9}),
+        ("rtx4090", 0.0, {"gpu_memory_utilization": 0.62, "max_model_len": 4096}),
+        ("h100-80gb", 0.0, {"max_num_seqs": 512, "max_num_batched_tokens": 256}),
+        ("h100-80gb", 0.0, {"max_model_len": 200_000}),
+        ("h100-80gb", 0.0, {"gpu_memory_utilization": 1.5}),
+        ("h100-80gb", 0.0, {"enable_chunked_prefill": False, "max_model_len": 16384, "max_num_batched_tokens": 8192}),
+        ("h100-80gb", 0.0, {"tensor_parallel_size": 3}),
+        ("h100-80gb", 0.0, {"gpu_memory_utilization": 0.995, "max_model_len": 8192}),  # CUDA graphs: no headroom
+    ],
+)
+def test_every_refusal_of_the_shared_arithmetic_is_recognised(
+    gpu: str, memory_in_use: float, flags: dict[str, object]
+) -> None:
+    reason, message, estimate = plan(gpu, memory_in_use, **flags)
+    error = startup_exit(vllm_error(message), 1)
+    assert error.reason == reason
+    assert message.split(".")[0] in str(error)
+    assert error.estimated_max_model_len == estimate
+    assert "Engine core initialization failed" in error.log_tail
+
+
+def test_kv_cache_too_small_carries_vllms_estimate() -> None:
+    reason, message, estimate = plan("rtx4090")
+    assert reason == "kv_cache_too_small" and estimate
+    error = startup_exit(vllm_error(message), 1)
+    assert error.estimated_max_model_len == estimate
+    assert f"estimated maximum model length is {estimate}" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        # vLLM's own wording (vllm-behaviour.md), including the pydantic-wrapped form of newer releases.
+        (
+            "Free memory on device (70.1/79.19 GiB) on startup is less than desired GPU memory utilization "
+            "(0.95, 75.23 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+            "insufficient_free_memory",
+        ),
+        (
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            "initializing the engine.",
+            "no_kv_memory",
+        ),
+        (
+            "CUDA out of memory occurred when warming up sampler with 1024 dummy requests. Please try lowering "
+            "`max_num_seqs` or `gpu_memory_utilization` when initializing the engine.",
+            "cuda_oom",
+        ),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1002.00 MiB. GPU 0 has a total "
+            "capacity of 23.53 GiB of which 512.00 MiB is free.",
+            "cuda_oom",
+        ),
+        (
+            "1 validation error for SchedulerConfig\n  Value error, max_num_batched_tokens (2048) must be greater "
+            "than or equal to max_num_seqs (4096). [type=value_error, input_value=ArgsKwargs((), {}), "
+            "input_type=ArgsKwargs]",
+            "invalid_flags",
+        ),
+    ],
+)
+def test_vllm_wording(text: str, reason: str) -> None:
+    cause = find_cause(vllm_error(text))
+    assert cause is not None and cause.reason == reason
+    assert "[type=" not in cause.message
+    assert not cause.message.startswith("ERROR")
+
+
+def test_argparse_exit_is_invalid_flags_with_its_line() -> None:
+    log = "usage: vllm serve [-h] ...\nvllm serve: error: argument --max-num-seqs: invalid int value: 'lots'\n"
+    error = startup_exit(log, 2)
+    assert error.reason == "invalid_flags"
+    assert "invalid int value: 'lots'" in str(error)
+
+
+def test_unexplained_exit_is_unknown_with_the_last_error_line() -> None:
+    log = "INFO loading\nERROR something nobody has seen before\nINFO shutting down\n"
+    error = startup_exit(log, 1)
+    assert error.reason == "unknown"
+    assert "something nobody has seen before" in str(error)
+    assert error.log_tail.endswith("INFO shutting down")
+
+
+def test_exit_by_signal_is_named() -> None:
+    assert describe_exit(-9) == "was killed by SIGKILL (exit code -9)"
+    assert describe_exit(137) == "was killed by SIGKILL (exit code 137)"
+    assert describe_exit(1) == "exited with code 1"
+
+
+def test_death_after_ready_is_crashed_under_load_with_its_cause() -> None:
+    after = (
+        'INFO:     127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+        "ERROR 12-02 10:16:00 [core.py:900] RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    )
+    error = runtime_exit(after, 1)
+    assert error.reason == CRASHED_UNDER_LOAD
+    assert "illegal memory access" in str(error)
+    assert "after it was ready" in str(error)
+
+
+def test_start_timeout_names_the_timeout_and_the_last_line() -> None:
+    error = start_timeout_error("INFO Starting to load model llama-3.1-8b...\n", 3)
+    assert error.reason == "start_timeout"
+    assert "within 3 s" in str(error) and "Starting to load model" in str(error)
+
+
+def test_startup_facts_from_vllm_lines() -> None:
+    log = (
+        "INFO 12-02 10:15:00 [gpu_model_runner.py:2007] Model loading took 14.99 GiB memory and 6.72 seconds\n"
+        "INFO 12-02 10:15:20 [gpu_worker.py:298] Available KV cache memory: 19.28 GiB\n"
+        "INFO 12-02 10:15:20 [kv_cache_utils.py:1087] GPU KV cache size: 157,936 tokens\n"
+        "INFO 12-02 10:15:20 [kv_cache_utils.py:1091] Maximum concurrency for 131,072 tokens per request: 1.20x\n"
+    )
+    facts = parse_startup_facts(log, startup_seconds=42.0)
+    assert facts.kv_tokens == 157_936
+    assert facts.max_concurrency == pytest.approx(1.20)
+    assert facts.max_model_len == 131_072
+    assert facts.weights_gib == pytest.approx(14.99)
+    assert facts.weights_load_seconds == pytest.approx(6.72)
+    assert facts.available_kv_gib == pytest.approx(19.28)
+    assert facts.startup_seconds == 42.0
+
+
+def test_startup_facts_older_wording_and_absent_lines() -> None:
+    facts = parse_startup_facts("INFO Model loading took 14.9888 GiB and 33.5 seconds\n")
+    assert facts.weights_gib == pytest.approx(14.9888)
+    assert facts.weights_load_seconds == pytest.approx(33.5)
+    assert facts.kv_tokens is None and facts.max_concurrency is None
+
+
+def test_death_after_ready_names_the_root_exception_not_the_wrappers() -> None:
+    after = (
+        "(EngineCore_DP0 pid=77) ERROR 12-02 10:16:00 [core.py:710] EngineCore encountered a fatal error.\n"
+        "(EngineCore_DP0 pid=77) ERROR 12-02 10:16:00 [core.py:710] Traceback (most recent call last):\n"
+        "(EngineCore_DP0 pid=77) ERROR 12-02 10:16:00 [core.py:710] RuntimeError: CUDA error: an illegal memory "
+        "access was encountered\n"
+        "ERROR 12-02 10:16:00 [async_llm.py:480] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered "
+        "an issue. See stack trace (above) for the root cause.\n"
+        "ERROR 12-02 10:16:00 [launcher.py:101] Engine failed, terminating server.\n"
+    )
+    message = str(runtime_exit(after, 1))
+    assert message.endswith("(RuntimeError: CUDA error: an illegal memory access was encountered)")

@@ -1,0 +1,235 @@
+"""`tuner launch`: start one server the way a trial would, show its start-up facts, stop it on Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from tuner.cli import app
+from tuner.errors import ConfigError, LaunchError
+from tuner.flags import VllmFlags
+from tuner.launch import DEFAULT_IMAGE, DockerLauncher, EmulatorLauncher, Launcher, ProcessLauncher, Server
+from tuner.launch.docker import docker_sdk
+from tuner.launch.failures import log_tail
+
+console = Console()
+SCREEN_TAIL_LINES = 15
+EMULATOR_MODEL = "llama-3.1-8b"
+VLLM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+class LauncherKind(StrEnum):
+    emulator = "emulator"
+    process = "process"
+    docker = "docker"
+
+
+def _parse_gpus(text: str) -> str | list[str] | None:
+    text = text.strip()
+    if text in ("all", "none"):
+        return None if text == "none" else "all"
+    ids = [part.strip() for part in text.split(",") if part.strip()]
+    if not ids:
+        raise ConfigError(f"--gpus {text!r}: use all, none, or device ids such as 0,1")
+    return ids
+
+
+def _parse_volumes(volumes: list[str]) -> dict[str, str]:
+    out = {}
+    for v in volumes:
+        host, sep, target = v.partition(":")
+        if not sep or not host or not target:
+            raise ConfigError(f"--volume {v!r}: use HOST_PATH:CONTAINER_PATH[:ro]")
+        out[host] = target
+    return out
+
+
+def _is_emulator_image(image: str) -> bool:
+    try:
+        client = docker_sdk().from_env()
+    except Exception:  # no engine: the launcher reports that, with its reason
+        return False
+    try:
+        labels = client.images.get(image).labels or {}
+    except Exception:  # image missing: the launcher reports that (image_missing)
+        return False
+    finally:
+        client.close()
+    return bool(labels.get("tuner.emulator") == "1")
+
+
+def build_launcher(
+    kind: LauncherKind,
+    *,
+    model: str | None,
+    gpu: str,
+    time_scale: float,
+    memory_in_use_gib: float,
+    extra_args: list[str],
+    startup_timeout: float | None,
+    image: str,
+    gpus: str,
+    env: list[str],
+    volumes: list[str],
+    hf_cache: str | None,
+    command: str | None,
+) -> Launcher:
+    timeout: dict[str, Any] = {} if startup_timeout is None else {"startup_timeout_s": startup_timeout}
+    if kind is LauncherKind.emulator:
+        return EmulatorLauncher(
+            model or EMULATOR_MODEL, gpu, time_scale, memory_in_use_gib, extra_args, secret_env=env, **timeout
+        )
+    if kind is LauncherKind.process:
+        argv = shlex.split(command) if command else ["vllm", "serve", "{model}"]
+        return ProcessLauncher(argv, model or VLLM_MODEL, extra_args=extra_args, secret_env=env, **timeout)
+    if _is_emulator_image(image):
+        return DockerLauncher.for_emulator(
+            image,
+            model or EMULATOR_MODEL,
+            gpu,
+            time_scale,
+            memory_in_use_gib,
+            extra_args,
+            env=env,
+            volumes=_parse_volumes(volumes),
+            **timeout,
+        )
+    return DockerLauncher(
+        image,
+        model or VLLM_MODEL,
+        gpus=_parse_gpus(gpus),
+        hf_cache=hf_cache or None,
+        volumes=_parse_volumes(volumes),
+        env=env,
+        extra_args=extra_args,
+        time_scale=time_scale,
+        **timeout,
+    )
+
+
+def facts_table(server: Server) -> Table:
+    table = Table(title=f"{server.launcher} server ready", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("URL", server.base_url)
+    table.add_row("model", server.model)
+    f = server.facts
+    rows = (
+        ("KV cache", f"{f.kv_tokens:,} tokens" if f.kv_tokens is not None else None),
+        ("KV cache memory", f"{f.available_kv_gib:.2f} GiB" if f.available_kv_gib is not None else None),
+        (
+            "max concurrency",
+            f"{f.max_concurrency:.2f}x at {f.max_model_len:,} tokens a request"
+            if f.max_concurrency is not None and f.max_model_len is not None
+            else None,
+        ),
+        ("weights", f"{f.weights_gib:.2f} GiB" if f.weights_gib is not None else None),
+        ("weights loading", f"{f.weights_load_seconds:.2f} s" if f.weights_load_seconds is not None else None),
+        ("start-up (wall)", f"{f.startup_seconds:.1f} s" if f.startup_seconds is not None else None),
+    )
+    for name, value in rows:
+        table.add_row(name, value if value is not None else "[dim]not in the log[/dim]")
+    if server.time_scale != 1.0:
+        table.add_row("time scale", f"{server.time_scale:g}x faster than the GPU it imitates")
+    return table
+
+
+def failure_panel(error: LaunchError, title: str) -> Panel:
+    body: list[Any] = [Text(str(error))]
+    if error.estimated_max_model_len is not None:
+        body.append(Text(f"vLLM's estimate of the longest max_model_len that fits: {error.estimated_max_model_len:,}"))
+    tail = log_tail(error.log_tail, SCREEN_TAIL_LINES)
+    if tail:
+        body += [Text(""), Text("log tail:", style="bold"), Text(tail, style="dim", no_wrap=True, overflow="ellipsis")]
+    return Panel(Group(*body), title=f"[bold red]{title}: {error.reason}[/bold red]", title_align="left")
+
+
+async def _serve(launcher: Launcher) -> int:
+    try:
+        async with launcher.start(VllmFlags()) as server:
+            console.print(facts_table(server))
+            console.print("Press [bold]Ctrl-C[/bold] to stop the server.")
+            while server.exit_code is None:
+                await asyncio.sleep(0.5)
+            failure = server.failure()
+            if failure is not None:
+                console.print(failure_panel(failure, "server died"))
+            return 1
+    except LaunchError as e:
+        console.print(failure_panel(e, "start failed"))
+        return 1
+
+
+@app.command(
+    "launch",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help="Start one server as a trial would, print its start-up facts, stop it on Ctrl-C. "
+    "Everything after [bold]--[/bold] is passed to the server as vLLM flags.\n\n"
+    "Examples:\n\n"
+    "[bold]tuner launch --gpu rtx4090 --time-scale 10 -- --max-model-len 8192[/bold]\n\n"
+    "[bold]tuner launch --launcher docker --model meta-llama/Llama-3.1-8B-Instruct --env HF_TOKEN -- "
+    "--max-num-seqs 128[/bold]\n\n"
+    "[bold]tuner launch --launcher process --command 'vllm serve {model}' -- --gpu-memory-utilization 0.85[/bold]",
+)
+def launch(
+    ctx: typer.Context,
+    launcher: Annotated[
+        LauncherKind, typer.Option("--launcher", "-l", help="emulator (CPU-only look-alike), process or docker")
+    ] = LauncherKind.emulator,
+    model: Annotated[
+        str | None,
+        typer.Option(help=f"model (default {EMULATOR_MODEL} for the emulator, {VLLM_MODEL} for vLLM)"),
+    ] = None,
+    gpu: Annotated[str, typer.Option(help="GPU profile the emulator imitates")] = "h100-80gb",
+    time_scale: Annotated[float, typer.Option(help="emulator: run this many times faster than the GPU")] = 1.0,
+    memory_in_use_gib: Annotated[float, typer.Option(help="emulator: GPU memory held by other processes")] = 0.0,
+    image: Annotated[str, typer.Option(help="docker: the image (the emulator image is recognised)")] = DEFAULT_IMAGE,
+    gpus: Annotated[str, typer.Option(help="docker: all, none, or device ids such as 0,1")] = "all",
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="name of an environment variable passed to the server (value never shown)"),
+    ] = None,
+    volume: Annotated[list[str] | None, typer.Option(help="docker: HOST_PATH:CONTAINER_PATH[:ro]")] = None,
+    hf_cache: Annotated[str, typer.Option(help="docker: Hugging Face cache mounted into the container")] = (
+        "~/.cache/huggingface"
+    ),
+    command: Annotated[
+        str | None, typer.Option(help="process: the command line; {model}, {host}, {port} are filled in")
+    ] = None,
+    startup_timeout: Annotated[
+        float | None, typer.Option(help="wall seconds to wait for /health before killing the server")
+    ] = None,
+) -> None:
+    chosen = build_launcher(
+        launcher,
+        model=model,
+        gpu=gpu,
+        time_scale=time_scale,
+        memory_in_use_gib=memory_in_use_gib,
+        extra_args=list(ctx.args),
+        startup_timeout=startup_timeout,
+        image=image,
+        gpus=gpus,
+        env=list(env) if env is not None else ["HF_TOKEN"],
+        volumes=list(volume or []),
+        hf_cache=hf_cache,
+        command=command,
+    )
+    try:
+        code = asyncio.run(_serve(chosen))
+    except KeyboardInterrupt:
+        console.print("stopped.")
+        code = 0
+    finally:
+        if isinstance(chosen, DockerLauncher):
+            chosen.close()
+    if code:
+        raise typer.Exit(code)
