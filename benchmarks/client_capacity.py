@@ -26,6 +26,7 @@ from typing import Any
 
 from tuner.clock import REAL_TIME
 from tuner.load import Arrival, LoadResult, Workload, run_load
+from tuner.load.arrival import interarrival_gaps
 from tuner.scoring import percentile
 
 
@@ -126,6 +127,42 @@ async def _ttft_error(base: str, rate: float, requests: int, tokens: int, seed: 
     return errors, result
 
 
+async def _raw_floor(port: int, rate: float, requests: int, tokens: int, seed: int) -> list[float]:
+    """The same arrivals and prompts from a bare asyncio-streams client: what the machine's loopback and event
+    loop cost without httpx, SSE decoding or scoring — the floor under any Python client here."""
+    wl = Workload(input_len=16, output_len=tokens, seed=seed)
+    prompts = [s.prompt for s in itertools.islice(wl.prompts(), requests)]
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    ttfts: dict[str, float] = {}
+
+    async def one(prompt: object) -> None:
+        body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": tokens, "stream": True}).encode()
+        request = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        t0 = time.perf_counter()
+        conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = conn
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        first = await reader.readuntil(b"\n\n")
+        ttfts[_key(prompt)] = time.perf_counter() - t0
+        await reader.readexactly(length - len(first))
+        idle.append(conn)
+
+    gaps = interarrival_gaps(Arrival(rate=rate, requests=1, seed=seed))
+    tasks = []
+    due = time.perf_counter()
+    for prompt in prompts:
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(prompt)))
+        due += next(gaps)
+    await asyncio.gather(*tasks)
+    for _, w in idle:
+        w.close()
+    stats = await _server_stats(f"http://127.0.0.1:{port}")
+    return [ttft - (stats[k][1] - stats[k][0]) for k, ttft in list(ttfts.items())[20:]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
@@ -143,8 +180,9 @@ def main() -> None:
     proc = ctx.Process(target=_serve, args=(port_q, args.tokens, server_cpu), daemon=True)
     proc.start()
     try:
-        base = f"http://127.0.0.1:{port_q.get(timeout=30)}"
-        caps, p50s, p99s, sent_rates = [], [], [], []
+        port = port_q.get(timeout=30)
+        base = f"http://127.0.0.1:{port}"
+        caps, p50s, p99s, sent_rates, floor50, floor99 = [], [], [], [], [], []
         for rep in range(args.repeats):
             t0 = time.perf_counter()
             cap = asyncio.run(_capacity(base, args.requests, args.tokens, args.concurrency, seed=rep))
@@ -156,11 +194,15 @@ def main() -> None:
             p50s.append(percentile(errors, 50) * 1000)
             p99s.append(percentile(errors, 99) * 1000)
             sent_rates.append(res.summary.output_throughput)
+            floor = asyncio.run(_raw_floor(port, half_rate, args.ttft_requests, args.tokens, seed=100 + rep))
+            floor50.append(percentile(floor, 50) * 1000)
+            floor99.append(percentile(floor, 99) * 1000)
             print(
                 f"repeat {rep + 1}: {chunks_s:,.0f} chunks/s ({cap.summary.request_throughput:,.1f} req/s, "
                 f"{cap.summary.requests_failed} failed, {wall:.1f}s); at {half_rate:.1f} req/s "
                 f"({res.summary.output_throughput:,.0f} chunks/s): TTFT error p50 {p50s[-1]:.3f} ms, "
-                f"p99 {p99s[-1]:.3f} ms over {len(errors)} requests",
+                f"p99 {p99s[-1]:.3f} ms over {len(errors)} requests; bare asyncio client p50 {floor50[-1]:.3f} ms, "
+                f"p99 {floor99[-1]:.3f} ms",
                 flush=True,
             )
         print()
@@ -174,6 +216,11 @@ def main() -> None:
               + ", ".join(f"{v:.3f}" for v in p50s) + " |")  # fmt: skip
         print(f"| TTFT error p99 at half capacity, ms | {statistics.median(p99s):.3f} | "
               + ", ".join(f"{v:.3f}" for v in p99s) + " |")  # fmt: skip
+        print(f"| same arrivals, bare asyncio client: TTFT error p50, ms | {statistics.median(floor50):.3f} | "
+              + ", ".join(f"{v:.3f}" for v in floor50) + " |")  # fmt: skip
+        print(f"| same arrivals, bare asyncio client: TTFT error p99, ms | {statistics.median(floor99):.3f} | "
+              + ", ".join(f"{v:.3f}" for v in floor99) + " |")  # fmt: skip
+        print(f"load average during the run: {os.getloadavg()[0]:.2f} (1 min)")
     finally:
         proc.terminate()
         with contextlib.suppress(Exception):

@@ -47,11 +47,17 @@ async def send_request(
     `timeout_s` bounds the whole request (emulated seconds: converted to wall seconds for the transport).
     """
     wall_timeout = clock.to_wall(timeout_s)
-    start = clock.now()
     state = _StreamState(chat)
     try:
+        # Built before the clock starts: encoding the body is the client's work, not the server's latency.
+        request = client.build_request("POST", url, json=body, timeout=httpx.Timeout(wall_timeout))
+    except Exception as e:
+        now = clock.now()
+        return _record(index, now, origin, now, state, warmup, "other", f"{type(e).__name__}: {e}")
+    start = clock.now()
+    try:
         async with asyncio.timeout(wall_timeout):
-            await _stream(client, url, body, clock, wall_timeout, state)
+            await _stream(client, request, clock, state)
     except _Failure as f:
         return _record(index, start, origin, clock.now(), state, warmup, f.cls, f.message)
     except (TimeoutError, httpx.TimeoutException):
@@ -84,10 +90,9 @@ class _StreamState:
         self.done = False
 
 
-async def _stream(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], clock: Clock, wall_timeout: float, state: _StreamState
-) -> None:
-    async with client.stream("POST", url, json=body, timeout=httpx.Timeout(wall_timeout)) as response:
+async def _stream(client: httpx.AsyncClient, request: httpx.Request, clock: Clock, state: _StreamState) -> None:
+    response = await client.send(request, stream=True)
+    try:
         state.headers = True
         if response.status_code >= 400:
             raw = b""
@@ -118,6 +123,8 @@ async def _stream(
         if _handle(payloads, clock.now(), state):
             return
         raise _Failure("stream_cut", f"stream ended after {state.events} tokens without data: [DONE]")
+    finally:
+        await response.aclose()
 
 
 def _handle(payloads: list[bytes], now: float, state: _StreamState) -> bool:
