@@ -251,3 +251,13 @@ async def test_token_counts_natural_lengths_and_api_key() -> None:
     assert all(10 <= n < 300 for reason, n in choices if reason == "stop")
     assert all(n == 300 for reason, n in choices if reason == "length")
     assert "s3cret" not in emu.log.text()
+
+
+async def test_asgi_transport_without_sockets() -> None:
+    emu = _emulator("--gpu", "h100-80gb", "--max-model-len", "8192", "--time-scale", "100")
+    async with emu.running(), httpx.AsyncClient(transport=httpx.ASGITransport(app=emu.app), base_url="http://emu") as c:
+        r = await c.post(
+            "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 6, "ignore_eos": True, "stream": True}
+        )
+        events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert len(events) == 6 + 1 and events[-1] == "[DONE]"

@@ -90,6 +90,7 @@ class Emulator:
         self.exit_code: int | None = None
         self.fatal_reason: str | None = None
         self._server: uvicorn.Server | None = None
+        self._engine_task: asyncio.Task[None] | None = None
         self._startup_logged = False
         r = self.resolved
         cache_info = {
@@ -124,6 +125,7 @@ class Emulator:
             config.seed,
             config.api_key,
             lambda: self.engine.dead,
+            self._ensure_engine,
         )
         self.app = self.api.app
 
@@ -291,7 +293,7 @@ class Emulator:
         )
         server = _Server(config)
         self._server = server
-        engine_task = asyncio.create_task(self.engine.run(), name="emulator-engine")
+        engine_task = self._ensure_engine()
         serve_task = asyncio.create_task(server.serve(sockets=[sock]), name="emulator-uvicorn")
         try:
             while not server.started and not serve_task.done():
@@ -314,13 +316,36 @@ class Emulator:
             try:
                 await serve_task
             finally:
-                engine_task.cancel()
-                with suppress(asyncio.CancelledError):
-                    await engine_task
+                await self._stop_engine(engine_task)
                 sock.close()
                 self._server = None
                 self.log.uvicorn("Shutting down")
                 self.log.uvicorn(f"Finished server process [{os.getpid()}]")
+
+    def _ensure_engine(self) -> asyncio.Task[None]:
+        """The engine's task in the running loop, started on first use (also by a request through
+        httpx.ASGITransport, which never calls serve_http)."""
+        if self._engine_task is None:
+            self._engine_task = asyncio.get_running_loop().create_task(self.engine.run(), name="emulator-engine")
+        return self._engine_task
+
+    async def _stop_engine(self, task: asyncio.Task[None]) -> None:
+        self.engine.stop()
+        self.engine.cut_all()
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Emulator]:
+        """The engine without a socket, for `httpx.ASGITransport(app=emu.app)` (which buffers whole responses:
+        use serve_http to measure streaming). Stops the engine, and cuts open requests, on exit."""
+        self.check_startup()
+        task = self._ensure_engine()
+        try:
+            yield self
+        finally:
+            await self._stop_engine(task)
 
     def request_stop(self) -> None:
         """Stop serving gracefully (what SIGTERM does to the process form)."""

@@ -180,6 +180,7 @@ class OpenAiApp:
         seed: int,
         api_key: str | None,
         is_dead: Callable[[], bool],
+        ensure_engine: Callable[[], object] = lambda: None,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
@@ -189,6 +190,7 @@ class OpenAiApp:
         self.seed = seed
         self.api_key = api_key
         self.is_dead = is_dead
+        self.ensure_engine = ensure_engine
         self.created = int(time.time())
         self._counter = 0
         self._id_base = os.urandom(12).hex()
@@ -367,6 +369,7 @@ class OpenAiApp:
     async def _generate(self, request: Request, chat: bool) -> Response:
         if (denied := self._check_auth(request)) is not None:
             return denied
+        self.ensure_engine()
         try:
             body = await self._body(request)
             model = self._model_name(body)
