@@ -54,10 +54,7 @@ def choose(front: Sequence[TrialView], how: str, *, study: str = "") -> TrialVie
         raise ConfigError(f"unknown choice {how!r} for --best; allowed: {', '.join(BEST_CHOICES)}")
     if not front:
         where = f" in study {study!r}" if study else ""
-        raise NoFeasibleTrial(
-            f"no feasible trial{where}: every measured trial missed its SLOs or none was measured "
-            "(see `tuner trials`, or loosen the SLOs with `tuner rescore`)"
-        )
+        raise NoFeasibleTrial(f"no feasible trial{where}: none was measured within the SLOs (see `tuner trials`)")
     if how == "throughput":
         return min(front, key=lambda t: (-_t(t), _l(t), t.number))
     if how == "latency":
