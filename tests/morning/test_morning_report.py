@@ -227,6 +227,12 @@ def test_duplicates_are_no_point_of_their_own_and_follow_their_original() -> Non
     assert result.trials[1].after.number == 1 and result.trials[1].note == "duplicate"
 
 
+def test_the_studys_repairs_and_warnings_are_notes() -> None:
+    t = trial_view(_measured(0, 1.0, 1.0, repairs=["max_num_seqs 600 > max_num_batched_tokens 512: raised"]))
+    assert t.notes == ("max_num_seqs 600 > max_num_batched_tokens 512: raised",)
+    assert t.as_dict()["notes"] == list(t.notes)
+
+
 def test_named_constraints_map_to_slos() -> None:
     t = trial_view(_measured(0, 100.0, 6.0), ["e2e_p95<=5s"])
     assert set(t.constraint_names) == {"startup", "e2e_p95<=5s"} and t.violated == ("e2e_p95<=5s",)

@@ -442,6 +442,8 @@ def show_cmd(
         f"{t.state}  [{style}]{escape(t.verdict)}[/{style}]"
     )
     con.print(flags_table(view, t.flags))
+    for note in t.notes:
+        con.print(f"note: {escape(note)}")
     if d.get("message"):
         con.print(f"[red]{escape(str(d['message']))}[/red]")
     for key, title in (

@@ -45,6 +45,7 @@ class TrialView:
     constraint_names: tuple[str, ...] = ()
     violated: tuple[str, ...] = ()
     duplicate_of: int | None = None
+    notes: tuple[str, ...] = ()  # the study's repairs of the sampled flags (vLLM's rules) and its warnings
     server_seconds: float = 0.0
     latency_metric: str | None = None
     started: dt.datetime | None = None
@@ -81,6 +82,7 @@ class TrialView:
         d["constraints"] = dict(zip(self.constraint_names, self.constraints, strict=True))
         del d["constraint_names"]
         d["violated"] = list(self.violated)
+        d["notes"] = list(self.notes)
         d["verdict"] = self.verdict
         for k in ("started", "completed"):
             d[k] = d[k].isoformat(timespec="seconds") if d[k] else None
@@ -173,6 +175,7 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         constraint_names=names,
         violated=violated if outcome == MEASURED else (),
         duplicate_of=duplicate_of,
+        notes=tuple(str(n) for key in ("repairs", "warnings") for n in (ua.get(key) or []) if isinstance(n, str)),
         server_seconds=_float(ua.get("server_seconds")) or 0.0,
         latency_metric=_str(ua.get("latency_metric")),
         started=trial.datetime_start,
