@@ -233,3 +233,23 @@ def test_bad_job_file_is_one_line_exit_2(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
     schema = subprocess.run([sys.executable, "-m", "tuner", "schema"], capture_output=True, text=True, timeout=60)
     assert json.loads(schema.stdout)["title"] == "tuner job file"
+
+
+def test_db_upgrade_creates_the_tables_and_is_idempotent(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, "-m", "tuner", "db", "upgrade", "--storage", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "tuner tables at revision 0001" in out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "tuner", "db", "upgrade", "--storage", "mysql://nowhere/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 1 and "error:" in bad.stderr and "Traceback" not in bad.stderr

@@ -154,3 +154,34 @@ def test_two_workers_share_one_budget_and_never_launch_the_same_flags(postgres_u
     launched = [flag_key(x["flags"]) for launcher in launchers for x in launcher.launches]
     assert len(launched) == len(set(launched))
     assert sum(bool(t.user_attrs["baseline"]) for t in trials) == 1
+
+
+def test_a_flag_set_another_worker_is_measuring_is_waited_for_not_launched_again(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    j = job(space={"max_num_seqs": {"choices": [8, 16]}, "max_model_len": 4096}, budget={"n_trials": 2})
+    launcher = FakeLauncher()
+    tuning = TuningRun(j, launcher, storage_url=url, measure=fake_measure(), poll_s=0.05)
+    try:
+        tuning._prepare()
+        # "Another worker" holds the claim of the only flag set and is running it.
+        with pytest.warns(UserWarning, match="Heartbeat of storage"):
+            other = tuning.study.ask()
+        flags = tuning.space.repair({"max_num_seqs": 8}).flags
+        key = flag_key(flags.as_dict())
+        assert tuning.store.claim("fake", key, other.number) == other.number
+        other.set_user_attr("flags", flags.as_dict())
+
+        def finish_other() -> None:
+            time.sleep(0.5)
+            other.set_user_attr("outcome", "measured")
+            other.set_constraint("startup", 0.0)
+            tuning.study.tell(other, [123.0, 1.0])
+
+        threading.Thread(target=finish_other).start()
+        with pytest.warns(UserWarning, match="Heartbeat of storage"):
+            mine = tuning.study.ask()
+        values = tuning.objective._duplicate(mine, key)
+        assert values == (123.0, 1.0) and mine.user_attrs["duplicate_of"] == other.number
+        assert launcher.launches == []
+    finally:
+        tuning.close()

@@ -62,8 +62,9 @@ def trial_line(t: FrozenTrial) -> str:
     latency = t.values[1] if t.values else None
     success = a.get("success_rate")
     verdict = "feasible" if a.get("feasible") else "misses " + ", ".join(_missed(a))
+    rate = a.get("request_rate")
     parts = [
-        f"{a.get('output_tok_s') or 0:.1f} tok/s",
+        f"{a.get('output_tok_s') or 0:.1f} tok/s" + (f" at {rate:.2f} req/s" if rate else ""),
         f"{metric} {latency:.2f}s" if latency is not None else "",
         f"success {success:.1%}" if success is not None else "",
         verdict,
