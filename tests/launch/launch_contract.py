@@ -7,6 +7,7 @@ leftover server can be found among the host's processes whatever launched it, co
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -86,6 +87,7 @@ def make_launcher(
         env=secret_env,
         client=docker_client,
         startup_timeout_s=startup_timeout_s,
+        hf_cache=state_dir / "hf-cache",
     )
 
 
@@ -118,17 +120,26 @@ def assert_nothing_left(marker: str, *, study: str, docker_client: Any = None, t
         assert containers_of(docker_client, study) == [], "a container outlived its launcher"
 
 
+@functools.cache
+def _build_image() -> tuple[str | None, str]:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(
+        [str(REPO / "scripts" / "build-emulator-image")], capture_output=True, text=True, env=env, timeout=900
+    )
+    if done.returncode != 0 or not done.stdout.strip():
+        return None, done.stderr[-500:]
+    return done.stdout.strip().splitlines()[-1], ""
+
+
 def emulator_image(docker_client: Any) -> str:
-    """The image scripts/test built (TUNER_TEST_EMULATOR_IMAGE), or built now: instant when up to date."""
+    """The image scripts/test built (TUNER_TEST_EMULATOR_IMAGE), or built now (once a session; instant when the
+    sources did not change since the last build)."""
     image = os.environ.get("TUNER_TEST_EMULATOR_IMAGE")
     if not image:
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        done = subprocess.run(
-            [str(REPO / "scripts" / "build-emulator-image")], capture_output=True, text=True, env=env, timeout=900
-        )
-        if done.returncode != 0:
-            missing_service("the emulator image", f"scripts/build-emulator-image failed: {done.stderr[-500:]}")
-        image = done.stdout.strip().splitlines()[-1]
+        image, why = _build_image()
+        if image is None:
+            missing_service("the emulator image", f"scripts/build-emulator-image failed: {why}")
+    assert image is not None
     try:
         docker_client.images.get(image)
     except Exception as e:

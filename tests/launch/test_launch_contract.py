@@ -109,6 +109,9 @@ async def test_good_start_reports_the_servers_capacity(case: Case, monkeypatch: 
         if case.docker_client is not None:
             (container,) = containers_of(case.docker_client, case.study)
             assert container.labels["tuner.trial"] == "7"
+            assert container.attrs["HostConfig"]["IpcMode"] == "host"
+            mounts = {m["Destination"]: m["Source"] for m in container.attrs["Mounts"]}
+            assert mounts["/root/.cache/huggingface"] == str(case.state_dir / "hf-cache")
             assert f"{SECRET_NAME}={SECRET}" in container.attrs["Config"]["Env"]  # passed by name, for real
         for text in (server.logs(), repr(server), facts.model_dump_json()):
             assert SECRET not in text

@@ -1,0 +1,66 @@
+"""`tuner launch`: the facts of a good start, Ctrl-C stops the server; a failed start is one screen, exit 1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launch_contract import new_marker, processes_with
+
+
+def tuner(*args: str, state_dir: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuner", "launch", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TUNER_STATE_DIR": str(state_dir), "COLUMNS": "100"},
+    )
+
+
+def test_launch_prints_the_facts_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    marker = new_marker()
+    proc = tuner(
+        "--time-scale", "100", "--", "--max-model-len", "8192", "--tuner-test-marker", marker, state_dir=tmp_path
+    )
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "Ctrl-C" in line:
+            break
+    shown = "".join(lines)
+    assert "emulator server ready" in shown, shown
+    assert "429,280 tokens" in shown and "52.40x at 8,192 tokens a request" in shown
+    assert processes_with(marker), "the server should run until Ctrl-C"
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, rest
+    assert "stopped." in rest
+    assert processes_with(marker) == []
+
+
+def test_failed_start_shows_the_reason_and_the_log_tail(tmp_path: Path) -> None:
+    proc = tuner("--gpu", "rtx4090", "--time-scale", "100", "--", "--max-model-len", "131072", state_dir=tmp_path)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 1, out
+    assert "start failed: kv_cache_too_small" in out
+    assert "the estimated maximum model length is" in out
+    assert "longest max_model_len that fits" in out
+    assert "log tail:" in out and "Engine core initialization failed" in out
+    assert len(out.splitlines()) < 40  # one screen
+
+
+def test_bad_gpus_value_is_a_one_line_config_error(tmp_path: Path) -> None:
+    proc = tuner("--launcher", "docker", "--image", "tuner-test/not-here:0", "--gpus", ",", state_dir=tmp_path)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert out.strip().splitlines() == ["error: --gpus ',': use all, none, or device ids such as 0,1"]

@@ -1,0 +1,63 @@
+"""What only the Docker launcher does: images that are not there, GPUs the engine cannot give."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launch_contract import MODEL, containers_of, emulator_image_ref, new_marker
+
+from tuner.errors import LaunchError
+from tuner.flags import VllmFlags
+from tuner.launch import DockerLauncher
+from tuner.launch.docker import _device_requests
+
+__all__ = ["emulator_image_ref"]  # a fixture, used by name
+
+
+def test_gpu_requests() -> None:
+    (everything,) = _device_requests("all")
+    assert everything["Count"] == -1 and everything["Capabilities"] == [["gpu"]]
+    (some,) = _device_requests(["0", "2"])
+    assert some["DeviceIDs"] == ["0", "2"]
+    assert _device_requests(None) == [] and _device_requests("none") == []
+
+
+@pytest.mark.docker
+async def test_absent_image_without_pulling_is_image_missing(docker_client: Any) -> None:
+    launcher = DockerLauncher("tuner-test/not-here:0", MODEL, client=docker_client, pull=False, gpus=None)
+    with pytest.raises(LaunchError) as raised:
+        async with launcher.start(VllmFlags()):
+            pytest.fail("started")
+    assert raised.value.reason == "image_missing"
+    assert "tuner-test/not-here:0" in str(raised.value) and "pulling is off" in str(raised.value)
+
+
+@pytest.mark.docker
+async def test_absent_image_that_cannot_be_pulled_is_image_missing(docker_client: Any) -> None:
+    launcher = DockerLauncher("tuner-test/not-here:0", MODEL, client=docker_client, pull_stall_s=20, gpus=None)
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as raised:
+        async with launcher.start(VllmFlags()):
+            pytest.fail("started")
+    assert raised.value.reason == "image_missing"
+    assert "cannot be pulled" in str(raised.value) or "no progress" in str(raised.value)
+    assert time.monotonic() - started < 25
+
+
+@pytest.mark.docker
+async def test_gpus_without_the_nvidia_runtime_is_a_clear_error(
+    docker_client: Any, emulator_image_ref: str, tmp_path: Path
+) -> None:
+    if "nvidia" in (docker_client.info().get("Runtimes") or {}):
+        pytest.skip("this engine has the NVIDIA runtime: a GPU request would be granted")
+    study = f"gpu-{new_marker()}"
+    launcher = DockerLauncher.for_emulator(emulator_image_ref, client=docker_client, gpus="all", time_scale=100)
+    with pytest.raises(LaunchError) as raised:
+        async with launcher.start(VllmFlags(max_model_len=8192), study=study):
+            pytest.fail("started")
+    assert "cannot give the container GPUs" in str(raised.value)
+    assert "gpus=None" in str(raised.value)
+    assert containers_of(docker_client, study) == []
