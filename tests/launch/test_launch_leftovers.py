@@ -4,6 +4,7 @@ and only it: not another study's, not a live run's."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from launch_contract import (
     new_marker,
     processes_with,
 )
+
+from tuner.flags import VllmFlags
 
 __all__ = ["emulator_image_ref"]  # a fixture, used by name
 
@@ -53,7 +56,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 async def test_killed_tuners_server_is_removed_by_the_next_run(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
 ) -> None:
     client: Any = request.getfixturevalue("docker_client") if kind == "docker" else None
     image = request.getfixturevalue("emulator_image_ref") if kind == "docker" else ""
@@ -82,17 +85,23 @@ async def test_killed_tuners_server_is_removed_by_the_next_run(
 
     async with httpx.AsyncClient(base_url=base_url, trust_env=False) as http:
         assert (await http.get("/health")).status_code == 200, "the server should outlive its killed tuner"
-    launcher = make_launcher(kind, marker=marker, state_dir=state_dir, docker_client=client, image=image)
+    next_marker = new_marker()
+    launcher = make_launcher(kind, marker=next_marker, state_dir=state_dir, docker_client=client, image=image)
     assert launcher.cleanup_leftovers(f"other-{study}") == []  # another study's cleanup leaves it alone
     assert processes_with(marker)
 
-    removed = launcher.cleanup_leftovers(study)
-
-    assert len(removed) == 1, removed
-    assert study in removed[0] and "trial 3" in removed[0]
-    assert_nothing_left(marker, study=study, docker_client=client)
+    # The next run of the study: its first start removes the leftover, saying so.
+    with caplog.at_level(logging.WARNING, logger="tuner.launch"):
+        async with launcher.start(VllmFlags(max_model_len=8192), study=study, trial=4) as server:
+            assert_nothing_left(marker, study="-", docker_client=None)
+            assert server.exit_code is None
+            if client is not None:
+                (container,) = containers_of(client, study)
+                assert container.labels["tuner.trial"] == "4"
+    said = [r.getMessage() for r in caplog.records if "leftover" in r.getMessage()]
+    assert len(said) == 1, said
+    assert study in said[0] and "trial 3" in said[0]
+    assert_nothing_left(next_marker, study=study, docker_client=client)
     assert launcher.cleanup_leftovers(study) == []
     if kind != "docker":
-        assert list((state_dir).glob("*.json")) == [] and list((state_dir / "logs").iterdir()) == []
-    else:
-        assert containers_of(client, study) == []
+        assert list(state_dir.glob("*.json")) == [] and list((state_dir / "logs").iterdir()) == []

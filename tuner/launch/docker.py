@@ -374,6 +374,9 @@ class DockerLauncher:
     async def start(
         self, flags: VllmFlags, *, study: str | None = None, trial: int | None = None
     ) -> AsyncIterator[Server]:
+        if study is not None:
+            # Owner-aware, so safe beside live sibling workers: only a dead run's servers go (and are logged).
+            await asyncio.to_thread(self.cleanup_leftovers, study)
         await self.gpu_idle.wait()
         await self._ensure_image()
         environment = self._environment()

@@ -260,6 +260,9 @@ class ProcessLauncher:
     async def start(
         self, flags: VllmFlags, *, study: str | None = None, trial: int | None = None
     ) -> AsyncIterator[Server]:
+        if study is not None:
+            # Owner-aware, so safe beside live sibling workers: only a dead run's servers go (and are logged).
+            await asyncio.to_thread(self.cleanup_leftovers, study)
         await self.gpu_idle.wait()
         port = free_port(self.host)
         argv = self.argv(flags, port)
