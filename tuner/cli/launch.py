@@ -77,19 +77,20 @@ def build_launcher(
     startup_timeout: float | None,
     image: str,
     gpus: str,
-    env: list[str],
+    env: list[str] | None,
     volumes: list[str],
     hf_cache: str | None,
     command: str | None,
 ) -> Launcher:
     timeout: dict[str, Any] = {} if startup_timeout is None else {"startup_timeout_s": startup_timeout}
+    secrets = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"] if env is None else env  # masked in what is shown
     if kind is LauncherKind.emulator:
         return EmulatorLauncher(
-            model or EMULATOR_MODEL, gpu, time_scale, memory_in_use_gib, extra_args, secret_env=env, **timeout
+            model or EMULATOR_MODEL, gpu, time_scale, memory_in_use_gib, extra_args, secret_env=secrets, **timeout
         )
     if kind is LauncherKind.process:
         argv = shlex.split(command) if command else ["vllm", "serve", "{model}"]
-        return ProcessLauncher(argv, model or VLLM_MODEL, extra_args=extra_args, secret_env=env, **timeout)
+        return ProcessLauncher(argv, model or VLLM_MODEL, extra_args=extra_args, secret_env=secrets, **timeout)
     if _is_emulator_image(image):
         return DockerLauncher.for_emulator(
             image,
@@ -98,7 +99,7 @@ def build_launcher(
             time_scale,
             memory_in_use_gib,
             extra_args,
-            env=env,
+            env=env or [],
             volumes=_parse_volumes(volumes),
             **timeout,
         )
@@ -108,7 +109,7 @@ def build_launcher(
         gpus=_parse_gpus(gpus),
         hf_cache=hf_cache or None,
         volumes=_parse_volumes(volumes),
-        env=env,
+        env=["HF_TOKEN"] if env is None else env,
         extra_args=extra_args,
         time_scale=time_scale,
         **timeout,
@@ -195,7 +196,11 @@ def launch(
     gpus: Annotated[str, typer.Option(help="docker: all, none, or device ids such as 0,1")] = "all",
     env: Annotated[
         list[str] | None,
-        typer.Option("--env", help="name of an environment variable passed to the server (value never shown)"),
+        typer.Option(
+            "--env",
+            help="name of an environment variable for the server, value never shown (docker: passed into the "
+            "container, default HF_TOKEN; process: it inherits the environment, these are masked in its log)",
+        ),
     ] = None,
     volume: Annotated[list[str] | None, typer.Option(help="docker: HOST_PATH:CONTAINER_PATH[:ro]")] = None,
     hf_cache: Annotated[str, typer.Option(help="docker: Hugging Face cache mounted into the container")] = (
@@ -218,7 +223,7 @@ def launch(
         startup_timeout=startup_timeout,
         image=image,
         gpus=gpus,
-        env=list(env) if env is not None else ["HF_TOKEN"],
+        env=list(env) if env is not None else None,
         volumes=list(volume or []),
         hf_cache=hf_cache,
         command=command,

@@ -231,7 +231,7 @@ class DockerLauncher:
     def _environment(self) -> dict[str, str]:
         missing = [n for n in self.env if n not in os.environ]
         if missing:
-            log.warning("not set in the tuner's environment, so not passed to the container: %s", ", ".join(missing))
+            log.warning("not passed to the container (not set in the tuner's environment): %s", ", ".join(missing))
         return {n: os.environ[n] for n in self.env if n in os.environ}
 
     def _volumes(self) -> dict[str, dict[str, str]]:
