@@ -257,25 +257,6 @@ def _validation_message(e: ValueError) -> str:
     return str(e)
 
 
-async def _bench(
-    url: str | None,
-    model: str | None,
-    workload: Workload,
-    arrival: Arrival,
-    slos: list[Slo],
-    clock: Clock,
-    timeout: float,
-    search: bool,
-    max_steps: int,
-    json_out: Path | None,
-    emulator_args: list[str],
-) -> None:
-    interrupted = _Interrupt()
-    with interrupted.installed():
-        await _bench_body(url, model, workload, arrival, slos, clock, timeout, search, max_steps, json_out,
-                          emulator_args, interrupted)  # fmt: skip
-
-
 class _Interrupt:
     """The first Ctrl-C stops sending and reports what was measured; a second one abandons the run."""
 
@@ -308,7 +289,7 @@ class _Interrupt:
             loop.remove_signal_handler(signal.SIGINT)
 
 
-async def _bench_body(
+async def _bench(
     url: str | None,
     model: str | None,
     workload: Workload,
@@ -320,51 +301,52 @@ async def _bench_body(
     max_steps: int,
     json_out: Path | None,
     emulator_args: list[str],
-    interrupted: _Interrupt,
 ) -> None:
-    async with _target(url, emulator_args) as (base, max_num_seqs, desc), new_client() as client:
-        served = model if model is not None else await _served_model(client, base)
-        console.print(f"[bold]target[/bold] {escape(desc)} · model [bold]{escape(served)}[/bold]", highlight=False)
-        total = (arrival.requests or 0) + arrival.warmup_requests if arrival.requests else None
-        line = _ProgressLine(total, arrival.describe())
-        payload: dict[str, Any] = {
-            "tuner_version": __version__,
-            "target": base,
-            "model": served,
-            "time_scale": clock.scale,
-            "workload": workload.model_dump(mode="json"),
-            "workload_fingerprint": workload.fingerprint(),
-            "arrival": arrival.model_dump(mode="json"),
-            "slos": [str(s) for s in slos],
-        }
-        if search:
-            steps_view = _StepsView(line)
-            with Live(steps_view, console=err_console, refresh_per_second=8, transient=True):
-                found = await find_max_rate(
-                    base, served, workload, slos, client=client, clock=clock,
-                    requests_per_step=arrival.requests or 100, max_steps=max_steps, request_timeout_s=timeout,
-                    process=arrival.process, seed=arrival.seed, max_num_seqs=max_num_seqs,
-                    on_step=steps_view.add, on_progress=line.update, should_stop=interrupted,
-                )  # fmt: skip
-            _unreachable_check(base, [s.summary for s in found.steps] + ([found.probe] if found.probe else []))
-            render_search(found, slos, console)
-            payload["capacity_search"] = found.model_dump(mode="json")
-        else:
-            with Live(line, console=err_console, refresh_per_second=8, transient=True):
-                result = await run_load(
-                    base, served, workload, arrival, slos=slos, client=client, clock=clock,
-                    request_timeout_s=timeout, on_progress=line.update, max_num_seqs=max_num_seqs,
-                    should_stop=interrupted,
-                )  # fmt: skip
-            _unreachable_check(base, [result.summary])
-            render_result(result, slos, console)
-            payload["result"] = result.model_dump(mode="json")
-    if json_out is not None:
-        try:
-            json_out.write_text(json.dumps(payload, indent=1) + "\n")
-        except OSError as e:
-            raise ConfigError(f"--json {json_out}: cannot write it ({e.strerror})") from None
-        console.print(f"wrote {escape(str(json_out))}", highlight=False)
+    interrupted = _Interrupt()
+    with interrupted.installed():
+        async with _target(url, emulator_args) as (base, max_num_seqs, desc), new_client() as client:
+            served = model if model is not None else await _served_model(client, base)
+            console.print(f"[bold]target[/bold] {escape(desc)} · model [bold]{escape(served)}[/bold]", highlight=False)
+            total = (arrival.requests or 0) + arrival.warmup_requests if arrival.requests else None
+            line = _ProgressLine(total, arrival.describe())
+            payload: dict[str, Any] = {
+                "tuner_version": __version__,
+                "target": base,
+                "model": served,
+                "time_scale": clock.scale,
+                "workload": workload.model_dump(mode="json"),
+                "workload_fingerprint": workload.fingerprint(),
+                "arrival": arrival.model_dump(mode="json"),
+                "slos": [str(s) for s in slos],
+            }
+            if search:
+                steps_view = _StepsView(line)
+                with Live(steps_view, console=err_console, refresh_per_second=8, transient=True):
+                    found = await find_max_rate(
+                        base, served, workload, slos, client=client, clock=clock,
+                        requests_per_step=arrival.requests or 100, max_steps=max_steps, request_timeout_s=timeout,
+                        process=arrival.process, seed=arrival.seed, max_num_seqs=max_num_seqs,
+                        on_step=steps_view.add, on_progress=line.update, should_stop=interrupted,
+                    )  # fmt: skip
+                _unreachable_check(base, [s.summary for s in found.steps] + ([found.probe] if found.probe else []))
+                render_search(found, slos, console)
+                payload["capacity_search"] = found.model_dump(mode="json")
+            else:
+                with Live(line, console=err_console, refresh_per_second=8, transient=True):
+                    result = await run_load(
+                        base, served, workload, arrival, slos=slos, client=client, clock=clock,
+                        request_timeout_s=timeout, on_progress=line.update, max_num_seqs=max_num_seqs,
+                        should_stop=interrupted,
+                    )  # fmt: skip
+                _unreachable_check(base, [result.summary])
+                render_result(result, slos, console)
+                payload["result"] = result.model_dump(mode="json")
+        if json_out is not None:
+            try:
+                json_out.write_text(json.dumps(payload, indent=1) + "\n")
+            except OSError as e:
+                raise ConfigError(f"--json {json_out}: cannot write it ({e.strerror})") from None
+            console.print(f"wrote {escape(str(json_out))}", highlight=False)
 
 
 def _unreachable_check(base: str, summaries: list[LoadSummary]) -> None:
