@@ -21,14 +21,12 @@ from pathlib import Path
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch.base import Server
-from tuner.launch.failures import classify_startup_exit, start_timeout_error
 from tuner.launch.gpu_idle import GpuIdleWaiter
 from tuner.launch.owner import owner_alive, owner_token, pid_alive, process_start_ticks
 from tuner.launch.ports import free_port
-from tuner.launch.readiness import ServerExited, StartTimedOut, wait_until_ready
-from tuner.launch.redact import Redactor, redact_error
+from tuner.launch.redact import Redactor
 from tuner.launch.registry import ProcessRecord, ProcessRegistry
-from tuner.launch.startup_log import parse_startup_facts
+from tuner.launch.serving import ready_server
 
 log = logging.getLogger(__name__)
 
@@ -279,26 +277,10 @@ class ProcessLauncher:
             async def exit_code() -> int | None:
                 return handle.exit_code()
 
-            try:
-                ready = await wait_until_ready(
-                    base_url, exit_code=exit_code, timeout_s=self.startup_timeout_s, logs=handle.logs
-                )
-            except ServerExited as e:
-                raise redact_error(classify_startup_exit(handle.logs(), e.code, what=what), redact) from None
-            except StartTimedOut:
-                raise redact_error(
-                    start_timeout_error(handle.logs(), self.startup_timeout_s, what=what), redact
-                ) from None
-            handle.mark_ready()
-            yield Server(
-                base_url=base_url,
-                model=ready.served_model or self.served_model_name or self.model,
-                facts=parse_startup_facts(handle.logs(), startup_seconds=ready.startup_seconds),
-                time_scale=self.time_scale,
-                handle=handle,
-                redactor=redact,
-                launcher=self.name,
-            )
+            yield await ready_server(
+                handle, base_url, exit_code=exit_code, timeout_s=self.startup_timeout_s, what=what, redact=redact,
+                launcher=self.name, time_scale=self.time_scale, default_model=self.served_model_name or self.model,
+            )  # fmt: skip
         finally:
             await handle.stop(self.stop_grace_s)
 

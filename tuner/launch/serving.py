@@ -1,0 +1,50 @@
+"""From a started process or container to a ready `Server`, or the classified reason it never became one.
+
+Shared by every launcher, so a start fails with the same reasons and texts whatever runs the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from tuner.launch.base import Server, ServerHandle
+from tuner.launch.failures import classify_startup_exit, start_timeout_error
+from tuner.launch.readiness import ServerExited, StartTimedOut, wait_until_ready
+from tuner.launch.redact import Redactor, redact_error
+from tuner.launch.startup_log import parse_startup_facts
+
+
+async def ready_server(
+    handle: ServerHandle,
+    base_url: str,
+    *,
+    exit_code: Callable[[], Awaitable[int | None]],
+    timeout_s: float,
+    what: str,
+    redact: Redactor,
+    launcher: str,
+    time_scale: float,
+    default_model: str,
+    exit_logs: Callable[[], Awaitable[str]] | None = None,
+) -> Server:
+    """Wait for /health; on an exit or a time-out raise the LaunchError its log explains (secrets masked).
+
+    `exit_logs` lets a launcher add what only it knows about a dead server (Docker: the kernel OOM killer).
+    """
+    try:
+        ready = await wait_until_ready(base_url, exit_code=exit_code, timeout_s=timeout_s, logs=handle.logs)
+    except ServerExited as e:
+        logs = await exit_logs() if exit_logs is not None else handle.logs()
+        raise redact_error(classify_startup_exit(logs, e.code, what=what), redact) from None
+    except StartTimedOut:
+        raise redact_error(start_timeout_error(handle.logs(), timeout_s, what=what), redact) from None
+    handle.mark_ready()
+    return Server(
+        base_url=base_url,
+        model=ready.served_model or default_model,
+        facts=parse_startup_facts(handle.logs(), startup_seconds=ready.startup_seconds),
+        time_scale=time_scale,
+        handle=handle,
+        redactor=redact,
+        launcher=launcher,
+    )
