@@ -46,7 +46,7 @@ from tuner.report import (
     write_png,
 )
 from tuner.report.deployment import deploy_options, provenance
-from tuner.report.storage import job_study_name, safe_url
+from tuner.report.storage import job_study_name
 from tuner.report.tables import (
     flags_table,
     flags_text,
@@ -58,6 +58,7 @@ from tuner.report.tables import (
     steps_table,
     summary_table,
 )
+from tuner.store import safe_url
 
 __all__ = ["export_cmd", "pareto_cmd", "rescore_cmd", "show_cmd", "status_cmd", "studies_cmd", "trials_cmd"]
 

@@ -15,6 +15,7 @@ import optuna
 from sqlalchemy.engine import make_url
 
 from tuner.errors import StorageError, StudyNotFound
+from tuner.store.engine import ALLOWED, safe_url
 
 __all__ = [
     "DEFAULT_STORAGE",
@@ -22,22 +23,12 @@ __all__ = [
     "job_study_name",
     "opened_study",
     "resolve_storage",
-    "safe_url",
     "study_names",
 ]
 
 STORAGE_ENV = "TUNER_STORAGE_URL"  # as `tuner tune` reads it
 _STORAGE_ENV_ALIASES = (STORAGE_ENV, "TUNER_STORAGE")
 DEFAULT_STORAGE = "sqlite:///tuner.db"
-_ALLOWED = "sqlite:///PATH.db or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB"
-
-
-def safe_url(url: str) -> str:
-    """The URL with its password hidden, for messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<unparsable URL>"
 
 
 def resolve_storage(storage: str | None, job: Path | None = None) -> str:
@@ -62,11 +53,11 @@ def _storage(url: str) -> optuna.storages.RDBStorage:
     try:
         parsed = make_url(url)
     except Exception:
-        raise StorageError(f"storage URL {url!r} is not a database URL; use {_ALLOWED}") from None
+        raise StorageError(f"storage URL {url!r} is not a database URL; use {ALLOWED}") from None
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database
         if not db or db == ":memory:":
-            raise StorageError(f"storage URL {url!r} names no database file; use {_ALLOWED}")
+            raise StorageError(f"storage URL {url!r} names no database file; use {ALLOWED}")
         if not Path(db).is_file():
             raise StorageError(
                 f"no study storage at {db} (give --storage URL, --job FILE or set {STORAGE_ENV}; "
