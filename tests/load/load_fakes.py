@@ -106,7 +106,8 @@ class BrokenServer:
     """A real loopback HTTP server whose replies cycle through `modes`, one per request.
 
     Modes: ok, http_500, http_400, cut (stream ends before [DONE]), garbage (not SSE), stall (never answers),
-    reset (closes the connection before any response).
+    reset (closes the connection before any response), linger (a whole reply through [DONE] whose stream is then
+    held open for `stall_s`). `connections` counts the TCP connections accepted.
     """
 
     def __init__(self, modes: list[str], *, tokens: int = 4, stall_s: float = 30.0) -> None:
@@ -114,6 +115,7 @@ class BrokenServer:
         self.tokens = tokens
         self.stall_s = stall_s
         self.count = 0
+        self.connections = 0
         self.metrics_text: str | None = None
         self._tasks: set[asyncio.Task[object]] = set()
 
@@ -121,6 +123,7 @@ class BrokenServer:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        self.connections += 1
         try:
             while True:
                 try:
@@ -162,6 +165,11 @@ class BrokenServer:
             return False
         elif mode == "garbage":
             writer.write(_OK_HEAD + _chunked(b"<html>oops</html>\n\n") + b"0\r\n\r\n")
+        elif mode == "linger":
+            writer.write(_OK_HEAD + _chunked(sse(self.tokens)))
+            await writer.drain()
+            await asyncio.sleep(self.stall_s)
+            return False
         elif mode == "stall":
             await asyncio.sleep(self.stall_s)
             return False

@@ -6,7 +6,9 @@ Nothing the server does raises out of `send_request`: a failure is a record with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -21,6 +23,8 @@ _MAX_ERROR_BODY = 4096
 _SLICE = 32
 _decode = json.JSONDecoder().decode
 _MAX_MESSAGE = 300
+_DRAIN_WALL_S = 0.5
+_SENT_EVENTS = frozenset({"connection.connect_tcp.started", "http11.send_request_headers.started"})
 
 
 class _Failure(Exception):
@@ -50,7 +54,9 @@ async def send_request(
     state = _StreamState(chat)
     try:
         # Built before the clock starts: encoding the body is the client's work, not the server's latency.
-        request = client.build_request("POST", url, json=body, timeout=httpx.Timeout(wall_timeout))
+        request = client.build_request(
+            "POST", url, json=body, timeout=httpx.Timeout(wall_timeout), extensions={"trace": state.tracer(clock)}
+        )
     except Exception as e:
         now = clock.now()
         return _record(index, now, origin, now, state, warmup, "other", f"{type(e).__name__}: {e}")
@@ -73,11 +79,11 @@ async def send_request(
         return _record(index, start, origin, clock.now(), state, warmup, "connection_reset", _text(e, url))
     except Exception as e:  # a bad server must never crash the generator
         return _record(index, start, origin, clock.now(), state, warmup, "other", f"{type(e).__name__}: {e}")
-    return _record(index, start, origin, clock.now(), state, warmup, None, None)
+    return _record(index, start, origin, state.end if state.end is not None else clock.now(), state, warmup, None, None)
 
 
 class _StreamState:
-    __slots__ = ("chat", "done", "events", "first", "gaps", "headers", "last", "usage")
+    __slots__ = ("chat", "done", "end", "events", "first", "gaps", "headers", "last", "sent", "usage")
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat
@@ -88,6 +94,17 @@ class _StreamState:
         self.events = 0
         self.usage: dict[str, Any] | None = None
         self.done = False
+        self.end: float | None = None  # when [DONE] was read: the drain after it is not the server's latency
+        self.sent: float | None = None  # when the connect or the request's first byte began
+
+    def tracer(self, clock: Clock) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+        """httpcore's trace hook, noting when the request goes on the wire."""
+
+        async def trace(event: str, info: dict[str, Any]) -> None:
+            if self.sent is None and event in _SENT_EVENTS:
+                self.sent = clock.now()
+
+        return trace
 
 
 async def _stream(client: httpx.AsyncClient, request: httpx.Request, clock: Clock, state: _StreamState) -> None:
@@ -103,7 +120,8 @@ async def _stream(client: httpx.AsyncClient, request: httpx.Request, clock: Cloc
             cls: FailureClass = "http_5xx" if response.status_code >= 500 else "http_4xx"
             raise _Failure(cls, f"HTTP {response.status_code}: {_server_message(raw)}")
         decoder = SseDecoder()
-        async for chunk in response.aiter_bytes():
+        chunks = response.aiter_bytes()
+        async for chunk in chunks:
             now = clock.now()
             try:
                 payloads = decoder.feed(chunk)
@@ -115,16 +133,31 @@ async def _stream(client: httpx.AsyncClient, request: httpx.Request, clock: Cloc
                 if i:
                     await asyncio.sleep(0)
                 if _handle(payloads[i : i + _SLICE], now, state):
+                    state.end = now
+                    await _drain(chunks)
                     return
         try:
             payloads = decoder.close()
         except SseError as e:
             raise _Failure("malformed_sse", str(e)) from None
         if _handle(payloads, clock.now(), state):
+            state.end = clock.now()
             return
         raise _Failure("stream_cut", f"stream ended after {state.events} tokens without data: [DONE]")
     finally:
         await response.aclose()
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    """Read what follows [DONE] (a chunked reply's terminator) so httpx returns the connection to its pool.
+
+    Closing a reply before its end closes the connection: every next request would pay a TCP connect (about a
+    millisecond here) inside its TTFT. A server that keeps the stream open after [DONE] costs only that connection.
+    """
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(_DRAIN_WALL_S):
+            async for _ in chunks:
+                pass
 
 
 def _handle(payloads: list[bytes], now: float, state: _StreamState) -> bool:
@@ -211,6 +244,9 @@ def _record(
     cls: FailureClass | None,
     message: str | None,
 ) -> RequestRecord:
+    # Timed from when the request leaves (a TCP connect, if one is needed, counts): httpx's own bookkeeping before
+    # that is the client's time, not the server's.
+    start = state.sent if state.sent is not None else start
     usage = state.usage or {}
     prompt_tokens = usage.get("prompt_tokens")
     completion_tokens = usage.get("completion_tokens")

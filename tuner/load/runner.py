@@ -13,6 +13,7 @@ import httpx
 from tuner.clock import REAL_TIME, Clock
 from tuner.load.arrival import Arrival, interarrival_gaps
 from tuner.load.client import send_request
+from tuner.load.connections import OneConnectionPerRequest
 from tuner.load.results import LoadResult, RequestRecord
 from tuner.load.server_metrics import MetricsScraper, diagnose
 from tuner.load.server_metrics import scrape_metrics as _scrape
@@ -39,8 +40,9 @@ class LoadProgress:
 
 
 def new_client() -> httpx.AsyncClient:
-    """A client with no connection cap: the arrival schedule, not the pool, decides how many are in flight."""
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=None), trust_env=False)
+    """A client with no connection cap (the arrival schedule, not a pool, decides how many are in flight) and one
+    keep-alive connection per request in flight."""
+    return httpx.AsyncClient(transport=OneConnectionPerRequest(), trust_env=False)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,76 @@
+"""Connections of the load client: kept alive across requests, one per request in flight, given back on failure."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from load_fakes import BrokenServer, free_port
+
+from tuner.clock import Clock
+from tuner.load import RequestRecord
+from tuner.load.client import send_request
+from tuner.load.connections import OneConnectionPerRequest
+from tuner.load.runner import new_client
+
+BODY = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stream": True}
+
+
+async def _send(client: object, base: str, index: int = 0) -> RequestRecord:
+    return await send_request(
+        client,  # type: ignore[arg-type]
+        base + "/v1/completions",
+        BODY,
+        clock=Clock(),
+        timeout_s=5.0,
+        index=index,
+        origin=0.0,
+    )
+
+
+def _transport(client: object) -> OneConnectionPerRequest:
+    transport = client._transport  # type: ignore[attr-defined]
+    assert isinstance(transport, OneConnectionPerRequest)
+    return transport
+
+
+async def test_sequential_requests_reuse_one_connection() -> None:
+    # vLLM's replies are chunked: the terminator after [DONE] must be read, or each request reconnects.
+    server = BrokenServer(["ok"])
+    async with server.serve() as base, new_client() as client:
+        records = [await _send(client, base, i) for i in range(5)]
+        assert all(r.ok for r in records)
+        assert server.connections == 1
+        assert _transport(client).connections == 1
+
+
+async def test_concurrent_requests_get_one_connection_each_and_keep_them() -> None:
+    server = BrokenServer(["ok"])
+    async with server.serve() as base, new_client() as client:
+        for _ in range(3):
+            records = await asyncio.gather(*(_send(client, base, i) for i in range(6)))
+            assert all(r.ok for r in records)
+        assert server.connections == _transport(client).connections
+        assert 1 <= server.connections <= 6
+
+
+async def test_a_stream_held_open_after_done_is_a_success_timed_at_done() -> None:
+    server = BrokenServer(["linger", "ok"], stall_s=5.0)
+    async with server.serve() as base, new_client() as client:
+        t0 = time.perf_counter()
+        first = await _send(client, base)
+        waited = time.perf_counter() - t0
+        assert first.ok and first.completion_tokens == 4
+        assert first.e2e_s < 0.3  # the end is [DONE], not the close that never came
+        assert waited < 2.0  # the drain after [DONE] is bounded, far below the server's 5 s
+        second = await _send(client, base, 1)
+        assert second.ok
+        assert server.connections == 2  # the held connection was dropped, not reused
+
+
+async def test_failed_requests_give_their_connection_back() -> None:
+    async with new_client() as client:
+        base = f"http://127.0.0.1:{free_port()}"
+        records = [await _send(client, base, i) for i in range(4)]
+        assert [r.error_class for r in records] == ["connection_refused"] * 4
+        assert _transport(client).connections == 1
