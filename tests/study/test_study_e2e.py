@@ -107,15 +107,6 @@ def assert_complete_and_stored(url: str, trials: list[FrozenTrial], n: int) -> N
                 assert detail.load_summary is not None and detail.startup_facts is not None
 
 
-def wait_for(predicate: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting")
-
-
 def test_tune_on_sqlite_ends_with_a_feasible_front_and_no_server_left(tmp_path: Path, state_dir: Path) -> None:
     job = write_job(tmp_path)
     log = tmp_path / "tune.log"
@@ -149,17 +140,13 @@ def test_two_workers_on_one_postgres_study(tmp_path: Path, state_dir: Path, post
     assert registry_of(state_dir).records() == []
 
 
-@pytest.mark.skip(
-    reason="flaky: polls for a live server between trials and misses the window on a loaded machine; see closing note"
-)
 def test_sigkill_mid_trial_then_restart_finishes_the_budget(tmp_path: Path, state_dir: Path) -> None:
     job = write_job(tmp_path)
     url = f"sqlite:///{tmp_path / 'e2e.db'}"
     registry = registry_of(state_dir)
     first = tuner(job, state_dir)
     # Kill the tuner while the server of its second trial runs (trial 0 done, a server up).
-    wait_for(lambda: Path(tmp_path / "e2e.db").exists() and _complete(url) >= 1 and registry.records(), 120)
-    orphans = [r.pid for r in registry.records()]
+    orphans = wait_for_server_of_trial(registry, 1)
     first.send_signal(signal.SIGKILL)
     finish(first)
     assert any(pid_alive(p) for p in orphans), "the killed tuner's server should still be running"
@@ -175,16 +162,12 @@ def test_sigkill_mid_trial_then_restart_finishes_the_budget(tmp_path: Path, stat
     assert registry.records() == []
 
 
-@pytest.mark.skip(
-    reason="flaky: polls for a live server between trials and misses the window on a loaded machine; see closing note"
-)
 def test_ctrl_c_stops_the_server_records_interrupted_and_exits_130(tmp_path: Path, state_dir: Path) -> None:
     job = write_job(tmp_path)
     url = f"sqlite:///{tmp_path / 'e2e.db'}"
     registry = registry_of(state_dir)
     proc = tuner(job, state_dir)
-    wait_for(lambda: Path(tmp_path / "e2e.db").exists() and _complete(url) >= 1 and registry.records(), 120)
-    servers = [r.pid for r in registry.records()]
+    servers = wait_for_server_of_trial(registry, 1)
     proc.send_signal(signal.SIGINT)
     code, out = finish(proc)
     assert code == 130, out
@@ -201,11 +184,19 @@ def test_ctrl_c_stops_the_server_records_interrupted_and_exits_130(tmp_path: Pat
     assert any(t.system_attrs.get("failed_trial") == interrupted[0].number for t in trials)
 
 
-def _complete(url: str) -> int:
-    try:
-        return sum(t.state == TrialState.COMPLETE for t in trials_of(url))
-    except Exception:  # the study may not exist yet
-        return 0
+def wait_for_server_of_trial(registry: ProcessRegistry, trial: int, timeout: float = 120) -> list[int]:
+    """Pids of the live servers the tuner started for `trial` (or a later one), once there is one.
+
+    The launcher registers a server the moment it spawns it, with its trial, so this is the signal "a trial is
+    running and its server is up"; the registry is a few small files, cheap to poll every 20 ms.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        live = [r.pid for r in registry.records() if r.trial is not None and r.trial >= trial and pid_alive(r.pid)]
+        if live:
+            return live
+        time.sleep(0.02)
+    raise AssertionError(f"no server for trial {trial} within {timeout:g}s")
 
 
 def test_dry_run_validates_the_gpu_job_files_without_launching(tmp_path: Path) -> None:
