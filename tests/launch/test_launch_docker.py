@@ -60,4 +60,5 @@ async def test_gpus_without_the_nvidia_runtime_is_a_clear_error(
             pytest.fail("started")
     assert "cannot give the container GPUs" in str(raised.value)
     assert "gpus=None" in str(raised.value)
+    assert raised.value.reason == "cannot_launch"
     assert containers_of(docker_client, study) == []

@@ -125,9 +125,10 @@ async def test_secret_is_masked_in_a_failed_starts_error(tmp_path: Path, monkeyp
 
 async def test_missing_executable_is_a_clear_launch_error(tmp_path: Path) -> None:
     launcher = ProcessLauncher(["no-such-vllm-binary", "serve"], state_dir=tmp_path)
-    with pytest.raises(LaunchError, match="cannot run 'no-such-vllm-binary'"):
+    with pytest.raises(LaunchError, match="cannot run 'no-such-vllm-binary'") as raised:
         async with launcher.start(VllmFlags()):
             pytest.fail("started")
+    assert raised.value.reason == "cannot_launch"  # fatal for a study: no flag set can start
     assert ProcessRegistry(tmp_path).records() == []
 
 

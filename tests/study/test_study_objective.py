@@ -144,10 +144,12 @@ def test_same_flags_are_never_launched_twice() -> None:
     assert trial.user_attrs["duplicate_of"] == 0 and trial.user_attrs["server_seconds"] == 0.0
 
 
-def test_missing_image_stops_the_run() -> None:
-    launcher = FakeLauncher(fail=lambda flags, attempt: LaunchError("no image", reason="image_missing"))
+@pytest.mark.parametrize("reason", ["image_missing", "cannot_launch"])
+def test_a_machine_that_cannot_launch_stops_the_run(reason: str) -> None:
+    launcher = FakeLauncher(fail=lambda flags, attempt: LaunchError("no image", reason=reason))
     with pytest.raises(LaunchError, match="no image"):
         run(Objective(job(), launcher, measure=fake_measure()), {"max_num_seqs": 8, "gpu_memory_utilization": 0.85})
+    assert len(launcher.launches) == 1  # not retried as transient
 
 
 def test_ctrl_c_marks_the_trial_interrupted() -> None:

@@ -26,7 +26,7 @@ from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch.base import Server
 from tuner.launch.emulator import emulator_args
-from tuner.launch.failures import IMAGE_MISSING, UNKNOWN
+from tuner.launch.failures import CANNOT_LAUNCH, IMAGE_MISSING, UNKNOWN
 from tuner.launch.gpu_idle import GpuIdleWaiter
 from tuner.launch.owner import owner_alive, owner_token
 from tuner.launch.ports import free_port
@@ -335,7 +335,7 @@ class DockerLauncher:
                     f"Docker cannot give the container GPUs (gpus={self.gpus!r}): {text}. Install the NVIDIA "
                     "container toolkit, or pass gpus=None (--gpus none) for an image that needs no GPU, such as "
                     "the emulator image",
-                    UNKNOWN,
+                    CANNOT_LAUNCH,
                 ) from None
             if any(s in text for s in _PORT_TAKEN):
                 raise _PortTaken(text) from None

@@ -15,6 +15,9 @@ from tuner.capacity import CUDA_OOM, INSUFFICIENT_FREE_MEMORY, INVALID_FLAGS, KV
 from tuner.errors import LaunchError
 
 IMAGE_MISSING = "image_missing"
+# This machine cannot start any server: the executable is missing, the log directory is not writable, Docker has
+# no GPU runtime. No flag set would fare better, so a study stops rather than failing every trial.
+CANNOT_LAUNCH = "cannot_launch"
 START_TIMEOUT = "start_timeout"
 CRASHED_UNDER_LOAD = "crashed_under_load"
 UNKNOWN = "unknown"
@@ -26,6 +29,7 @@ REASONS = (
     CUDA_OOM,
     INVALID_FLAGS,
     IMAGE_MISSING,
+    CANNOT_LAUNCH,
     START_TIMEOUT,
     CRASHED_UNDER_LOAD,
     UNKNOWN,

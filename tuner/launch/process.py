@@ -21,6 +21,7 @@ from pathlib import Path
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch.base import Server
+from tuner.launch.failures import CANNOT_LAUNCH
 from tuner.launch.gpu_idle import GpuIdleWaiter
 from tuner.launch.owner import owner_alive, owner_token, pid_alive, process_start_ticks
 from tuner.launch.ports import free_port
@@ -97,7 +98,7 @@ class ProcessHandle:
             log_dir.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(prefix="server-", suffix=".log", dir=log_dir)
         except OSError as e:
-            raise LaunchError(f"cannot create a server log file in {log_dir}: {e}", "unknown") from None
+            raise LaunchError(f"cannot create a server log file in {log_dir}: {e}", CANNOT_LAUNCH) from None
         log_path = Path(name)
         try:
             proc = subprocess.Popen(
@@ -111,7 +112,7 @@ class ProcessHandle:
             )
         except OSError as e:
             log_path.unlink(missing_ok=True)
-            raise LaunchError(f"cannot run {argv[0]!r}: {e.strerror or e}", "unknown") from None
+            raise LaunchError(f"cannot run {argv[0]!r}: {e.strerror or e}", CANNOT_LAUNCH) from None
         finally:
             os.close(fd)
         _register(
