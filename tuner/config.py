@@ -93,11 +93,30 @@ def _env_names(names: list[str]) -> list[str]:
     return names
 
 
+# vLLM arguments whose value is a secret, and the environment variable vLLM reads it from instead.
+_SECRET_ARGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
+
+
+def _no_secret_args(args: list[str]) -> list[str]:
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if name in _SECRET_ARGS:
+            env = _SECRET_ARGS[name]
+            raise ValueError(
+                f"{name} would write the secret into the job, the study database and every export; pass it by "
+                f"name instead: env: [{env}] (vLLM reads {env} from its environment)"
+            )
+    return args
+
+
+ExtraArgs = Annotated[list[str], BeforeValidator(_no_secret_args)]
+
+
 class EmulatorOptions(_Model):
     time_scale: float = Field(default=1.0, gt=0, description="the emulator runs this many times faster than the GPU")
     memory_in_use_gib: float = Field(default=0.0, ge=0, description="GPU memory other processes hold")
     seed: int | None = None
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: ExtraArgs = Field(default_factory=list)
 
 
 class DockerOptions(_Model):
@@ -107,7 +126,7 @@ class DockerOptions(_Model):
         default_factory=list, description="names of environment variables passed through (HF_TOKEN, ...)"
     )
     volumes: dict[str, str] = Field(default_factory=dict, description="host path -> container path")
-    extra_args: list[str] = Field(default_factory=list, description="more vLLM arguments, e.g. [--load-format, dummy]")
+    extra_args: ExtraArgs = Field(default_factory=list, description="more vLLM arguments, e.g. [--load-format, dummy]")
     options: dict[str, Any] = Field(default_factory=dict, description="further DockerLauncher keyword arguments")
 
 
@@ -119,7 +138,7 @@ class ProcessOptions(_Model):
     )
     model_id: str | None = None
     env: Annotated[list[str], BeforeValidator(_env_names)] = Field(default_factory=list)
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: ExtraArgs = Field(default_factory=list)
     options: dict[str, Any] = Field(default_factory=dict, description="further ProcessLauncher keyword arguments")
 
 

@@ -95,6 +95,25 @@ def test_secrets_are_names_only(tmp_path: Path) -> None:
     assert "target.docker.env: 'HF_TOKEN=hf_abc' is not an environment variable name" in message
 
 
+@pytest.mark.parametrize(
+    ("launcher", "args", "env"),
+    [
+        ("docker", "['--api-key', 'sk-123456789']", "VLLM_API_KEY"),
+        ("process", "['--hf-token=hf_abcdefgh']", "HF_TOKEN"),
+        ("emulator", "['--api-key', 'sk-123456789']", "VLLM_API_KEY"),
+    ],
+)
+def test_secret_flags_in_extra_args_are_refused_with_the_env_name_to_use(
+    tmp_path: Path, launcher: str, args: str, env: str
+) -> None:
+    text = GOOD.replace("emulator: {time_scale: 20}", f"{launcher}: {{extra_args: {args}}}").replace(
+        "launcher: emulator", f"launcher: {launcher}"
+    )
+    message = error_of(tmp_path, text)
+    assert f"target.{launcher}.extra_args:" in message and f"env: [{env}]" in message
+    assert "sk-123456789" not in message and "hf_abcdefgh" not in message  # the error does not echo the secret
+
+
 def test_grid_sampler_needs_a_finite_space(tmp_path: Path) -> None:
     text = GOOD.replace("slos: [", "sampler: {name: grid}\nslos: [")
     assert "grid sampler needs a finite set of values" in error_of(tmp_path, text)
