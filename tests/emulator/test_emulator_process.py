@@ -104,7 +104,8 @@ def test_default_max_model_len_fails_on_rtx4090_with_vllms_message(procs: list[_
     plan = plan_startup(model, gpu, resolve(VllmFlags(), gpu, model))
     assert plan.estimated_max_model_len is not None and 30_000 <= plan.estimated_max_model_len <= 42_000
     assert re.search(
-        r"^ERROR \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] ValueError: To serve at least one request with the "
+        r"^\(EngineCore_DP0 pid=\d+\) ERROR \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] "
+        r"ValueError: To serve at least one request with the "
         r"models's max seq len \(131072\), \(16\.00 GiB KV cache is needed, which is larger than the available KV "
         rf"cache memory \(\d+\.\d\d GiB\)\. Based on the available memory, the estimated maximum model length is "
         rf"{plan.estimated_max_model_len}\. Try increasing `gpu_memory_utilization` or decreasing `max_model_len`",
@@ -140,7 +141,10 @@ def test_start_up_lines_and_connections_refused_until_ready(procs: list[_Proc]) 
              "Graph capturing finished", "Application startup complete."]  # fmt: skip
     positions = [text.index(s) for s in order]
     assert positions == sorted(positions)
-    assert re.search(r"^INFO \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] Model loading took 14\.99 GiB memory", text, re.M)
+    # vLLM v0.11's shape: the writing process, level, date, source; with one GPU the worker is the engine core.
+    line = r"^\(EngineCore_DP0 pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] Model loading took 14\.99 GiB"
+    assert re.search(line, text, re.M)
+    assert re.search(r"^\(APIServer pid=\d+\) INFO:     Application startup complete\.$", text, re.M)
     p.proc.terminate()
     assert p.exit_code(10) == 0
 
@@ -208,7 +212,7 @@ def test_unknown_vllm_flags_are_accepted_with_a_warning(procs: list[_Proc]) -> N
     p = _Proc(["--model", "llama-3.1-8b", "--max-model-len", "4k", "--port", "0", "--host", "127.0.0.1",
                "--time-scale", "1000", "--swap-space", "8", "--disable-custom-all-reduce"])  # fmt: skip
     procs.append(p)
-    line = p.wait_for(r"^WARNING .*--swap-space 8 --disable-custom-all-reduce").string
+    line = p.wait_for(r"^\(APIServer pid=\d+\) WARNING .*--swap-space 8 --disable-custom-all-reduce").string
     assert "ignores" in line
     p.wait_for("Using max model len 4000")
     p.wait_for("Uvicorn running on")

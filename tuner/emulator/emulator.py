@@ -83,8 +83,8 @@ class Emulator:
         self.config = config
         self.time_scale = config.time_scale
         self.clock = Clock(config.time_scale)
-        self.log = VllmLog(log_stream)
         self.resolved: ResolvedFlags = resolve(config.flags, config.gpu, config.model)
+        self.log = VllmLog(log_stream, tensor_parallel_size=self.resolved.tensor_parallel_size)
         self.plan: StartupPlan = plan_startup(config.model, config.gpu, self.resolved, config.memory_in_use_gib)
         self.step_model = StepTimeModel.build(config.model, config.gpu, self.resolved)
         self.exit_code: int | None = None
@@ -156,10 +156,10 @@ class Emulator:
             await self.clock.sleep(emulated_s)
 
     def _fail(self, source: str, lines: list[str]) -> None:
-        self.log.error("core.py:708", "EngineCore failed to start.")
-        self.log.error("core.py:708", "Traceback (most recent call last):")
+        self.log.error("core.py:708", "EngineCore failed to start.", "engine")
+        self.log.error("core.py:708", "Traceback (most recent call last):", "engine")
         for line in lines:
-            self.log.error("core.py:708", line)
+            self.log.error("core.py:708", line, "engine")
         self.log.error(
             source,
             "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
@@ -191,14 +191,15 @@ class Emulator:
             "core.py:654",
             f"Waiting for init message from front-end. max_num_seqs={r.max_num_seqs}, "
             f"gpu_memory_utilization={r.gpu_memory_utilization}, tensor_parallel_size={r.tensor_parallel_size}",
+            "engine",
         )
         if p.reason == INSUFFICIENT_FREE_MEMORY:
             self._fail("api_server.py:1920", [f"ValueError: {p.message}"])
             return False
         if cfg.fault_hang_on_start:
-            log.info("gpu_model_runner.py:1953", f"Starting to load model {cfg.model_arg}...")
+            log.info("gpu_model_runner.py:1953", f"Starting to load model {cfg.model_arg}...", "worker")
             await asyncio.Event().wait()  # never ready, never exits (fault injection)
-        log.info("gpu_model_runner.py:1953", f"Starting to load model {cfg.model_arg}...")
+        log.info("gpu_model_runner.py:1953", f"Starting to load model {cfg.model_arg}...", "worker")
         load_s = p.weights_bytes / WEIGHT_LOAD_BYTES_PER_S
         if p.reason == CUDA_OOM and p.weights_bytes > p.free_bytes:
             await self._pause(load_s * 0.5, delays)
@@ -208,11 +209,12 @@ class Emulator:
         log.info(
             "gpu_model_runner.py:2007",
             f"Model loading took {p.weights_bytes / GIB:.2f} GiB memory and {load_s:.2f} seconds",
+            "worker",
         )
         profile_s = EAGER_PROFILE_SECONDS if r.enforce_eager else PROFILE_SECONDS
         if not r.enforce_eager:
-            log.info("backends.py:548", f"Dynamo bytecode transform time: {profile_s * 0.6:.2f} s")
-            log.info("monitor.py:34", f"torch.compile takes {profile_s * 0.6:.2f} s in total")
+            log.info("backends.py:548", f"Dynamo bytecode transform time: {profile_s * 0.6:.2f} s", "worker")
+            log.info("monitor.py:34", f"torch.compile takes {profile_s * 0.6:.2f} s in total", "worker")
         await self._pause(profile_s, delays)
         log.info(
             "gpu_worker.py:276",
@@ -223,15 +225,17 @@ class Emulator:
             f"{p.non_torch_bytes / GIB:.2f}GiB; PyTorch activation peak memory takes "
             f"{p.activation_bytes / GIB:.2f}GiB; the rest of the memory reserved for KV Cache is "
             f"{p.available_kv_bytes / GIB:.2f}GiB.",
+            "worker",
         )
-        log.info("gpu_worker.py:298", f"Available KV cache memory: {p.available_kv_bytes / GIB:.2f} GiB")
+        log.info("gpu_worker.py:298", f"Available KV cache memory: {p.available_kv_bytes / GIB:.2f} GiB", "worker")
         if p.reason in (NO_KV_MEMORY, KV_CACHE_TOO_SMALL):
             self._fail("api_server.py:1920", [f"ValueError: {p.message}"])
             return False
-        log.info("kv_cache_utils.py:1087", f"GPU KV cache size: {p.kv_tokens:,} tokens")
+        log.info("kv_cache_utils.py:1087", f"GPU KV cache size: {p.kv_tokens:,} tokens", "engine")
         log.info(
             "kv_cache_utils.py:1091",
             f"Maximum concurrency for {r.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x",
+            "engine",
         )
         graph_s = len(cuda_graph_capture_sizes(r)) * GRAPH_SECONDS_PER_SIZE
         await self._pause(graph_s, delays)
@@ -242,10 +246,12 @@ class Emulator:
             log.info(
                 "gpu_model_runner.py:2708",
                 f"Graph capturing finished in {graph_s:.0f} secs, took {p.cuda_graph_bytes / GIB:.2f} GiB",
+                "worker",
             )
         log.info(
             "core.py:214",
             f"init engine (profile, create kv cache, warmup model) took {profile_s + graph_s:.2f} seconds",
+            "engine",
         )
         return True
 
@@ -255,7 +261,7 @@ class Emulator:
         self.fatal_reason = reason
         self.exit_code = 1
         for line in lines:
-            self.log.error("core.py:710", line)
+            self.log.error("core.py:710", line, "engine")
         self.log.error("async_llm.py:420", "AsyncLLM output_handler failed.")
         self.log.error("launcher.py:101", "Engine failed, terminating server.")
         self.engine.cut_all()

@@ -1,21 +1,39 @@
-"""Log lines in vLLM's shape: `INFO 12-02 10:15:00 [gpu_worker.py:241] Available KV cache memory: 4.74 GiB`.
+"""Log lines in vLLM's shape (v0.11): `(EngineCore_DP0 pid=41) INFO 12-02 10:15:00 [gpu_worker.py:241] ...`.
 
-Launchers parse these lines exactly as they parse a real vLLM log, so the shape (level, date, source) matters.
+Launchers parse these lines exactly as they parse a real vLLM log, so the shape (process, level, date, source)
+matters. vLLM prefixes each line with the process that wrote it: the API server, the engine core, and, with
+tensor parallelism above 1, one worker per GPU, each printing its own copy of the worker lines (model loading,
+memory profiling, KV cache memory). The emulator is one process, so every prefix carries its one real pid.
 The last lines are also kept in memory for in-process users.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import deque
-from typing import TextIO
+from typing import Literal, TextIO
+
+Writer = Literal["api", "engine", "worker"]
 
 
 class VllmLog:
-    def __init__(self, stream: TextIO | None = None, keep: int = 2000) -> None:
+    def __init__(self, stream: TextIO | None = None, keep: int = 2000, *, tensor_parallel_size: int = 1) -> None:
         self._stream = stream
         self.lines: deque[str] = deque(maxlen=keep)
+        pid = os.getpid()
+        engine = f"(EngineCore_DP0 pid={pid}) "
+        self._prefixes: dict[Writer, tuple[str, ...]] = {
+            "api": (f"(APIServer pid={pid}) ",),
+            "engine": (engine,),
+            # With one GPU the worker runs inside the engine-core process and its lines say so.
+            "worker": (
+                tuple(f"(Worker_TP{rank} pid={pid}) " for rank in range(tensor_parallel_size))
+                if tensor_parallel_size > 1
+                else (engine,)
+            ),
+        }
 
     @property
     def stream(self) -> TextIO:
@@ -30,23 +48,24 @@ class VllmLog:
         except (OSError, ValueError):  # a closed pipe must not take the server down
             pass
 
-    def log(self, level: str, source: str, message: str) -> None:
+    def log(self, level: str, source: str, message: str, by: Writer = "api") -> None:
         stamp = time.strftime("%m-%d %H:%M:%S")
-        for part in message.split("\n"):
-            self._write(f"{level} {stamp} [{source}] {part}")
+        for prefix in self._prefixes[by]:
+            for part in message.split("\n"):
+                self._write(f"{prefix}{level} {stamp} [{source}] {part}")
 
-    def info(self, source: str, message: str) -> None:
-        self.log("INFO", source, message)
+    def info(self, source: str, message: str, by: Writer = "api") -> None:
+        self.log("INFO", source, message, by)
 
-    def warning(self, source: str, message: str) -> None:
-        self.log("WARNING", source, message)
+    def warning(self, source: str, message: str, by: Writer = "api") -> None:
+        self.log("WARNING", source, message, by)
 
-    def error(self, source: str, message: str) -> None:
-        self.log("ERROR", source, message)
+    def error(self, source: str, message: str, by: Writer = "api") -> None:
+        self.log("ERROR", source, message, by)
 
     def uvicorn(self, message: str) -> None:
-        """Uvicorn's own format, as it appears in a vLLM log."""
-        self._write(f"INFO:     {message}")
+        """Uvicorn's own format, as it appears in a vLLM log (written by the API server)."""
+        self._write(f"{self._prefixes['api'][0]}INFO:     {message}")
 
     def text(self) -> str:
         return "\n".join(self.lines)

@@ -1,0 +1,50 @@
+"""The start-up log's shape per process, as vLLM v0.11 prints it, and what the launchers read back from it."""
+
+from __future__ import annotations
+
+import io
+
+from tuner.capacity import GIB
+from tuner.emulator.config import parse_config
+from tuner.emulator.emulator import Emulator
+from tuner.launch.startup_log import parse_startup_facts
+
+
+def _writer(line: str) -> str:
+    return line.split(" pid=", 1)[0].lstrip("(")
+
+
+async def test_one_gpu_the_worker_lines_come_from_the_engine_core() -> None:
+    argv = ["--model", "llama-3.1-8b", "--gpu", "l4", "--max-model-len", "4096"]
+    emu = Emulator(parse_config(argv), log_stream=io.StringIO())
+    assert await emu.startup(delays=False)
+    lines = list(emu.log.lines)
+    assert {_writer(line) for line in lines} == {"APIServer", "EngineCore_DP0"}
+    assert _writer(next(line for line in lines if "Model loading took" in line)) == "EngineCore_DP0"
+    assert _writer(next(line for line in lines if "vLLM API server version" in line)) == "APIServer"
+
+
+async def test_tensor_parallel_workers_each_print_the_worker_lines_and_facts_read_the_same() -> None:
+    argv = ["--model", "llama-3.1-70b", "--gpu", "h100-80gb", "--tensor-parallel-size", "2", "--max-model-len", "4096",
+            "--gpu-memory-utilization", "0.95"]  # fmt: skip
+    emu = Emulator(parse_config(argv), log_stream=io.StringIO())
+    assert await emu.startup(delays=False)
+    lines = list(emu.log.lines)
+    for worker_line in ("Model loading took", "Available KV cache memory", "Memory profiling takes"):
+        writers = [_writer(line) for line in lines if worker_line in line]
+        assert writers == ["Worker_TP0", "Worker_TP1"], worker_line
+    for engine_line in ("GPU KV cache size", "Maximum concurrency", "init engine"):
+        assert [_writer(line) for line in lines if engine_line in line] == ["EngineCore_DP0"], engine_line
+    facts = parse_startup_facts("\n".join(lines))
+    assert facts.kv_tokens == emu.plan.kv_tokens
+    assert facts.weights_gib == round(emu.plan.weights_bytes / GIB, 2)  # per GPU: half the 70B weights
+    assert 60 < (facts.weights_gib or 0) < 70
+
+
+async def test_a_refused_start_names_the_engine_core_as_the_failed_process() -> None:
+    emu = Emulator(parse_config(["--model", "llama-3.1-8b", "--gpu", "rtx4090"]), log_stream=io.StringIO())
+    assert await emu.startup(delays=False) is False
+    errors = [line for line in emu.log.lines if " ERROR " in line]
+    assert _writer(errors[0]) == "EngineCore_DP0" and "EngineCore failed to start." in errors[0]
+    assert any("estimated maximum model length" in line and _writer(line) == "EngineCore_DP0" for line in errors)
+    assert _writer(errors[-1]) == "APIServer" and "Engine core initialization failed" in errors[-1]
