@@ -193,6 +193,11 @@ class Job(_Model):
     )
     capacity_search: CapacitySearch = Field(default_factory=CapacitySearch)
     request_timeout: Duration = 60.0
+    stop_early: bool = Field(
+        default=True,
+        description="end a load phase once an SLO is missed for certain whatever the remaining requests do (e.g. "
+        "the 2nd failure of 100 at success_rate>=0.99): the verdict is the same, the GPU time is saved",
+    )
     budget: Budget = Field(default_factory=Budget)
     sampler: SamplerSection = Field(default_factory=SamplerSection)
     feasibility: FeasibilitySection = Field(default_factory=FeasibilitySection)

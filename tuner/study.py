@@ -125,6 +125,7 @@ async def measure_load(server: Server, job: Job, flags: VllmFlags) -> Measuremen
             clock=clock,
             request_timeout_s=job.request_timeout,
             max_num_seqs=seqs,
+            stop_on_slo_miss=job.stop_early,
         )
         return Measurement(result, rate=result.summary.request_throughput)
     search = await find_max_rate(
@@ -138,6 +139,7 @@ async def measure_load(server: Server, job: Job, flags: VllmFlags) -> Measuremen
         request_timeout_s=job.request_timeout,
         seed=job.workload.seed,
         max_num_seqs=seqs,
+        stop_on_slo_miss=job.stop_early,
     )
     scored = 0
     if search.best_rate is not None:
@@ -386,6 +388,7 @@ class Objective:
             "tpot_p95_s": _p95(summary, "tpot") if measured else None,
             "goodput": float(summary.goodput) if measured and summary else None,
             "diagnosis": diagnosis,
+            "slo_stop": (m.result.slo_stop if m is not None and m.result is not None else None) if measured else None,
             "kv_tokens": int(kv_tokens) if kv_tokens else None,
             "feasible": all(v <= 0 for v in constraints.values()),
             "server_seconds": round(result.server_seconds, 3),

@@ -216,6 +216,27 @@ def test_max_rate_rescore_walks_down_the_stored_steps() -> None:
     assert not none.after.feasible and none.step == 0  # closest miss, as the study scores it
 
 
+def test_a_load_stopped_at_a_certain_miss_is_never_found_feasible_under_looser_slos() -> None:
+    """Its records are the part of the run up to the certain miss: they may meet a looser SLO, the run might not."""
+    stop = "e2e_p95<=5s cannot be met: 6 of the 96 measured requests are already over 5s (at most 5 may be)"
+    view = StudyView(STUDY, {"slos": ["e2e_p95<=5s"]}, [trial_view(_measured(0, 100.0, 6.0, slo_stop=stop))])
+    assert view.trials[0].slo_stop == stop
+    source = FakeRecords({0: Detail(None, None, 0)}, {(0, 0): _uniform(6.0, tokens=100)})
+    loose = rescore(view, source, [parse_slo("e2e_p95<=10s")]).trials[0]
+    assert not loose.after.feasible and loose.note is not None and "run it again" in loose.note
+    tighter = rescore(view, source, [parse_slo("e2e_p95<=1s")]).trials[0]
+    assert not tighter.after.feasible and tighter.note is None  # a miss on part of the run is a miss
+    # A capacity-search step stopped so is not a meeting step either, whatever its partial summary says.
+    steps = [
+        {"rate": 2.0, "summary": summarize(_uniform(1.5, 200), duration_s=10.0).model_dump(mode="json")},
+        {"rate": 4.0, "summary": summarize(_uniform(2.0, 400), duration_s=10.0).model_dump(mode="json"),
+         "slo_stop": stop},
+    ]  # fmt: skip
+    capacity = FakeRecords({0: Detail(None, steps, 0)}, {})
+    mr = StudyView(STUDY, {"objective": "max_rate", "slos": ["e2e_p95<=5s"]}, [trial_view(_measured(0, 200, 1.5))])
+    assert rescore(mr, capacity, [parse_slo("e2e_p95<=10s")]).trials[0].after.request_rate == 2.0
+
+
 def test_duplicates_are_no_point_of_their_own_and_follow_their_original() -> None:
     original, duplicate = trial_view(_measured(0, 100.0, 2.0)), trial_view(_measured(1, 100.0, 2.0, duplicate_of=0))
     view = StudyView(STUDY, {"slos": ["e2e_p95<=5s"]}, [original, duplicate])

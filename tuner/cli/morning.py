@@ -445,6 +445,8 @@ def show_cmd(
     con.print(flags_table(view, t.flags))
     for note in t.notes:
         con.print(f"note: {escape(note)}")
+    if t.slo_stop:
+        con.print(f"[yellow]load stopped early[/yellow]: {escape(t.slo_stop)}")
     if d.get("message"):
         con.print(f"[red]{escape(str(d['message']))}[/red]")
     for key, title in (

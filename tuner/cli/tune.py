@@ -62,6 +62,8 @@ def trial_line(t: FrozenTrial) -> str:
     latency = t.values[1] if t.values else None
     success = a.get("success_rate")
     verdict = "feasible" if a.get("feasible") else "misses " + ", ".join(_missed(a))
+    if a.get("slo_stop"):
+        verdict += " (load stopped early: the miss was certain)"
     rate = a.get("request_rate")
     parts = [
         f"{a.get('output_tok_s') or 0:.1f} tok/s" + (f" at {rate:.2f} req/s" if rate else ""),

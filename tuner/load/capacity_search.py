@@ -36,6 +36,7 @@ async def find_max_rate(
     on_step: Callable[[CapacityStep], None] | None = None,
     on_progress: Callable[[LoadProgress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    stop_on_slo_miss: bool = False,
 ) -> CapacitySearchResult:
     """Probe the saturated throughput with a closed loop, then run open-loop steps at chosen rates.
 
@@ -95,11 +96,17 @@ async def find_max_rate(
                 on_progress=on_progress,
                 should_stop=should_stop,
                 max_num_seqs=max_num_seqs,
+                stop_on_slo_miss=stop_on_slo_miss,  # a step stopped so is a miss, as it would have been
             )
             violations = [s.violation(result.summary) for s in slos]
             meets = all(v <= 0 for v in violations) and not result.stopped_early
             step = CapacityStep(
-                rate=rate, summary=result.summary, meets_slos=meets, violations=violations, diagnosis=result.diagnosis
+                rate=rate,
+                summary=result.summary,
+                meets_slos=meets,
+                violations=violations,
+                diagnosis=result.diagnosis,
+                slo_stop=result.slo_stop,
             )
             steps.append(step)
             if on_step is not None:

@@ -88,6 +88,8 @@ class LoadResult(BaseModel):
     mode: str = ""
     """What was offered, e.g. 'closed loop, 16 users' or 'open loop, poisson 8 req/s'."""
     stopped_early: bool = False
+    slo_stop: str | None = None
+    """Why the run stopped before its request count: an SLO was already missed for certain (None: it did not)."""
     workload_fingerprint: str = ""
     peak_in_flight: int = 0
 
@@ -100,6 +102,7 @@ class CapacityStep(BaseModel):
     meets_slos: bool
     violations: list[float] = Field(default_factory=list)
     diagnosis: str = ""
+    slo_stop: str | None = None
 
 
 class CapacitySearchResult(BaseModel):

@@ -17,6 +17,7 @@ from tuner.load.connections import OneConnectionPerRequest
 from tuner.load.results import LoadResult, RequestRecord
 from tuner.load.server_metrics import MetricsScraper, diagnose
 from tuner.load.server_metrics import scrape_metrics as _scrape
+from tuner.load.slo_guard import SloGuard
 from tuner.load.workload import PromptSpec, Workload
 from tuner.scoring import Slo, summarize
 
@@ -62,6 +63,7 @@ class _Run:
         clock: Clock,
         should_stop: Callable[[], bool] | None,
         on_progress: Callable[[LoadProgress], None] | None,
+        guard: SloGuard | None = None,
     ) -> None:
         self.workload = workload
         self.arrival = arrival
@@ -82,6 +84,8 @@ class _Run:
         self.refused_streak = 0
         self.succeeded = 0
         self.completions: deque[float] = deque()
+        self.guard = guard
+        self.slo_stop: str | None = None
 
     def next_job(self) -> _Job | None:
         if self.stopping:
@@ -131,6 +135,9 @@ class _Run:
 
     def _account(self, record: RequestRecord) -> None:
         self.records.append(record)
+        if self.guard is not None and self.slo_stop is None and (reason := self.guard.add(record)) is not None:
+            self.slo_stop = reason
+            self.stop(early=True)
         now = self.clock.now()
         self.completions.append(now)
         while self.completions and now - self.completions[0] > _RATE_WINDOW_S:
@@ -174,16 +181,20 @@ async def run_load(
     on_progress: Callable[[LoadProgress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     max_num_seqs: int | None = None,
+    stop_on_slo_miss: bool = False,
 ) -> LoadResult:
     """Run one load phase against `base_url` (the server root, no /v1) and score it.
 
     Times are in the clock's seconds (emulated seconds against an emulator: pass Clock(time_scale)), and so is
     `request_timeout_s`. Server misbehaviour never raises: it shows as failed records. `should_stop` is polled
     and, once true, stops sending and abandons the requests in flight (they are left out of the records).
+    `stop_on_slo_miss` does the same once an SLO is missed for certain (see tuner.load.slo_guard; only with a
+    request count), and says why in the result's `slo_stop`.
     """
     own = client is None
     http = new_client() if client is None else client
-    run = _Run(workload, arrival, clock, should_stop, on_progress)
+    guard = SloGuard(slos, arrival.requests) if stop_on_slo_miss and arrival.requests else None
+    run = _Run(workload, arrival, clock, should_stop, on_progress, guard if guard and guard.active else None)
     url = base_url.rstrip("/") + workload.path
     scraper: MetricsScraper | None = None
     try:
@@ -287,6 +298,7 @@ def _result(run: _Run, slos: Sequence[Slo], scraper: MetricsScraper | None, max_
         diagnosis=diagnose(summary, server, run.arrival, max_num_seqs=max_num_seqs, send_rate=send_rate),
         mode=run.arrival.describe(),
         stopped_early=run.stopped_early,
+        slo_stop=run.slo_stop,
         workload_fingerprint=run.workload.fingerprint(),
         peak_in_flight=run.peak_in_flight,
     )

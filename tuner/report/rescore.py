@@ -84,10 +84,12 @@ class _Run:
     summary: LoadSummary
     violations: list[float]
     source: str
+    partial: bool = False  # its load stopped at a certain miss of the old SLOs
 
     @property
     def meets(self) -> bool:
-        return all(v <= 0 for v in self.violations)
+        # A run cut short at a certain miss has seen only its worst part: no new SLO can be judged met on it.
+        return not self.partial and all(v <= 0 for v in self.violations)
 
 
 def rescore(view: StudyView, source: RecordSource, slos: Sequence[Slo]) -> RescoreResult:
@@ -128,7 +130,7 @@ class _Rescorer:
         if t.duplicate_of is not None:
             return RescoredTrial(t, t, None, note="duplicate")
         detail = self.source.trial_detail(self.study, t.number)
-        runs = self._runs(t.number, detail)
+        runs = self._runs(t.number, detail, partial=t.slo_stop is not None)
         if not runs:
             return RescoredTrial(t, dataclasses.replace(t, feasible=False), None, note="nothing stored to re-score")
         meeting = [r for r in runs if r.meets]
@@ -155,7 +157,12 @@ class _Rescorer:
             constraint_names=tuple(str(x) for x in self.slos),
             violated=tuple(str(x) for x, v in zip(self.slos, run.violations, strict=True) if v > 0),
         )
-        return RescoredTrial(t, after, s, step=run.step, source=run.source)
+        note = (
+            "its load stopped at a certain miss of the old SLOs, so it is judged on part of a run: run it again"
+            if run.partial and all(v <= 0 for v in run.violations)
+            else None
+        )
+        return RescoredTrial(t, after, s, step=run.step, source=run.source, note=note)
 
     def _latency(self, s: LoadSummary) -> float:
         if s.requests_succeeded == 0:
@@ -163,7 +170,7 @@ class _Rescorer:
         value = float(s.metric(self.latency_metric))
         return value if math.isfinite(value) else self.worst_latency
 
-    def _runs(self, number: int, detail: _Detail | None) -> list[_Run]:
+    def _runs(self, number: int, detail: _Detail | None, *, partial: bool) -> list[_Run]:
         stored_steps = set(self.source.request_steps(self.study, number))
         steps = [s for s in (detail.capacity_steps or []) if isinstance(s, dict)] if detail is not None else []
         runs: list[_Run] = []
@@ -172,11 +179,12 @@ class _Rescorer:
                 rate = step.get("rate")
                 run = self._run(number, i, stored_steps, step.get("summary"))
                 if run is not None:
-                    runs.append(dataclasses.replace(run, rate=float(rate) if isinstance(rate, int | float) else None))
+                    rate_value = float(rate) if isinstance(rate, int | float) else None
+                    runs.append(dataclasses.replace(run, rate=rate_value, partial=bool(step.get("slo_stop"))))
             return runs
         scored = detail.scored_step if detail is not None and detail.scored_step is not None else 0
         run = self._run(number, scored, stored_steps, detail.load_summary if detail is not None else None)
-        return [run] if run is not None else []
+        return [dataclasses.replace(run, partial=partial)] if run is not None else []
 
     def _run(self, number: int, step: int, stored_steps: set[int], stored: Any) -> _Run | None:
         stored_summary = _summary(stored)

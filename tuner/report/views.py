@@ -40,6 +40,7 @@ class TrialView:
     diagnosis: str | None = None
     kv_tokens: int | None = None
     predicted_kv_tokens: int | None = None
+    slo_stop: str | None = None  # the load stopped at a certain SLO miss: its figures cover part of the run
     feasible: bool = False
     constraints: tuple[float, ...] = ()
     constraint_names: tuple[str, ...] = ()
@@ -168,6 +169,7 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         tpot_p95_s=_float(ua.get("tpot_p95_s")),
         goodput=_float(ua.get("goodput")),
         diagnosis=_str(ua.get("diagnosis")),
+        slo_stop=_str(ua.get("slo_stop")),
         kv_tokens=_int(ua.get("kv_tokens")),
         predicted_kv_tokens=_int(ua.get("predicted_kv_tokens")),
         feasible=feasible,
