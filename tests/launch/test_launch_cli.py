@@ -64,3 +64,16 @@ def test_bad_gpus_value_is_a_one_line_config_error(tmp_path: Path) -> None:
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 2
     assert out.strip().splitlines() == ["error: --gpus ',': use all, none, or device ids such as 0,1"]
+
+
+def test_log_lines_on_screen_keep_writer_level_source_and_message() -> None:
+    from tuner.cli.launch import _on_screen
+
+    assert _on_screen("(Worker_TP1 pid=7) ERROR 12-02 10:15:00 [x.py:1] boom") == "Worker_TP1 ERROR [x.py:1] boom"
+    assert _on_screen("(APIServer pid=7) INFO:     Application startup complete.") == (
+        "APIServer INFO Application startup complete."
+    )
+    assert (
+        _on_screen("INFO 12-02 10:15:00 [x.py:1] an older vLLM's line")
+        == "INFO 12-02 10:15:00 [x.py:1] an older vLLM's line"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 from enum import StrEnum
 from typing import Annotated, Any
@@ -147,10 +148,19 @@ def failure_panel(error: LaunchError, title: str) -> Panel:
     body: list[Any] = [Text(str(error))]
     if error.estimated_max_model_len is not None:
         body.append(Text(f"vLLM's estimate of the longest max_model_len that fits: {error.estimated_max_model_len:,}"))
-    tail = log_tail(error.log_tail, SCREEN_TAIL_LINES)
+    tail = "\n".join(_on_screen(line) for line in log_tail(error.log_tail, SCREEN_TAIL_LINES).splitlines())
     if tail:
         body += [Text(""), Text("log tail:", style="bold"), Text(tail, style="dim", no_wrap=True, overflow="ellipsis")]
     return Panel(Group(*body), title=f"[bold red]{title}: {error.reason}[/bold red]", title_align="left")
+
+
+# `(EngineCore_DP0 pid=41) ERROR 12-02 10:15:00 [core.py:708] msg`: the pid and the date crowd out the message in
+# a panel one screen wide; the writer, level and source stay (the whole line is in the server's log file).
+_LOG_PREFIX = re.compile(r"^\((?P<writer>[\w-]+) pid=\d+\) (?P<level>[A-Z]+):? +(?:\d\d-\d\d \d\d:\d\d:\d\d )?")
+
+
+def _on_screen(line: str) -> str:
+    return _LOG_PREFIX.sub(lambda m: f"{m['writer']} {m['level']} ", line, count=1)
 
 
 async def _serve(launcher: Launcher) -> int:
