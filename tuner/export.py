@@ -68,6 +68,7 @@ class Provenance:
     success_rate: float | None = None
     slos: tuple[str, ...] = ()
     tuner_version: str | None = None
+    verify_command: str | None = None  # the `tuner verify` line that launches these flags again and confirms them
     exported_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     def as_dict(self) -> dict[str, Any]:
@@ -87,6 +88,7 @@ class Provenance:
             "success_rate": self.success_rate,
             "slos": list(self.slos),
             "tuner_version": self.tuner_version,
+            "verify_command": self.verify_command,
             "exported_at": self.exported_at.isoformat(timespec="seconds"),
         }
         return d
@@ -116,6 +118,8 @@ class Provenance:
             lines.append("SLOs: " + ", ".join(self.slos))
         if self.workload_hash:
             lines.append(f"workload hash: {self.workload_hash}")
+        if self.verify_command:
+            lines.append(f"re-verify: {self.verify_command}")
         stamp = self.exported_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
         lines.append(f"exported {stamp}" + (f" by tuner {self.tuner_version}" if self.tuner_version else ""))
         return [_one_line(line) for line in lines]

@@ -180,6 +180,7 @@ def test_export_best_round_trips(tuner_cli: RunCli, demo_url: str, monkeypatch: 
     assert words[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
     assert VllmFlags.from_dict(_parse_flags(words[3:])) == flags_of(9)
     assert "trial 9" in r.out and "wl-5e1f00d" in r.out and "3,400.0 output tok/s" in r.out
+    assert f"# re-verify: tuner verify {STUDY} --trial 9 --storage {demo_url}" in r.out
     for fmt in ("vllm-args", "vllm-config", "docker", "compose", "kubernetes", "json", "python"):
         out = tuner_cli("export", STUDY, "--storage", demo_url, "--best", "latency", "--format", fmt)
         assert out.code == 0 and "hf_NeverPrintMe" not in out.out, fmt

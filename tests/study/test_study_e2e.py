@@ -119,6 +119,30 @@ def test_tune_on_sqlite_ends_with_a_feasible_front_and_no_server_left(tmp_path: 
     assert trials[0].user_attrs["baseline"] and trials[0].user_attrs["flags"]["max_num_seqs"] == 1024
     assert "#0   (baseline)" in log.read_text()
     assert registry_of(state_dir).records() == []
+    # In the morning: the winner launched again from the job stored with the study, confirmed over two runs.
+    env = {**os.environ, "TUNER_STATE_DIR": str(state_dir), "COLUMNS": "200"}
+    verify = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "verify",
+        "e2e",
+        "--storage",
+        url,
+        "--runs",
+        "2",
+        "--tolerance",
+        "0.5",
+        "--json",
+    ]
+    done = subprocess.run(verify, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["confirmed"] is True and len(doc["runs"]) == 2
+    assert all(r["missed"] == [] for r in doc["runs"]) and doc["change"] >= -0.5
+    assert registry_of(state_dir).records() == []
+    missing = subprocess.run([*verify[:-5], "--trial", "99"], capture_output=True, text=True, env=env, timeout=60)
+    assert missing.returncode == 1 and missing.stderr.strip() == "error: no trial 99 in study 'e2e'"
 
 
 @pytest.mark.postgres

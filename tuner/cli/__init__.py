@@ -31,6 +31,7 @@ _COMMAND_MODULES: list[str] = [
     "tuner.cli.launch",
     "tuner.cli.morning",
     "tuner.cli.tune",
+    "tuner.cli.verify",
 ]
 
 for _name in _COMMAND_MODULES:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -534,7 +535,7 @@ def export_cmd(
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    _, view = _view(study, storage, job)
+    url, view = _view(study, storage, job)
     if trial is not None:
         t = view.trial(trial)
         if t is None:
@@ -553,7 +554,8 @@ def export_cmd(
         name=name,
         secret_env=tuple(secret_env) if secret_env is not None else None,
     )
-    prov = provenance(view, t)
+    again = f"tuner verify {shlex.quote(view.name)} --trial {t.number} --storage {shlex.quote(safe_url(url))}"
+    prov = dataclasses.replace(provenance(view, t), verify_command=again)
     try:
         flags = VllmFlags.from_dict(t.flags)
     except ValueError as e:

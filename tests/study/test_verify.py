@@ -1,0 +1,77 @@
+"""Confirming a winner: one launch, several whole load runs, every SLO in every run, the median against the record."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from study_fakes import FakeLauncher, FakeServer, fake_measure, job, records_for
+
+from tuner.config import Job
+from tuner.errors import LaunchError
+from tuner.flags import VllmFlags
+from tuner.load import LoadResult
+from tuner.scoring import summarize
+from tuner.study import Measurement
+from tuner.verify import verify_flags
+
+FLAGS = VllmFlags(max_num_seqs=16, gpu_memory_utilization=0.9)
+
+
+def recorded() -> float:
+    return summarize(records_for(FLAGS), duration_s=10.0 / 16).output_throughput
+
+
+def scaled_measure(factors: list[float], seen: list[Job]) -> Any:
+    """The fake load phase, its throughput scaled run by run; notes the job each run was given."""
+
+    async def measure(server: FakeServer, j: Job, flags: VllmFlags) -> Measurement:
+        seen.append(j)
+        factor = factors[len(seen) - 1]
+        records = records_for(flags)
+        summary = summarize(records, duration_s=10.0 / 16 / factor, slos=j.parsed_slos())
+        return Measurement(LoadResult(summary=summary, records=records))
+
+    return measure
+
+
+def test_one_launch_whole_runs_fresh_seeds_and_a_confirmed_verdict() -> None:
+    launcher, seen = FakeLauncher(), []
+    j = job(stop_early=True, slos=["e2e_p95 <= 2s", "success_rate >= 0.9"])
+    v = verify_flags(
+        j, launcher, FLAGS, runs=3, recorded_tok_s=recorded(), latency_metric="e2e_p95",
+        measure=scaled_measure([1.0, 0.97, 1.02], seen), study="fake",
+    )  # fmt: skip
+    assert len(launcher.launches) == 1 and launcher.launches[0]["study"] == "fake"
+    assert [x.workload.seed for x in seen] == [j.workload.seed, j.workload.seed + 1, j.workload.seed + 2]
+    assert all(x.stop_early is False for x in seen)  # a verification measures every request
+    assert v.confirmed and v.median_tok_s == pytest.approx(recorded())
+    assert v.spread == pytest.approx(0.05)
+    assert v.verdict().startswith("confirmed: 3 of 3 runs meet every SLO")
+
+
+def test_a_median_below_the_tolerance_or_one_missed_slo_is_not_confirmed() -> None:
+    slow = verify_flags(
+        job(), FakeLauncher(), FLAGS, runs=3, recorded_tok_s=recorded(), latency_metric="e2e_p95",
+        measure=scaled_measure([0.85, 0.8, 0.95], []),
+    )  # fmt: skip
+    assert not slow.confirmed and slow.change == pytest.approx(-0.15)
+    assert "15% below the recorded" in slow.verdict() and "tolerance 10%" in slow.verdict()
+    # A gain is no miss.
+    fast = verify_flags(
+        job(), FakeLauncher(), FLAGS, runs=1, recorded_tok_s=recorded(), latency_metric="e2e_p95",
+        measure=scaled_measure([1.5], []),
+    )  # fmt: skip
+    assert fast.confirmed
+    failing = verify_flags(
+        job(), FakeLauncher(), FLAGS, runs=2, recorded_tok_s=recorded(), latency_metric="e2e_p95",
+        measure=fake_measure(failures=3),
+    )  # fmt: skip
+    assert not failing.confirmed
+    assert failing.verdict() == "not confirmed: 2 of 2 runs missed success_rate>=0.9"
+
+
+def test_a_winner_that_no_longer_starts_raises_the_launch_error() -> None:
+    launcher = FakeLauncher(fail=lambda flags, attempt: LaunchError("no room", reason="kv_cache_too_small"))
+    with pytest.raises(LaunchError, match="no room"):
+        verify_flags(job(), launcher, FLAGS, runs=2, recorded_tok_s=1.0, latency_metric="e2e_p95")

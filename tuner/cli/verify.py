@@ -1,0 +1,153 @@
+"""`tuner verify`: launch a study's winner again and confirm it over several runs of the study's own load."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tuner.cli import app
+from tuner.cli.morning import JobOpt, JsonOpt, StorageOpt, StudyArg, _console, _view
+from tuner.config import Job, load_job, parse_job
+from tuner.errors import ConfigError, LaunchError, TunerError
+from tuner.flags import VllmFlags
+from tuner.report import BEST_CHOICES, StudyView, TrialView, choose, pareto_front
+from tuner.study import build_launcher
+from tuner.verify import Verification, VerifyRun, verify_flags
+
+__all__ = ["verify_cmd"]
+
+
+@app.command("verify")
+def verify_cmd(
+    study: StudyArg = None,
+    storage: StorageOpt = None,
+    job: JobOpt = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="Verify this trial.", show_default=False)] = None,
+    best: Annotated[
+        str, typer.Option("--best", help=f"Or pick from the feasible front: {', '.join(BEST_CHOICES)}.")
+    ] = "throughput",
+    runs: Annotated[int, typer.Option("--runs", min=1, max=50, help="Load runs on the relaunched server.")] = 3,
+    tolerance: Annotated[
+        float,
+        typer.Option("--tolerance", min=0.0, max=1.0, help="Median tok/s may fall this fraction below the record."),
+    ] = 0.10,
+    as_json: JsonOpt = False,
+) -> None:
+    """Launch the winner's flags again (the study's launcher, model and GPU), run the study's load on it --runs
+    times, and confirm it: every run meets every SLO, and the median output tok/s is within --tolerance of what
+    the study recorded. Exit 0 when confirmed, 1 when not. The job comes from --job, else from the study itself.
+
+    Example: [bold]tuner verify night --runs 5[/bold]   ·   [bold]tuner verify night --trial 7 --job job.yaml[/bold]
+    """
+    _, view = _view(study, storage, job)
+    t = _pick(view, trial, best)
+    the_job = _job_of(view, job)
+    try:
+        flags = VllmFlags.from_dict(t.flags)
+    except ValueError as e:
+        raise TunerError(f"trial {t.number}'s stored flags are not vLLM flags: {e}") from None
+    con = _console()
+    status = con.status(f"launching trial {t.number}'s flags ({the_job.target.launcher}) ...")
+
+    def progress(i: int, run: VerifyRun | None) -> None:
+        if run is None:
+            status.update(f"trial {t.number}: load run {i + 1} of {runs} ...")
+        elif not as_json:
+            con.print(f"run {i + 1}/{runs}: {_run_text(run, view.latency_metric)}")
+
+    try:
+        with status:
+            result = verify_flags(
+                the_job,
+                build_launcher(the_job),
+                flags,
+                runs=runs,
+                recorded_tok_s=t.output_tok_s or t.throughput,
+                latency_metric=view.latency_metric,
+                tolerance=tolerance,
+                study=view.name,
+                on_run=progress,
+            )
+    except LaunchError as e:
+        raise TunerError(f"not confirmed: trial {t.number}'s flags did not start again ({e.reason}): {e}") from None
+    if as_json:
+        typer.echo(json.dumps(_as_dict(view, t, result), indent=2))
+    else:
+        con.print(_table(view, t, result))
+        style = "green" if result.confirmed else "red"
+        con.print(f"[bold {style}]{escape(result.verdict())}[/bold {style}]")
+    raise typer.Exit(0 if result.confirmed else 1)
+
+
+def _pick(view: StudyView, trial: int | None, best: str) -> TrialView:
+    if trial is None:
+        return choose(pareto_front(view.trials), best, study=view.name)
+    t = view.trial(trial)
+    if t is None:
+        raise TunerError(f"no trial {trial} in study {view.name!r}")
+    if not t.measured:
+        raise TunerError(f"trial {trial} of {view.name!r} has no measurement ({t.verdict}); pick a measured trial")
+    return t
+
+
+def _job_of(view: StudyView, path: Path | None) -> Job:
+    if path is not None:
+        return load_job(path)
+    stored = view.attrs.get("job")
+    if not isinstance(stored, dict):
+        raise ConfigError(f"study {view.name!r} holds no job; give the job file with --job FILE")
+    return parse_job(stored, where=f"the job stored with study {view.name!r} (or give --job FILE)")
+
+
+def _run_text(run: VerifyRun, metric: str) -> str:
+    latency = f"{run.latency_p95_s:.2f}s" if math.isfinite(run.latency_p95_s) else "-"
+    verdict = "meets the SLOs" if run.meets else "misses " + ", ".join(run.missed)
+    return f"{run.output_tok_s:,.1f} tok/s  {metric} {latency}  success {run.success_rate:.1%}  {verdict}"
+
+
+def _table(view: StudyView, t: TrialView, v: Verification) -> Table:
+    table = Table(title=f"{view.name} · trial {t.number} verified over {len(v.runs)} runs", title_justify="left")
+    for col in ("run", "tok/s", f"{view.latency_metric} s", "success", "SLOs"):
+        table.add_column(col, justify="left" if col in ("run", "SLOs") else "right")
+    for i, r in enumerate(v.runs, start=1):
+        lat = f"{r.latency_p95_s:.2f}" if math.isfinite(r.latency_p95_s) else "-"
+        slos = "[green]met[/green]" if r.meets else "[red]" + escape(", ".join(r.missed)) + "[/red]"
+        table.add_row(str(i), f"{r.output_tok_s:,.1f}", lat, f"{r.success_rate:.1%}", slos)
+    table.add_row("median", f"{v.median_tok_s:,.1f}", f"{v.median_latency_s:.2f}", "", "", style="bold")
+    if t.throughput is not None:
+        lat = f"{t.latency_p95_s:.2f}" if t.latency_p95_s is not None else "-"
+        ok = f"{t.success_rate:.1%}" if t.success_rate is not None else ""
+        table.add_row("recorded", f"{t.output_tok_s or t.throughput:,.1f}", lat, ok, "", style="dim")
+    return table
+
+
+def _as_dict(view: StudyView, t: TrialView, v: Verification) -> dict[str, Any]:
+    return {
+        "study": view.name,
+        "trial": t.number,
+        "flags": t.flags,
+        "confirmed": v.confirmed,
+        "verdict": v.verdict(),
+        "recorded_tok_s": v.recorded_tok_s,
+        "median_tok_s": v.median_tok_s,
+        "change": v.change,
+        "spread": v.spread,
+        "tolerance": v.tolerance,
+        "latency_metric": v.latency_metric,
+        "runs": [
+            {
+                "output_tok_s": r.output_tok_s,
+                "latency_p95_s": r.latency_p95_s if math.isfinite(r.latency_p95_s) else None,
+                "success_rate": r.success_rate,
+                "missed": list(r.missed),
+                "diagnosis": r.diagnosis,
+            }
+            for r in v.runs
+        ],
+    }
