@@ -141,6 +141,12 @@ def test_tune_on_sqlite_ends_with_a_feasible_front_and_no_server_left(tmp_path: 
     assert doc["confirmed"] is True and len(doc["runs"]) == 2
     assert all(r["missed"] == [] for r in doc["runs"]) and doc["change"] >= -0.5
     assert registry_of(state_dir).records() == []
+    ranked = subprocess.run([*verify[:-5], "--top", "2", "--runs", "1", "--tolerance", "0.5", "--json"],
+                            capture_output=True, text=True, env=env, timeout=180)  # fmt: skip
+    assert ranked.returncode == 0, ranked.stdout + ranked.stderr
+    ranking = json.loads(ranked.stdout)
+    assert 1 <= len(ranking["candidates"]) <= 2
+    assert ranking["winner"] in [c["trial"] for c in ranking["candidates"] if c["confirmed"]]
     missing = subprocess.run([*verify[:-5], "--trial", "99"], capture_output=True, text=True, env=env, timeout=60)
     assert missing.returncode == 1 and missing.stderr.strip() == "error: no trial 99 in study 'e2e'"
 

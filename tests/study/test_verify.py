@@ -75,3 +75,32 @@ def test_a_winner_that_no_longer_starts_raises_the_launch_error() -> None:
     launcher = FakeLauncher(fail=lambda flags, attempt: LaunchError("no room", reason="kv_cache_too_small"))
     with pytest.raises(LaunchError, match="no room"):
         verify_flags(job(), launcher, FLAGS, runs=2, recorded_tok_s=1.0, latency_metric="e2e_p95")
+
+
+def test_top_k_ranks_the_confirmed_front_points_by_their_medians() -> None:
+    from tuner.cli.verify import _candidates, _winner
+    from tuner.report import StudyView
+    from tuner.report.views import TrialView
+    from tuner.verify import Verification, VerifyRun
+
+    def view_of(number: int, tput: float, lat: float) -> TrialView:
+        return TrialView(number, "COMPLETE", False, "measured", None, {}, tput, lat, output_tok_s=tput, feasible=True)
+
+    # A front of three (more throughput costs latency) and one dominated point.
+    trials = [view_of(1, 300.0, 3.0), view_of(2, 280.0, 2.0), view_of(3, 250.0, 1.0), view_of(4, 200.0, 4.0)]
+    view = StudyView("s", {"slos": ["e2e_p95<=5s"]}, trials)
+    assert [t.number for t in _candidates(view, None, "throughput", 2)] == [1, 2]
+    assert [t.number for t in _candidates(view, None, "throughput", 9)] == [1, 2, 3]
+
+    def verified(median: float, meets: bool = True) -> Verification:
+        run = VerifyRun(median, 1.0, 1.0, () if meets else ("e2e_p95<=5s",))
+        return Verification(300.0, "e2e_p95", 0.5, [run])
+
+    # #1 topped the study on one lucky run; verified, #2 is faster; #3 missed an SLO.
+    results = [
+        (trials[0], verified(240.0), None),
+        (trials[1], verified(270.0), None),
+        (trials[2], verified(299.0, False), None),
+    ]
+    assert _winner(results).number == 2  # type: ignore[union-attr]
+    assert _winner([(trials[0], None, "did not start"), (trials[2], verified(299.0, False), None)]) is None

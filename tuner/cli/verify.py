@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -32,6 +33,16 @@ def verify_cmd(
     best: Annotated[
         str, typer.Option("--best", help=f"Or pick from the feasible front: {', '.join(BEST_CHOICES)}.")
     ] = "throughput",
+    top: Annotated[
+        int | None,
+        typer.Option(
+            "--top",
+            min=1,
+            max=20,
+            help="Verify the K highest-throughput front points and rank them.",
+            show_default=False,
+        ),
+    ] = None,
     runs: Annotated[int, typer.Option("--runs", min=1, max=50, help="Load runs on the relaunched server.")] = 3,
     tolerance: Annotated[
         float,
@@ -41,48 +52,109 @@ def verify_cmd(
 ) -> None:
     """Launch the winner's flags again (the study's launcher, model and GPU), run the study's load on it --runs
     times, and confirm it: every run meets every SLO, and the median output tok/s is within --tolerance of what
-    the study recorded. Exit 0 when confirmed, 1 when not. The job comes from --job, else from the study itself.
+    the study recorded. With --top K, the K best front points are verified and ranked by their medians: one
+    lucky run cannot pick the winner. Exit 0 when (one) is confirmed, 1 when not. The job comes from --job, else
+    from the study itself.
 
-    Example: [bold]tuner verify night --runs 5[/bold]   ·   [bold]tuner verify night --trial 7 --job job.yaml[/bold]
+    Example: [bold]tuner verify night --runs 5[/bold]   ·   [bold]tuner verify night --top 3[/bold]
     """
     _, view = _view(study, storage, job)
-    t = _pick(view, trial, best)
+    if top is not None and trial is not None:
+        raise ConfigError("give --trial N or --top K, not both")
+    candidates = _candidates(view, trial, best, top)
     the_job = _job_of(view, job)
+    con = _console()
+    results: list[tuple[TrialView, Verification | None, str | None]] = []
+    for t in candidates:
+        try:
+            v = _verify_one(con, view, the_job, t, runs, tolerance, quiet=as_json)
+        except LaunchError as e:
+            why = f"not confirmed: trial {t.number}'s flags did not start again ({e.reason}): {e}"
+            if len(candidates) == 1:
+                raise TunerError(why) from None
+            results.append((t, None, why))
+            continue
+        results.append((t, v, None))
+        if not as_json:
+            con.print(_table(view, t, v))
+            style = "green" if v.confirmed else "red"
+            con.print(f"[bold {style}]{escape(v.verdict())}[/bold {style}]")
+    winner = _winner(results)
+    if as_json:
+        doc = [_as_dict(view, t, v) if v is not None else {"trial": t.number, "verdict": why} for t, v, why in results]
+        out: Any = doc[0] if top is None else {"winner": winner.number if winner else None, "candidates": doc}
+        typer.echo(json.dumps(out, indent=2))
+    elif top is not None:
+        con.print(_ranking(view, results, winner))
+    raise typer.Exit(0 if winner is not None else 1)
+
+
+def _candidates(view: StudyView, trial: int | None, best: str, top: int | None) -> list[TrialView]:
+    if top is None:
+        return [_pick(view, trial, best)]
+    front = pareto_front(view.trials)
+    if not front:
+        choose(front, "throughput", study=view.name)  # raises the no-feasible-trial error
+    return sorted(front, key=lambda t: (-(t.throughput or 0.0), t.number))[:top]
+
+
+def _verify_one(
+    con: Console, view: StudyView, job: Job, t: TrialView, runs: int, tolerance: float, *, quiet: bool
+) -> Verification:
     try:
         flags = VllmFlags.from_dict(t.flags)
     except ValueError as e:
         raise TunerError(f"trial {t.number}'s stored flags are not vLLM flags: {e}") from None
-    con = _console()
-    status = con.status(f"launching trial {t.number}'s flags ({the_job.target.launcher}) ...")
+    status = con.status(f"launching trial {t.number}'s flags ({job.target.launcher}) ...")
 
     def progress(i: int, run: VerifyRun | None) -> None:
         if run is None:
             status.update(f"trial {t.number}: load run {i + 1} of {runs} ...")
-        elif not as_json:
-            con.print(f"run {i + 1}/{runs}: {_run_text(run, view.latency_metric)}")
+        elif not quiet:
+            con.print(f"trial {t.number} run {i + 1}/{runs}: {_run_text(run, view.latency_metric)}")
 
-    try:
-        with status:
-            result = verify_flags(
-                the_job,
-                build_launcher(the_job),
-                flags,
-                runs=runs,
-                recorded_tok_s=t.output_tok_s or t.throughput,
-                latency_metric=view.latency_metric,
-                tolerance=tolerance,
-                study=view.name,
-                on_run=progress,
-            )
-    except LaunchError as e:
-        raise TunerError(f"not confirmed: trial {t.number}'s flags did not start again ({e.reason}): {e}") from None
-    if as_json:
-        typer.echo(json.dumps(_as_dict(view, t, result), indent=2))
-    else:
-        con.print(_table(view, t, result))
-        style = "green" if result.confirmed else "red"
-        con.print(f"[bold {style}]{escape(result.verdict())}[/bold {style}]")
-    raise typer.Exit(0 if result.confirmed else 1)
+    with status:
+        return verify_flags(
+            job,
+            build_launcher(job),
+            flags,
+            runs=runs,
+            recorded_tok_s=t.output_tok_s or t.throughput,
+            latency_metric=view.latency_metric,
+            tolerance=tolerance,
+            study=view.name,
+            on_run=progress,
+        )
+
+
+def _winner(results: list[tuple[TrialView, Verification | None, str | None]]) -> TrialView | None:
+    confirmed = [(t, v) for t, v, _ in results if v is not None and v.confirmed]
+    if not confirmed:
+        return None
+    return max(confirmed, key=lambda tv: (tv[1].median_tok_s, -tv[0].number))[0]
+
+
+def _ranking(
+    view: StudyView, results: list[tuple[TrialView, Verification | None, str | None]], winner: TrialView | None
+) -> Table:
+    title = f"{view.name}: front points verified" + (f"; winner #{winner.number}" if winner else "; none confirmed")
+    table = Table(title=title, title_justify="left")
+    for col in ("trial", "recorded tok/s", "median tok/s", "change", "spread", "verdict"):
+        table.add_column(col, justify="left" if col in ("trial", "verdict") else "right")
+    for t, v, why in results:
+        mark = " ★" if winner is not None and t.number == winner.number else ""
+        recorded = f"{t.output_tok_s or t.throughput or 0:,.1f}"
+        if v is None:
+            table.add_row(f"#{t.number}", recorded, "-", "-", "-", f"[red]{escape(why or '')}[/red]")
+            continue
+        change = f"{v.change:+.1%}" if v.change is not None else "-"
+        style = "green" if v.confirmed else "red"
+        verdict = "confirmed" if v.confirmed else v.verdict().removeprefix("not confirmed: ")
+        table.add_row(
+            f"#{t.number}{mark}", recorded, f"{v.median_tok_s:,.1f}", change, f"{v.spread:.1%}",
+            f"[{style}]{escape(verdict)}[/{style}]",
+        )  # fmt: skip
+    return table
 
 
 def _pick(view: StudyView, trial: int | None, best: str) -> TrialView:
