@@ -48,3 +48,11 @@ async def test_a_refused_start_names_the_engine_core_as_the_failed_process() -> 
     assert _writer(errors[0]) == "EngineCore_DP0" and "EngineCore failed to start." in errors[0]
     assert any("estimated maximum model length" in line and _writer(line) == "EngineCore_DP0" for line in errors)
     assert _writer(errors[-1]) == "APIServer" and "Engine core initialization failed" in errors[-1]
+
+
+def test_the_emulated_vllm_version_is_the_default_images() -> None:
+    # The log shape and metric names served are v0.11's; a job's default image must be the same vLLM.
+    from tuner.config import DockerOptions
+    from tuner.emulator.server import VLLM_VERSION
+
+    assert DockerOptions().image == f"vllm/vllm-openai:v{VLLM_VERSION}"

@@ -25,7 +25,7 @@ from tuner.emulator.engine import Engine, EngineRequest, output_length
 from tuner.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
 from tuner.emulator.tokens import OUTPUT_WORDS, chat_token_ids, text_token_ids
 
-VLLM_VERSION = "0.10.2"
+VLLM_VERSION = "0.11.0"  # the surface served (log shape, metric names) and the default image's
 _WORDS = tuple(w.encode() for w in OUTPUT_WORDS)
 _NWORDS = len(_WORDS)
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
