@@ -97,15 +97,22 @@ def _env_names(names: list[str]) -> list[str]:
 _SECRET_ARGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
 
 
-def _no_secret_args(args: list[str]) -> list[str]:
+def secret_arg(args: list[str]) -> tuple[str, str] | None:
+    """The first vLLM argument in `args` that carries a secret, and the variable to pass it by instead."""
     for arg in args:
         name = arg.split("=", 1)[0]
         if name in _SECRET_ARGS:
-            env = _SECRET_ARGS[name]
-            raise ValueError(
-                f"{name} would write the secret into the job, the study database and every export; pass it by "
-                f"name instead: env: [{env}] (vLLM reads {env} from its environment)"
-            )
+            return name, _SECRET_ARGS[name]
+    return None
+
+
+def _no_secret_args(args: list[str]) -> list[str]:
+    if (found := secret_arg(args)) is not None:
+        name, env = found
+        raise ValueError(
+            f"{name} would write the secret into the job, the study database and every export; pass it by "
+            f"name instead: env: [{env}] (vLLM reads {env} from its environment)"
+        )
     return args
 
 

@@ -77,3 +77,12 @@ def test_log_lines_on_screen_keep_writer_level_source_and_message() -> None:
         _on_screen("INFO 12-02 10:15:00 [x.py:1] an older vLLM's line")
         == "INFO 12-02 10:15:00 [x.py:1] an older vLLM's line"
     )
+
+
+def test_a_secret_flag_after_the_dashes_is_refused_with_the_env_name_to_use(tmp_path: Path) -> None:
+    proc = tuner("--", "--max-model-len", "4096", "--api-key=sk-abcdefgh1234", state_dir=tmp_path)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --api-key would put the secret on the server's command")
+    assert "--env VLLM_API_KEY" in lines[0] and "sk-abcdefgh1234" not in out

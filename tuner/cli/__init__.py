@@ -22,7 +22,7 @@ app = typer.Typer(
     "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]",
 )
 
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # a domain error stays one line, however long
 
 # Each module registers its commands on `app` when imported; one module a feature.
 _COMMAND_MODULES: list[str] = [

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.cli import app
+from tuner.config import secret_arg
 from tuner.errors import ConfigError, LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import DEFAULT_IMAGE, DockerLauncher, EmulatorLauncher, Launcher, ProcessLauncher, Server
@@ -223,6 +224,12 @@ def launch(
         float | None, typer.Option(help="wall seconds to wait for /health before killing the server")
     ] = None,
 ) -> None:
+    if (found := secret_arg(list(ctx.args))) is not None:
+        name, env_name = found
+        raise ConfigError(
+            f"{name} would put the secret on the server's command line and in its log; pass it by name instead: "
+            f"export {env_name}=... and add --env {env_name} (vLLM reads {env_name} from its environment)"
+        )
     chosen = build_launcher(
         launcher,
         model=model,
