@@ -50,11 +50,12 @@ def verify_cmd(
     ] = 0.10,
     as_json: JsonOpt = False,
 ) -> None:
-    """Launch the winner's flags again (the study's launcher, model and GPU), run the study's load on it --runs
-    times, and confirm it: every run meets every SLO, and the median output tok/s is within --tolerance of what
-    the study recorded. With --top K, the K best front points are verified and ranked by their medians: one
-    lucky run cannot pick the winner. Exit 0 when (one) is confirmed, 1 when not. The job comes from --job, else
-    from the study itself.
+    """Launch a winner's flags again, run the study's load on it several times, and confirm it (or not).
+
+    Confirmed: every one of --runs runs meets every SLO, and the median output tok/s is within --tolerance of
+    what the study recorded. With --top K, the K best front points are verified and ranked by their medians:
+    one lucky run cannot pick the winner. Exit 0 when (one) is confirmed, 1 when not. The server is started with
+    the study's launcher, model and GPU; the job comes from --job, else from the study itself.
 
     Example: [bold]tuner verify night --runs 5[/bold]   ·   [bold]tuner verify night --top 3[/bold]
     """
