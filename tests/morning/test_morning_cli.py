@@ -15,7 +15,7 @@ from morning_demo import SPECS, STUDY, RunCli, build_demo_study
 
 from tuner.flags import VllmFlags
 
-COMMANDS = ("studies", "status", "trials", "pareto", "show", "export", "rescore")
+COMMANDS = ("studies", "status", "trials", "pareto", "show", "export", "rescore", "verify")
 
 
 def table_rows(text: str) -> list[list[str]]:
@@ -302,6 +302,7 @@ def empty_url(tmp_path: Path) -> str:
         ("show", "fresh", "0"),
         ("export", "fresh"),
         ("rescore", "fresh", "--slo", "e2e_p95<=3s"),
+        ("verify", "fresh"),
     ],
 )
 def test_empty_study_is_one_line_and_exit_1(tuner_cli: RunCli, empty_url: str, args: tuple[str, ...]) -> None:
@@ -311,12 +312,23 @@ def test_empty_study_is_one_line_and_exit_1(tuner_cli: RunCli, empty_url: str, a
     assert "Traceback" not in r.err
 
 
-@pytest.mark.parametrize("command", ["status", "trials", "pareto", "export", "rescore"])
+@pytest.mark.parametrize("command", ["status", "trials", "pareto", "export", "rescore", "verify"])
 def test_missing_study_names_the_ones_there(tuner_cli: RunCli, demo_url: str, command: str) -> None:
     extra = ("--slo", "e2e_p95<=3s") if command == "rescore" else ()
     r = tuner_cli(command, "nope", "--storage", demo_url, *extra)
     assert r.code == 1 and r.err.strip().count("\n") == 0
     assert "no study 'nope'" in r.err and "studies there: demo" in r.err
+
+
+def test_verify_refusals_start_no_server(tuner_cli: RunCli, demo_url: str) -> None:
+    # The demo study stores only part of a job: verify cannot know how to launch, says why and what to give.
+    r = tuner_cli("verify", STUDY, "--storage", demo_url, "--trial", "9")
+    assert r.code == 2 and r.err.startswith("error: the job stored with study 'demo' (or give --job FILE): ")
+    assert "target.model: required field is missing" in r.err and "Traceback" not in r.err
+    r = tuner_cli("verify", STUDY, "--storage", demo_url, "--trial", "9", "--top", "2")
+    assert r.code == 2 and "give --trial N or --top K, not both" in r.err
+    r = tuner_cli("verify", STUDY, "--storage", demo_url, "--trial", "3")
+    assert r.code == 1 and "trial 3 of 'demo' has no measurement (launch failed: kv_cache_too_small)" in r.err
 
 
 def test_missing_trial(tuner_cli: RunCli, demo_url: str) -> None:
