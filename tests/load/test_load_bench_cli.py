@@ -130,3 +130,23 @@ async def test_ctrl_c_stops_and_reports_what_was_measured() -> None:
     assert proc.returncode == 0, err_b.decode()
     out = out_b.decode()
     assert "(stopped early)" in out and "Load summary" in out
+
+
+async def test_bench_stop_early_ends_at_the_certain_miss_and_says_why(tmp_path: Path) -> None:
+    server = BrokenServer(["ok", "http_500"])
+    out_file = tmp_path / "stopped.json"
+    async with server.serve() as base:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tuner", "bench", "--url", base + "/v1", "--model", "m", "--concurrency", "2",
+            "--requests", "60", "--warmup", "0", "--input-len", "8", "--output-len", "4", "--slo", "success_rate>=0.95",
+            "--stop-early", "--json", str(out_file),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        out_b, err_b = await asyncio.wait_for(proc.communicate(), 60)
+    out = out_b.decode()
+    assert proc.returncode == 0, out + err_b.decode()
+    assert "stopped early: success_rate>=0.95 cannot be met: 4 of the 60 measured requests failed" in out
+    result = json.loads(out_file.read_text())["result"]
+    assert result["slo_stop"].startswith("success_rate>=0.95 cannot be met")
+    assert len(result["records"]) < 20

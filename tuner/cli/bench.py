@@ -9,6 +9,7 @@ import json
 import re
 import signal
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -170,6 +171,14 @@ def bench(
         bool, typer.Option("--find-max-rate", help="Search the highest request rate that meets every --slo.")
     ] = False,
     max_steps: Annotated[int, typer.Option(help="--find-max-rate: most open-loop steps after the probe.")] = 6,
+    stop_early: Annotated[
+        bool,
+        typer.Option(
+            "--stop-early",
+            help="End the run once an --slo is missed for certain, e.g. at the 2nd failure of 100 requests under "
+            "success_rate>=0.99 (needs --requests).",
+        ),
+    ] = False,
     timeout: Annotated[float, typer.Option(help="Per-request timeout in (emulated) seconds.")] = 60.0,
     time_scale: Annotated[
         float | None,
@@ -236,11 +245,11 @@ def bench(
     if url is None and model is not None:
         emulator_args += ["--served-model-name", model]
     try:
-        asyncio.run(
-            _bench(
-                url, model, workload, arrival, slos, clock, timeout, find_max_rate_, max_steps, json_out, emulator_args
-            )
-        )
+        plan = _Plan(
+            url, model, workload, arrival, slos, clock, timeout, find_max_rate_, max_steps, json_out, emulator_args,
+            stop_early=stop_early,
+        )  # fmt: skip
+        asyncio.run(_bench(plan))
     except (KeyboardInterrupt, asyncio.CancelledError):
         err_console.print("interrupted")
         raise typer.Exit(130) from None
@@ -289,19 +298,31 @@ class _Interrupt:
             loop.remove_signal_handler(signal.SIGINT)
 
 
-async def _bench(
-    url: str | None,
-    model: str | None,
-    workload: Workload,
-    arrival: Arrival,
-    slos: list[Slo],
-    clock: Clock,
-    timeout: float,
-    search: bool,
-    max_steps: int,
-    json_out: Path | None,
-    emulator_args: list[str],
-) -> None:
+@dataclass(frozen=True)
+class _Plan:
+    """What one `tuner bench` run measures, as the command line said it."""
+
+    url: str | None
+    model: str | None
+    workload: Workload
+    arrival: Arrival
+    slos: list[Slo]
+    clock: Clock
+    timeout: float
+    search: bool
+    max_steps: int
+    json_out: Path | None
+    emulator_args: list[str]
+    stop_early: bool = False
+
+
+async def _bench(plan: _Plan) -> None:
+    url, model, workload, arrival, slos, clock = (
+        plan.url, plan.model, plan.workload, plan.arrival, plan.slos, plan.clock
+    )  # fmt: skip
+    timeout, search, max_steps, json_out, emulator_args = (
+        plan.timeout, plan.search, plan.max_steps, plan.json_out, plan.emulator_args
+    )  # fmt: skip
     interrupted = _Interrupt()
     with interrupted.installed():
         async with _target(url, emulator_args) as (base, max_num_seqs, desc), new_client() as client:
@@ -327,6 +348,7 @@ async def _bench(
                         requests_per_step=arrival.requests or 100, max_steps=max_steps, request_timeout_s=timeout,
                         process=arrival.process, seed=arrival.seed, max_num_seqs=max_num_seqs,
                         on_step=steps_view.add, on_progress=line.update, should_stop=interrupted,
+                        stop_on_slo_miss=plan.stop_early,
                     )  # fmt: skip
                 _unreachable_check(base, [s.summary for s in found.steps] + ([found.probe] if found.probe else []))
                 render_search(found, slos, console)
@@ -336,7 +358,7 @@ async def _bench(
                     result = await run_load(
                         base, served, workload, arrival, slos=slos, client=client, clock=clock,
                         request_timeout_s=timeout, on_progress=line.update, max_num_seqs=max_num_seqs,
-                        should_stop=interrupted,
+                        should_stop=interrupted, stop_on_slo_miss=plan.stop_early,
                     )  # fmt: skip
                 _unreachable_check(base, [result.summary])
                 render_result(result, slos, console)
@@ -442,6 +464,8 @@ def render_result(result: LoadResult, slos: list[Slo], out: Console) -> None:
     out.print(
         f"[bold]{escape(result.mode)}[/bold]" + (" [yellow](stopped early)[/yellow]" if result.stopped_early else "")
     )
+    if result.slo_stop:
+        out.print(f"[yellow]stopped early:[/yellow] {escape(result.slo_stop)}")
     out.print(_summary_table(s))
     out.print(_latency_table(s))
     if s.failures:
