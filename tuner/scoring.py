@@ -27,6 +27,7 @@ __all__ = [
     "Slo",
     "parse_slo",
     "percentile",
+    "request_value",
     "summarize",
 ]
 
@@ -166,7 +167,7 @@ class Slo(BaseModel):
     def request_meets(self, record: RequestRecord) -> bool:
         """Per-request reading of a latency SLO, for goodput: the request's own value against the threshold."""
         base, _, stat = self.metric.partition("_")
-        value = _request_value(record, base, stat)
+        value = request_value(record, base, stat)
         if value is None:
             return False
         return _compare(value, self.op, self.threshold)
@@ -182,7 +183,8 @@ def _compare(value: float, op: Op, threshold: float) -> bool:
     return value > threshold
 
 
-def _request_value(record: RequestRecord, base: str, stat: str) -> float | None:
+def request_value(record: RequestRecord, base: str, stat: str) -> float | None:
+    """One request's own value of a latency metric (ttft, tpot, e2e; itl under `stat`); None if it has none."""
     if base == "ttft":
         return record.ttft_s
     if base == "e2e":

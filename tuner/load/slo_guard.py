@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tuner.load.results import RequestRecord
-from tuner.scoring import LATENCY_METRICS, Slo
+from tuner.scoring import Slo, request_value
 
 __all__ = ["SloGuard"]
 
-_BOUNDED = ("ttft", "tpot", "e2e")
+_BOUNDED = ("ttft", "tpot", "e2e")  # one value per request; ITL pools every gap, so its count is unknown
 
 
 @dataclass
@@ -42,7 +42,7 @@ class SloGuard:
         self._latency: list[_Latency] = []
         for s in slos:
             base, _, stat = s.metric.partition("_")
-            if base in _BOUNDED and base in LATENCY_METRICS and s.op in ("<=", "<"):
+            if base in _BOUNDED and s.op in ("<=", "<"):
                 self._latency.append(_Latency(s, base, stat))
 
     @property
@@ -65,7 +65,7 @@ class SloGuard:
                     )
             return None
         for lat in self._latency:
-            value = _value(record, lat.base)
+            value = request_value(record, lat.base, lat.stat)
             if value is None:
                 continue
             lat.total += value
@@ -92,14 +92,6 @@ class SloGuard:
             q = float(lat.stat[1:])
             return self.n - math.floor(q / 100.0 * (self.n - 1))
         return None
-
-
-def _value(record: RequestRecord, base: str) -> float | None:
-    if base == "ttft":
-        return record.ttft_s
-    if base == "e2e":
-        return record.e2e_s
-    return record.tpot_s
 
 
 def _threshold(slo: Slo) -> str:
