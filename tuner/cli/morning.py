@@ -536,16 +536,9 @@ def export_cmd(
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}")
     url, view = _view(study, storage, job)
-    if trial is not None:
-        t = view.trial(trial)
-        if t is None:
-            raise TunerError(f"no trial {trial} in study {view.name!r}")
-        if not t.measured:
-            raise TunerError(f"trial {trial} of {view.name!r} has no measurement ({t.verdict}); pick a measured trial")
-        if not t.feasible:
-            typer.echo(f"warning: trial {trial} {t.verdict}", err=True)
-    else:
-        t = choose(pareto_front(view.trials), best, study=view.name)
+    t = measured_trial(view, trial, best)
+    if trial is not None and not t.feasible:
+        typer.echo(f"warning: trial {trial} {t.verdict}", err=True)
     options = deploy_options(
         view,
         model=model,
@@ -556,11 +549,7 @@ def export_cmd(
     )
     again = f"tuner verify {shlex.quote(view.name)} --trial {t.number} --storage {shlex.quote(safe_url(url))}"
     prov = dataclasses.replace(provenance(view, t), verify_command=again)
-    try:
-        flags = VllmFlags.from_dict(t.flags)
-    except ValueError as e:
-        raise TunerError(f"trial {t.number}'s stored flags are not vLLM flags: {e}") from None
-    text = render(fmt, flags, options, prov)
+    text = render(fmt, trial_flags(t), options, prov)
     if output is None:
         typer.echo(text, nl=False)
         return
@@ -569,6 +558,25 @@ def export_cmd(
     except OSError as e:
         raise TunerError(f"cannot write {output}: {e.strerror or e}") from None
     typer.echo(f"wrote {output} (trial {t.number}, {fmt})", err=True)
+
+
+def measured_trial(view: StudyView, trial: int | None, best: str) -> TrialView:
+    """The trial a command acts on: --trial N, which must have been measured, else the --best front point."""
+    if trial is None:
+        return choose(pareto_front(view.trials), best, study=view.name)
+    t = view.trial(trial)
+    if t is None:
+        raise TunerError(f"no trial {trial} in study {view.name!r}")
+    if not t.measured:
+        raise TunerError(f"trial {trial} of {view.name!r} has no measurement ({t.verdict}); pick a measured trial")
+    return t
+
+
+def trial_flags(t: TrialView) -> VllmFlags:
+    try:
+        return VllmFlags.from_dict(t.flags)
+    except ValueError as e:
+        raise TunerError(f"trial {t.number}'s stored flags are not vLLM flags: {e}") from None
 
 
 # -- tuner rescore -------------------------------------------------------------------------------------------------

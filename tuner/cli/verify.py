@@ -13,10 +13,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli import app
-from tuner.cli.morning import JobOpt, JsonOpt, StorageOpt, StudyArg, _console, _view
+from tuner.cli.morning import JobOpt, JsonOpt, StorageOpt, StudyArg, _console, _view, measured_trial, trial_flags
 from tuner.config import Job, load_job, parse_job
 from tuner.errors import ConfigError, LaunchError, TunerError
-from tuner.flags import VllmFlags
 from tuner.report import BEST_CHOICES, StudyView, TrialView, choose, pareto_front
 from tuner.study import build_launcher
 from tuner.verify import Verification, VerifyRun, verify_flags
@@ -92,7 +91,7 @@ def verify_cmd(
 
 def _candidates(view: StudyView, trial: int | None, best: str, top: int | None) -> list[TrialView]:
     if top is None:
-        return [_pick(view, trial, best)]
+        return [measured_trial(view, trial, best)]
     front = pareto_front(view.trials)
     if not front:
         choose(front, "throughput", study=view.name)  # raises the no-feasible-trial error
@@ -102,10 +101,7 @@ def _candidates(view: StudyView, trial: int | None, best: str, top: int | None) 
 def _verify_one(
     con: Console, view: StudyView, job: Job, t: TrialView, runs: int, tolerance: float, *, quiet: bool
 ) -> Verification:
-    try:
-        flags = VllmFlags.from_dict(t.flags)
-    except ValueError as e:
-        raise TunerError(f"trial {t.number}'s stored flags are not vLLM flags: {e}") from None
+    flags = trial_flags(t)
     status = con.status(f"launching trial {t.number}'s flags ({job.target.launcher}) ...")
 
     def progress(i: int, run: VerifyRun | None) -> None:
@@ -156,17 +152,6 @@ def _ranking(
             f"[{style}]{escape(verdict)}[/{style}]",
         )  # fmt: skip
     return table
-
-
-def _pick(view: StudyView, trial: int | None, best: str) -> TrialView:
-    if trial is None:
-        return choose(pareto_front(view.trials), best, study=view.name)
-    t = view.trial(trial)
-    if t is None:
-        raise TunerError(f"no trial {trial} in study {view.name!r}")
-    if not t.measured:
-        raise TunerError(f"trial {trial} of {view.name!r} has no measurement ({t.verdict}); pick a measured trial")
-    return t
 
 
 def _job_of(view: StudyView, path: Path | None) -> Job:
