@@ -72,7 +72,7 @@ _STARTUP_VIOLATION = {
 # Failures that say nothing about the flags: retried once within the trial.
 TRANSIENT_REASONS = ("start_timeout", "unknown")
 # Stops the whole run: no flag set can start.
-FATAL_REASONS = ("image_missing", "cannot_launch")  # no flag set can start: stop, do not fail every trial
+FATAL_REASONS = ("image_missing", "cannot_launch")
 
 
 class _TrialLike(Protocol):

@@ -317,58 +317,53 @@ class _Plan:
 
 
 async def _bench(plan: _Plan) -> None:
-    url, model, workload, arrival, slos, clock = (
-        plan.url, plan.model, plan.workload, plan.arrival, plan.slos, plan.clock
-    )  # fmt: skip
-    timeout, search, max_steps, json_out, emulator_args = (
-        plan.timeout, plan.search, plan.max_steps, plan.json_out, plan.emulator_args
-    )  # fmt: skip
     interrupted = _Interrupt()
     with interrupted.installed():
-        async with _target(url, emulator_args) as (base, max_num_seqs, desc), new_client() as client:
-            served = model if model is not None else await _served_model(client, base)
+        async with _target(plan.url, plan.emulator_args) as (base, max_num_seqs, desc), new_client() as client:
+            served = plan.model if plan.model is not None else await _served_model(client, base)
             console.print(f"[bold]target[/bold] {escape(desc)} · model [bold]{escape(served)}[/bold]", highlight=False)
-            total = (arrival.requests or 0) + arrival.warmup_requests if arrival.requests else None
-            line = _ProgressLine(total, arrival.describe())
+            total = (plan.arrival.requests or 0) + plan.arrival.warmup_requests if plan.arrival.requests else None
+            line = _ProgressLine(total, plan.arrival.describe())
             payload: dict[str, Any] = {
                 "tuner_version": __version__,
                 "target": base,
                 "model": served,
-                "time_scale": clock.scale,
-                "workload": workload.model_dump(mode="json"),
-                "workload_fingerprint": workload.fingerprint(),
-                "arrival": arrival.model_dump(mode="json"),
-                "slos": [str(s) for s in slos],
+                "time_scale": plan.clock.scale,
+                "workload": plan.workload.model_dump(mode="json"),
+                "workload_fingerprint": plan.workload.fingerprint(),
+                "arrival": plan.arrival.model_dump(mode="json"),
+                "slos": [str(s) for s in plan.slos],
             }
-            if search:
+            if plan.search:
                 steps_view = _StepsView(line)
                 with Live(steps_view, console=err_console, refresh_per_second=8, transient=True):
                     found = await find_max_rate(
-                        base, served, workload, slos, client=client, clock=clock,
-                        requests_per_step=arrival.requests or 100, max_steps=max_steps, request_timeout_s=timeout,
-                        process=arrival.process, seed=arrival.seed, max_num_seqs=max_num_seqs,
+                        base, served, plan.workload, plan.slos, client=client, clock=plan.clock,
+                        requests_per_step=plan.arrival.requests or 100, max_steps=plan.max_steps,
+                        request_timeout_s=plan.timeout,
+                        process=plan.arrival.process, seed=plan.arrival.seed, max_num_seqs=max_num_seqs,
                         on_step=steps_view.add, on_progress=line.update, should_stop=interrupted,
                         stop_on_slo_miss=plan.stop_early,
                     )  # fmt: skip
                 _unreachable_check(base, [s.summary for s in found.steps] + ([found.probe] if found.probe else []))
-                render_search(found, slos, console)
+                render_search(found, plan.slos, console)
                 payload["capacity_search"] = found.model_dump(mode="json")
             else:
                 with Live(line, console=err_console, refresh_per_second=8, transient=True):
                     result = await run_load(
-                        base, served, workload, arrival, slos=slos, client=client, clock=clock,
-                        request_timeout_s=timeout, on_progress=line.update, max_num_seqs=max_num_seqs,
+                        base, served, plan.workload, plan.arrival, slos=plan.slos, client=client, clock=plan.clock,
+                        request_timeout_s=plan.timeout, on_progress=line.update, max_num_seqs=max_num_seqs,
                         should_stop=interrupted, stop_on_slo_miss=plan.stop_early,
                     )  # fmt: skip
                 _unreachable_check(base, [result.summary])
-                render_result(result, slos, console)
+                render_result(result, plan.slos, console)
                 payload["result"] = result.model_dump(mode="json")
-        if json_out is not None:
+        if plan.json_out is not None:
             try:
-                json_out.write_text(json.dumps(payload, indent=1) + "\n")
+                plan.json_out.write_text(json.dumps(payload, indent=1) + "\n")
             except OSError as e:
-                raise ConfigError(f"--json {json_out}: cannot write it ({e.strerror})") from None
-            console.print(f"wrote {escape(str(json_out))}", highlight=False)
+                raise ConfigError(f"--json {plan.json_out}: cannot write it ({e.strerror})") from None
+            console.print(f"wrote {escape(str(plan.json_out))}", highlight=False)
 
 
 def _unreachable_check(base: str, summaries: list[LoadSummary]) -> None:

@@ -140,8 +140,9 @@ async def _stream(client: httpx.AsyncClient, request: httpx.Request, clock: Cloc
             payloads = decoder.close()
         except SseError as e:
             raise _Failure("malformed_sse", str(e)) from None
-        if _handle(payloads, clock.now(), state):
-            state.end = clock.now()
+        now = clock.now()
+        if _handle(payloads, now, state):
+            state.end = now
             return
         raise _Failure("stream_cut", f"stream ended after {state.events} tokens without data: [DONE]")
     finally:
