@@ -41,6 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config import Job, parse_job
 from tuner.emulator.config import parse_config
 from tuner.emulator.emulator import Emulator, EmulatorStartupError
+from tuner.emulator.engine import EngineRequest
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import StartupFacts
@@ -183,7 +184,6 @@ def simulate(job: Job, flags: VllmFlags) -> Point:
     records: list[RequestRecord] = []
     in_flight: dict[int, tuple[Any, _Sink, Any]] = {}
     sent = 0
-    from tuner.emulator.engine import EngineRequest
 
     def send() -> None:
         nonlocal sent
@@ -420,16 +420,12 @@ def main() -> None:
     for scenario in args.scenario or list(SCENARIOS):
         t0 = time.monotonic()
         job = scenario_job(scenario, "grid", 0, 1)
-        cache: dict[str, Point] = {}
-        points = grid_points(job)
-        seen: dict[str, Point] = {}
-        order: list[Point] = []
-        for flags in points:
+        cache: dict[str, Point] = {}  # every distinct grid point, in auto_tune order; the samplers replay from it
+        for flags in grid_points(job):
             key = flag_key(flags.as_dict())
-            if key not in seen:
-                seen[key] = simulate(job, flags)
-                order.append(seen[key])
-        cache.update(seen)
+            if key not in cache:
+                cache[key] = simulate(job, flags)
+        order = list(cache.values())
         tputs = [feasible_tput(p, job) for p in order]
         best = max((x for x in tputs if x is not None), default=0.0)
         base = simulate(job, job.search_space().baseline())
