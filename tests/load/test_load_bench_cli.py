@@ -25,6 +25,17 @@ def run_cli(
     return (code if isinstance(code, int) else 1), out, err
 
 
+async def bench_process(*args: str) -> tuple[int, str, str]:
+    """`tuner bench ARGS` in its own process: the fake server the test serves keeps this event loop."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tuner", "bench", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    out_b, err_b = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out_b.decode(), err_b.decode()
+
+
 def test_bench_starts_the_emulator_without_url(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -63,15 +74,11 @@ async def test_bench_against_a_broken_server_reports_every_class_and_exits_0(tmp
     server = BrokenServer(modes, stall_s=20.0)
     out_file = tmp_path / "broken.json"
     async with server.serve() as base:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tuner", "bench", "--url", base + "/v1", "--model", "m", "--concurrency", "3",
-            "--requests", "14", "--timeout", "1", "--input-len", "8", "--output-len", "4", "--json", str(out_file),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        code, out, err = await bench_process(
+            "--url", base + "/v1", "--model", "m", "--concurrency", "3", "--requests", "14", "--timeout", "1",
+            "--input-len", "8", "--output-len", "4", "--json", str(out_file),
         )  # fmt: skip
-        out_b, err_b = await asyncio.wait_for(proc.communicate(), 60)
-    out = out_b.decode()
-    assert proc.returncode == 0, out + err_b.decode()
+    assert code == 0, out + err
     for cls in ("http_5xx", "http_4xx", "stream_cut", "malformed_sse", "connection_reset", "timeout"):
         assert cls in out
     assert "fake 500 error" in out and "fake 400 error" in out  # one example message per class
@@ -136,16 +143,12 @@ async def test_bench_stop_early_ends_at_the_certain_miss_and_says_why(tmp_path: 
     server = BrokenServer(["ok", "http_500"])
     out_file = tmp_path / "stopped.json"
     async with server.serve() as base:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tuner", "bench", "--url", base + "/v1", "--model", "m", "--concurrency", "2",
-            "--requests", "60", "--warmup", "0", "--input-len", "8", "--output-len", "4", "--slo", "success_rate>=0.95",
-            "--stop-early", "--json", str(out_file),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        code, out, err = await bench_process(
+            "--url", base + "/v1", "--model", "m", "--concurrency", "2", "--requests", "60", "--warmup", "0",
+            "--input-len", "8", "--output-len", "4", "--slo", "success_rate>=0.95", "--stop-early",
+            "--json", str(out_file),
         )  # fmt: skip
-        out_b, err_b = await asyncio.wait_for(proc.communicate(), 60)
-    out = out_b.decode()
-    assert proc.returncode == 0, out + err_b.decode()
+    assert code == 0, out + err
     assert "stopped early: success_rate>=0.95 cannot be met: 4 of the 60 measured requests failed" in out
     result = json.loads(out_file.read_text())["result"]
     assert result["slo_stop"].startswith("success_rate>=0.95 cannot be met")
