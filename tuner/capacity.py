@@ -102,6 +102,8 @@ def plan_startup(
     model: ModelProfile, gpu: GpuProfile, flags: ResolvedFlags, memory_in_use_gib: float = 0.0
 ) -> StartupPlan:
     """Replay vLLM's start-up checks in vLLM's order; the first that fails gives the reason and message."""
+    if gpu.is_cpu:
+        return plan_cpu_startup(model, gpu, flags, memory_in_use_gib)
     tp = flags.tensor_parallel_size
     total = gpu.memory_bytes
     u = flags.gpu_memory_utilization
@@ -185,3 +187,85 @@ def cuda_oom_message(tried_bytes: int, total_bytes: int, free_bytes: int) -> str
         "free. Of the allocated memory, most is reserved by PyTorch's KV cache. If reserved but unallocated "
         "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
     )
+
+
+# What a vLLM CPU worker holds besides the weights (torch, the runtime, buffers): an estimate, corrected by the
+# first real start's KV tokens like every other figure here. Only used when VLLM_CPU_KVCACHE_SPACE is unset.
+CPU_RUNTIME_BYTES = int(1.5 * GIB)
+
+
+def plan_cpu_startup(
+    model: ModelProfile, cpu: GpuProfile, flags: ResolvedFlags, memory_in_use_gib: float = 0.0
+) -> StartupPlan:
+    """vLLM's CPU build (CPUWorker.determine_available_memory): the KV cache is VLLM_CPU_KVCACHE_SPACE GiB when set,
+    else `host memory x gpu_memory_utilization - the worker's resident memory`; no CUDA graphs, no headroom rule."""
+    tp = flags.tensor_parallel_size
+    total = cpu.memory_bytes
+    u = flags.gpu_memory_utilization
+    requested = int(total * u) if 0 < u <= 1 else 0
+    free = max(0, total - int(memory_in_use_gib * GIB))
+    weights = model.weight_bytes // tp
+    explicit = cpu.kv_space_gib is not None
+    available = int((cpu.kv_space_gib or 0) * GIB) if explicit else requested - weights - CPU_RUNTIME_BYTES
+    bpt = model.kv_bytes_per_token(flags.kv_dtype_bytes) // tp
+    blocks = max(0, available) // (flags.block_size * bpt) if bpt else 0
+    kv_tokens = blocks * flags.block_size
+
+    def plan(reason: str | None = None, message: str | None = None, est: int | None = None) -> StartupPlan:
+        return StartupPlan(
+            total_bytes=total,
+            requested_bytes=requested,
+            free_bytes=free,
+            weights_bytes=weights,
+            activation_bytes=0,
+            non_torch_bytes=0 if explicit else CPU_RUNTIME_BYTES,
+            available_kv_bytes=available,
+            kv_bytes_per_token=bpt,
+            num_gpu_blocks=blocks,
+            kv_tokens=kv_tokens,
+            max_concurrency=kv_tokens / flags.max_model_len if flags.max_model_len > 0 else 0.0,
+            cuda_graph_bytes=0,
+            headroom_bytes=free - (available if explicit else requested),
+            reason=reason,
+            message=message,
+            estimated_max_model_len=est,
+        )
+
+    invalid = validate(flags, model)
+    if invalid:
+        return plan(INVALID_FLAGS, invalid)
+    node = f"Available memory on node 0 ({free / GIB:.2f}/{total / GIB:.2f} GiB)"
+    if not explicit and requested > free:
+        return plan(
+            INSUFFICIENT_FREE_MEMORY,
+            f"{node} on startup is less than desired CPU memory utilization ({u}, {requested / GIB:.2f} GiB). On the "
+            "CPU backend, the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved (despite "
+            "its name). To resolve: decrease `--gpu-memory-utilization` (e.g. `--gpu-memory-utilization 0.5`) or "
+            "reduce CPU memory used by other processes.",
+        )
+    if explicit and available > free:
+        return plan(
+            INSUFFICIENT_FREE_MEMORY,
+            f"{node} on kv cache allocation is less than requested memory for kv ({available / GIB:.2f} GiB). "
+            "Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.",
+        )
+    if available <= 0:
+        return plan(
+            NO_KV_MEMORY,
+            f"{node} on kv cache allocation is less than requested memory for kv ({available / GIB:.2f}/"
+            f"{requested / GIB:.2f} GiB). Reduce CPU memory used by other processes.",
+        )
+    needed = -(-flags.max_model_len // flags.block_size) * flags.block_size * bpt
+    if needed > available:
+        estimate = f"Based on the available memory, the estimated maximum model length is {kv_tokens}. "
+        return plan(
+            KV_CACHE_TOO_SMALL,
+            f"To serve at least one request with the model's max seq len ({flags.max_model_len}), "
+            f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({available / GIB:.2f} GiB). {estimate if kv_tokens > 0 else ''}Try increasing "
+            "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
+            "`max_model_len` when initializing the engine. "
+            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+            kv_tokens,
+        )
+    return plan()

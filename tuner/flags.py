@@ -117,10 +117,25 @@ def default_flags(gpu: GpuProfile, model: ModelProfile) -> VllmFlags:
     )
 
 
+# vLLM's CPU platform: its server defaults (EngineArgs.get_batch_defaults, "cpu specific default values", per
+# tensor-parallel rank) and its block size when none is given (CpuPlatform.check_and_update_config).
+CPU_MAX_NUM_BATCHED_TOKENS = 2048
+CPU_MAX_NUM_SEQS = 128
+CPU_BLOCK_SIZE = 128
+_DEFAULT_BLOCK_SIZE = VllmFlags.model_fields["block_size"].default
+
+
 def resolve(flags: VllmFlags, gpu: GpuProfile, model: ModelProfile) -> ResolvedFlags:
     high = gpu.is_high_end
-    batched = flags.max_num_batched_tokens or (8192 if high else 2048)
-    seqs = flags.max_num_seqs or min(1024 if high else 256, batched)
+    if gpu.is_cpu:
+        tp = flags.tensor_parallel_size
+        batched = flags.max_num_batched_tokens or CPU_MAX_NUM_BATCHED_TOKENS * tp
+        seqs = flags.max_num_seqs or CPU_MAX_NUM_SEQS * tp
+    else:
+        batched = flags.max_num_batched_tokens or (8192 if high else 2048)
+        seqs = flags.max_num_seqs or min(1024 if high else 256, batched)
+    # `to_args` leaves the default block size out, so on a CPU vLLM picks its own.
+    block = CPU_BLOCK_SIZE if gpu.is_cpu and flags.block_size == _DEFAULT_BLOCK_SIZE else flags.block_size
     return ResolvedFlags(
         max_num_seqs=seqs,
         max_model_len=flags.max_model_len or model.max_position_embeddings,
@@ -128,7 +143,7 @@ def resolve(flags: VllmFlags, gpu: GpuProfile, model: ModelProfile) -> ResolvedF
         max_num_batched_tokens=batched,
         tensor_parallel_size=flags.tensor_parallel_size,
         kv_cache_dtype=flags.kv_cache_dtype,
-        block_size=flags.block_size,
+        block_size=block,
         # V1 always chunks prefill for generative models and caches prefixes unless told not to.
         enable_chunked_prefill=True if flags.enable_chunked_prefill is None else flags.enable_chunked_prefill,
         enable_prefix_caching=True if flags.enable_prefix_caching is None else flags.enable_prefix_caching,
