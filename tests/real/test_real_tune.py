@@ -50,7 +50,7 @@ def _job(vllm_python: Path, tiny_model: Path, *, model_id: str | None = None) ->
             "{host}",
             "--port",
             "{port}",
-        ],  # fmt: skip
+        ],
         "extra_args": ["--enforce-eager"],  # no torch.compile warm-up: a start in seconds, not half a minute
         "env": ["VLLM_CPU_KVCACHE_SPACE"],
         "options": {"served_model_name": "tiny"},
