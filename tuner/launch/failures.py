@@ -44,7 +44,7 @@ TAIL_LINES = 40
 
 _SUMMARY = {
     KV_CACHE_TOO_SMALL: "the KV cache cannot hold one request of max_model_len",
-    NO_KV_MEMORY: "no GPU memory is left for the KV cache",
+    NO_KV_MEMORY: "no device memory is left for the KV cache",
     INSUFFICIENT_FREE_MEMORY: "the device has less free memory than gpu_memory_utilization (or the KV space) asks for",
     CUDA_OOM: "CUDA out of memory",
     INVALID_FLAGS: "vLLM rejected the flags",
@@ -92,9 +92,10 @@ _WRAPPER = re.compile(r"^(?:[\w.]+\.)?(?:EngineDeadError|EngineGenerateError):")
 # 0.32: "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup"; v0.9-0.11: "Engine core proc
 # EngineCore_DP0 died unexpectedly, shutting down client."
 _ENGINE_DIED = re.compile(r"engine core exited unexpectedly|Engine core proc \S+ died unexpectedly", re.IGNORECASE)
-# vLLM's log prefix, "(EngineCore_DP0 pid=12) ERROR 12-02 10:15:00 [core.py:708] ", and uvicorn's "ERROR:    ".
+# vLLM's log prefix, "(EngineCore_DP0 pid=12) ERROR 12-02 10:15:00 [core.py:708] " (or "(VllmWorker-0 pid=9)"),
+# and uvicorn's "ERROR:    ".
 _LOG_PREFIX = re.compile(
-    r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[[^\]]*\]\s*"
+    r"^(?:\([\w-]+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[[^\]]*\]\s*"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+)"
 )
 
