@@ -18,7 +18,7 @@ from tuner.launch.redact import Redactor
 
 
 class StartupFacts(BaseModel):
-    """What the server's start-up log said about its capacity (each None when the log did not say)."""
+    """What the server's start-up log said about its capacity, and which vLLM it is (each None when unknown)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
