@@ -63,6 +63,17 @@ def test_flag_combination_vllm_rejects() -> None:
     )
 
 
+def test_cpu_kv_space_larger_than_free_memory() -> None:
+    """VLLM_CPU_KVCACHE_SPACE=1000: the worker's refusal, quoted again by two RuntimeError wrappers below it."""
+    error = classify_startup_exit(real_log("vllm-0.32.0-cpu-kv-space-too-big.log"), 1)
+    assert error.reason == "insufficient_free_memory"
+    assert str(error).endswith(
+        "Available memory on node 0 (8.02/12.21 GiB) on kv cache allocation is less than requested memory for kv "
+        "(1000.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other "
+        "processes."
+    )
+
+
 def test_unknown_flag_names_argparses_line() -> None:
     error = classify_startup_exit(real_log("vllm-0.32.0-cpu-unknown-flag.log"), 2)
     assert error.reason == INVALID_FLAGS

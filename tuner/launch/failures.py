@@ -110,12 +110,16 @@ class Diagnosis:
 
 
 def find_cause(log: str) -> Diagnosis | None:
-    """The most specific known failure in the log, or None."""
+    """The most specific known failure in the log, or None.
+
+    The first time vLLM says it: later copies are wrappers quoting it ("RuntimeError: Worker failed with error
+    '...', please check the stack trace above") whose line runs on past the sentence.
+    """
     for reason, pattern in _PATTERNS:
-        matches = list(pattern.finditer(log))
-        if not matches:
+        match = pattern.search(log)
+        if match is None:
             continue
-        message = _PYDANTIC_SUFFIX.sub("", matches[-1].group(1)).strip()
+        message = _PYDANTIC_SUFFIX.sub("", match.group(1)).strip()
         estimate = None
         if reason == KV_CACHE_TOO_SMALL:
             m = _ESTIMATE.search(message)
