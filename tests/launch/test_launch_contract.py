@@ -29,6 +29,7 @@ from launch_contract import (
 
 from tuner.capacity import GIB, StartupPlan, plan_startup
 from tuner.catalog import get_gpu, load_model
+from tuner.emulator.server import VLLM_VERSION as EMULATED_VLLM
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags, resolve
 from tuner.launch import Launcher
@@ -100,6 +101,7 @@ async def test_good_start_reports_the_servers_capacity(case: Case, monkeypatch: 
         assert facts.available_kv_gib == pytest.approx(plan.available_kv_bytes / GIB, abs=0.01)
         assert facts.weights_gib is not None and facts.weights_gib > 14
         assert facts.startup_seconds is not None and facts.startup_seconds > 0
+        assert facts.vllm_version == EMULATED_VLLM  # its GET /version
         async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
             models = (await client.get("/v1/models")).json()
         assert models["data"][0]["id"] == MODEL

@@ -182,3 +182,144 @@ def test_death_after_ready_names_the_root_exception_not_the_wrappers() -> None:
     )
     message = str(runtime_exit(after, 1))
     assert message.endswith("(RuntimeError: CUDA error: an illegal memory access was encountered)")
+
+
+@pytest.mark.parametrize(
+    ("log", "kv_tokens", "concurrency", "max_model_len"),
+    [
+        # Two lines (older releases), one line, the device's name in front (0.32), a hybrid pool.
+        (
+            "INFO [kv_cache_utils.py:2146] GPU KV cache size: 5,760 tokens\n"
+            "INFO [kv_cache_utils.py:2147] Maximum concurrency for 128 tokens per request: 45.00x\n",
+            5760,
+            45.0,
+            128,
+        ),
+        (
+            "(EngineCore_DP0 pid=1) INFO [kv_cache_utils.py:1879] GPU KV cache size: 29,056 tokens, "
+            "Maximum concurrency for 2,048 tokens per request: 14.19x\n",
+            29056,
+            14.19,
+            2048,
+        ),
+        (
+            "(EngineCore pid=1) INFO [kv_cache_utils.py:2327] XPU KV cache size: 1,000 tokens, "
+            "Maximum concurrency for 100 tokens per request: 10.00x\n",
+            1000,
+            10.0,
+            100,
+        ),
+        (
+            "INFO [kv_cache_utils.py:2327] GPU + host KV cache size: 65,536 tokens, "
+            "Maximum concurrency for 8,192 tokens per request: 8.00x\n",
+            65536,
+            8.0,
+            8192,
+        ),
+    ],
+)
+def test_kv_capacity_in_every_wording(log: str, kv_tokens: int, concurrency: float, max_model_len: int) -> None:
+    facts = parse_startup_facts(log)
+    assert (facts.kv_tokens, facts.max_concurrency, facts.max_model_len) == (kv_tokens, concurrency, max_model_len)
+
+
+def test_cpu_kv_memory_explicit_and_auto() -> None:
+    explicit = "(Worker pid=2) INFO [cpu_worker.py:260] Explicitly set (1.0/17.21) GiB for KV cache on node 0.\n"
+    auto = (
+        "(Worker pid=3) INFO [cpu_worker.py:235] Auto set (1.48/18.0) GiB for KV cache on node 0, with 5.4 GiB "
+        "requested memory for the worker. 3.92 GiB memory was consumed by non-kv usages.\n"
+    )
+    assert parse_startup_facts(explicit).available_kv_gib == pytest.approx(1.0)
+    assert parse_startup_facts(auto).available_kv_gib == pytest.approx(1.48)
+
+
+def test_engine_init_seconds_with_and_without_compilation() -> None:
+    plain = "INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 36.43 s\n"
+    compiled = (
+        "INFO [core.py:390] init engine (profile, create kv cache, warmup model) took 61.20 s (compilation: 20.1 s)\n"
+    )
+    assert parse_startup_facts(plain).engine_init_seconds == pytest.approx(36.43)
+    assert parse_startup_facts(compiled).engine_init_seconds == pytest.approx(61.2)
+
+
+@pytest.mark.parametrize(
+    ("line", "version"),
+    [
+        ("INFO 12-02 10:15:00 [api_server.py:1896] vLLM API server version 0.11.0", "0.11.0"),
+        ("(APIServer pid=1) INFO [api_utils.py:327] vLLM server version 0.32.0, serving model tiny", "0.32.0"),
+        ("(APIServer pid=1) INFO [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0", "0.32.0"),
+        # The logo on a terminal: the version in bold.
+        ("INFO [api_utils.py:347]  \x1b[93m▄▄\x1b[0m █ ▀▄▀ █\x1b[0m  version \x1b[1m0.13.0rc2\x1b[0m", "0.13.0rc2"),
+        ("INFO [api_server.py:1896] vLLM API server version 0.11.0 (tuner emulator)", "0.11.0"),
+        ("INFO nothing about versions here; transformers version 4.57", None),
+    ],
+)
+def test_version_from_the_banner(line: str, version: str | None) -> None:
+    assert parse_startup_facts(line + "\n").vllm_version == version
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "message_start"),
+    [
+        # The CPU build's own memory refusals (cpu_worker.py).
+        (
+            "ValueError: Available memory on node 0 (30.78/32.72 GiB) on startup is less than desired CPU memory "
+            "utilization (0.95, 31.08 GiB). On the CPU backend, the `--gpu-memory-utilization` flag controls ...",
+            "insufficient_free_memory",
+            "Available memory on node 0 (30.78/32.72 GiB) on startup",
+        ),
+        (
+            "ValueError: Available memory on node 0 (0.5/8.0 GiB) on kv cache allocation is less than requested "
+            "memory for kv (4.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or ...",
+            "insufficient_free_memory",
+            "Available memory on node 0 (0.5/8.0 GiB) on kv cache allocation",
+        ),
+        (
+            "ValueError: Free memory on device cuda:0 (20.1/79.19 GiB) on startup is less than desired GPU memory "
+            "utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+            "processes.",
+            "insufficient_free_memory",
+            "Free memory on device cuda:0",
+        ),
+        # A pydantic bound on a config field: the field and pydantic's sentence.
+        (
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig\n"
+            "gpu_memory_utilization\n"
+            "  Input should be less than or equal to 1 [type=less_than_equal, input_value=1.5, input_type=float]",
+            "invalid_flags",
+            "gpu_memory_utilization: Input should be less than or equal to 1",
+        ),
+        # Models that cannot be had: transformers' and vLLM's words for them.
+        (
+            "OSError: org/no-such-model is not a local folder and is not a valid model identifier listed on "
+            "'https://huggingface.co/models'",
+            "model_not_found",
+            "org/no-such-model is not a local folder",
+        ),
+        (
+            "ValueError: Invalid repository ID or local directory specified: '/models/gone'.",
+            "model_not_found",
+            "Invalid repository ID or local directory specified: '/models/gone'.",
+        ),
+        (
+            "OSError: You are trying to access a gated repo.\nMake sure to have access to it at "
+            "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct.",
+            "model_not_found",
+            "You are trying to access a gated repo.",
+        ),
+    ],
+)
+def test_more_vllm_wordings(text: str, reason: str, message_start: str) -> None:
+    cause = find_cause(vllm_error(text))
+    assert cause is not None and cause.reason == reason
+    assert cause.message.startswith(message_start)
+    assert "[type=" not in cause.message
+
+
+def test_an_unreachable_hub_is_not_a_missing_model() -> None:
+    """A network failure may pass; only a definite answer (no such repo, gated, offline without a copy) is fatal."""
+    log = vllm_error(
+        "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
+        "cached files."
+    )
+    assert startup_exit(log, 1).reason == "unknown"

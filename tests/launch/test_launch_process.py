@@ -23,19 +23,24 @@ from tuner.launch.registry import ProcessRecord, ProcessRegistry
 
 SECRET = "hf_process-secret-0123456789"
 
-# A vLLM stand-in: prints a start-up line (and the secret, as a careless server might), starts a child in its
-# group (as vLLM starts its engine core), then serves /health on the port it was given.
+# A vLLM stand-in: prints start-up lines (and the secret, as a careless server might), starts a child in its
+# group (as vLLM starts its engine core), then serves /health on the port it was given, and /version when
+# TINY_VERSION is set (older vLLM and other servers have no such route). No braces: the launcher formats the command.
 TINY_SERVER = """
-import http.server, os, subprocess, sys
+import http.server, json, os, subprocess, sys
 port = int(sys.argv[1])
+print("INFO vLLM API server version 0.10.2", flush=True)
 print("INFO GPU KV cache size: 1,234 tokens", flush=True)
 print("token is", os.environ.get("TUNER_TEST_PROCESS_SECRET"), flush=True)
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "child-of-" + sys.argv[2]])
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.send_header("Content-Length", "0")
+        version = os.environ.get("TINY_VERSION")
+        body = json.dumps(dict(version=version)).encode() if self.path == "/version" and version else b""
+        self.send_response(200 if self.path == "/health" or body else 404)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
     def log_message(self, *args):
         pass
 http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
@@ -88,6 +93,7 @@ async def test_group_is_killed_and_secrets_are_masked(tmp_path: Path, monkeypatc
     launcher = tiny(marker, tmp_path)
     async with launcher.start(VllmFlags(), study="s", trial=1) as server:
         assert server.facts.kv_tokens == 1234
+        assert server.facts.vllm_version == "0.10.2"  # no /version: the banner's
         assert server.model == "tiny"  # no /v1/models: the configured name
         deadline = time.monotonic() + 5
         while len(processes_with(marker)) < 2 and time.monotonic() < deadline:
@@ -100,6 +106,12 @@ async def test_group_is_killed_and_secrets_are_masked(tmp_path: Path, monkeypatc
     assert ProcessRegistry(tmp_path / "state").records() == []
     assert f"token is {MASK}" in server.logs()  # kept after the stop, still masked
     assert not list((tmp_path / "state" / "logs").iterdir())
+
+
+async def test_version_route_wins_over_the_banner(tmp_path: Path) -> None:
+    launcher = tiny(new_marker(), tmp_path, env={"TINY_VERSION": "0.32.0"})
+    async with launcher.start(VllmFlags()) as server:
+        assert server.facts.vllm_version == "0.32.0"
 
 
 async def test_secret_is_masked_in_a_failed_starts_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

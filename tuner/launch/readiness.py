@@ -34,6 +34,7 @@ class StartTimedOut(Exception):
 class Ready:
     served_model: str | None  # the first id of /v1/models
     startup_seconds: float
+    version: str | None = None  # GET /version's "version"; None where the route is missing
 
 
 async def wait_until_ready(
@@ -59,11 +60,12 @@ async def wait_until_ready(
             await asyncio.sleep(poll_s)
         startup_seconds = time.monotonic() - started
         served = await _served_model(client)
+        version = await _server_version(client)
     if logs is not None:
         grace_end = time.monotonic() + FACTS_GRACE_S
         while not has_capacity_lines(logs()) and time.monotonic() < grace_end:
             await asyncio.sleep(0.02)
-    return Ready(served, startup_seconds)
+    return Ready(served, startup_seconds, version)
 
 
 async def _healthy(client: httpx.AsyncClient) -> bool:
@@ -82,3 +84,13 @@ async def _served_model(client: httpx.AsyncClient) -> str | None:
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return None
     return model if isinstance(model, str) else None
+
+
+async def _server_version(client: httpx.AsyncClient) -> str | None:
+    """vLLM's `GET /version` ({"version": "0.32.0"}); a server without the route (404) or not JSON gives None."""
+    try:
+        response = await client.get("/version")
+        version = response.json()["version"] if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return version if isinstance(version, str) and version else None

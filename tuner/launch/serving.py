@@ -39,10 +39,14 @@ async def ready_server(
     except StartTimedOut:
         raise redact_error(start_timeout_error(handle.logs(), timeout_s, what=what), redact) from None
     handle.mark_ready()
+    facts = parse_startup_facts(handle.logs(), startup_seconds=ready.startup_seconds)
+    if ready.version is not None:
+        # The route answers for the server that runs; the banner is only what its log said (or None).
+        facts = facts.model_copy(update={"vllm_version": ready.version})
     return Server(
         base_url=base_url,
         model=ready.served_model or default_model,
-        facts=parse_startup_facts(handle.logs(), startup_seconds=ready.startup_seconds),
+        facts=facts,
         time_scale=time_scale,
         handle=handle,
         redactor=redact,

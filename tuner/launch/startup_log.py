@@ -1,4 +1,17 @@
-"""Start-up facts from a vLLM log: the figures the study calibrates its feasibility filter with."""
+"""Start-up facts from a vLLM log: the figures the study calibrates its feasibility filter with.
+
+The wordings differ by version and device; each pattern reads every form seen in vLLM's source and real logs:
+- KV tokens: older releases print "GPU KV cache size: N tokens" and "Maximum concurrency for L tokens per request:
+  Cx" as two lines, later ones as one line, and 0.32 puts the device's name in front ("CPU KV cache size", "XPU
+  ...", "GPU + host ..."); the CPU build said "GPU" as late as 0.29.
+- KV memory: GPU "Available KV cache memory: X GiB"; CPU "Explicitly set (X/TOTAL) GiB for KV cache on node 0."
+  (VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes) or "Auto set (X/TOTAL) GiB for KV cache on node 0, with ...".
+  Older CPU builds print neither.
+- Weights: GPU "Model loading took X GiB [memory] and Y seconds"; the CPU build prints no memory figure, only
+  "Loading weights took Y seconds" (which the GPU build prints too, before its fuller line).
+- Version: the banner "vLLM API server version X" (v0.11 and before), "vLLM server version X, serving model M", or
+  the logo's "version X" (wrapped in ANSI colour codes on a terminal).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +21,15 @@ from tuner.launch.base import StartupFacts
 
 _NUMBER = r"(\d[\d,]*(?:\.\d+)?)"
 _WEIGHTS = re.compile(rf"Model loading took {_NUMBER} GiB(?: memory)? and {_NUMBER} s(?:econds)?")
-_KV_MEMORY = re.compile(rf"Available KV cache memory: {_NUMBER} GiB")
-_KV_TOKENS = re.compile(rf"GPU KV cache size: {_NUMBER} tokens")
+_WEIGHTS_SECONDS = re.compile(rf"Loading weights took {_NUMBER} s(?:econds)?")
+_KV_MEMORY = re.compile(
+    rf"(?:Available KV cache memory: {_NUMBER} GiB|(?:Explicitly|Auto) set \({_NUMBER}/[\d.]+\) GiB for KV cache)"
+)
+_KV_TOKENS = re.compile(rf"KV cache size: {_NUMBER} tokens")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for {_NUMBER} tokens per request: {_NUMBER}x")
+_ENGINE_INIT = re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUMBER} s")
+_ANSI = r"(?:\x1b\[[\d;]*m)*"
+_VERSION = re.compile(rf"(?:vLLM (?:API )?server version|█{_ANSI} +version) +{_ANSI}(\d+\.\d+[\w.+-]*)")
 
 
 def _num(text: str) -> float:
@@ -22,21 +41,39 @@ def _last(pattern: re.Pattern[str], log: str) -> re.Match[str] | None:
     return matches[-1] if matches else None
 
 
+def _first_group(match: re.Match[str] | None) -> str | None:
+    """The first group that matched: a pattern with alternatives captures in one of them."""
+    if match is None:
+        return None
+    return next((g for g in match.groups() if g is not None), None)
+
+
+def _float(match: re.Match[str] | None) -> float | None:
+    value = _first_group(match)
+    return _num(value) if value is not None else None
+
+
 def parse_startup_facts(log: str, *, startup_seconds: float | None = None) -> StartupFacts:
     """The last value of each start-up line (with tensor parallelism every worker prints its own, alike)."""
     weights = _last(_WEIGHTS, log)
-    kv_memory = _last(_KV_MEMORY, log)
-    kv_tokens = _last(_KV_TOKENS, log)
+    kv_tokens = _float(_last(_KV_TOKENS, log))
     concurrency = _last(_CONCURRENCY, log)
     return StartupFacts(
-        kv_tokens=int(_num(kv_tokens.group(1))) if kv_tokens else None,
+        kv_tokens=int(kv_tokens) if kv_tokens is not None else None,
         max_concurrency=_num(concurrency.group(2)) if concurrency else None,
         weights_gib=_num(weights.group(1)) if weights else None,
-        available_kv_gib=_num(kv_memory.group(1)) if kv_memory else None,
+        available_kv_gib=_float(_last(_KV_MEMORY, log)),
         startup_seconds=startup_seconds,
-        weights_load_seconds=_num(weights.group(2)) if weights else None,
+        weights_load_seconds=_num(weights.group(2)) if weights else _float(_last(_WEIGHTS_SECONDS, log)),
         max_model_len=int(_num(concurrency.group(1))) if concurrency else None,
+        engine_init_seconds=_float(_last(_ENGINE_INIT, log)),
+        vllm_version=log_version(log),
     )
+
+
+def log_version(log: str) -> str | None:
+    """The version the server's banner names, or None (a server that printed none, or not vLLM)."""
+    return _first_group(_VERSION.search(log))
 
 
 def has_capacity_lines(log: str) -> bool:

@@ -75,6 +75,14 @@ class ServerMetricsSummary(BaseModel):
     waiting_mean: float | None = None
     preemptions: float | None = None
     generation_tokens: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    """Prefix-cache hits / queries (in tokens) during the run."""
+    queue_time_mean_s: float | None = None
+    """Mean time a request finished during the run spent waiting for admission (vllm:request_queue_time_seconds)."""
+    queue_time_p95_bound_s: float | None = None
+    """95% of those requests waited at most this long: the bound of vLLM's bucket (0.3, 0.5, 0.8, 1, 1.5 ... s)."""
+    itl_mean_s: float | None = None
+    """Mean inter-token latency the server measured (vllm:inter_token_latency_seconds)."""
     error: str | None = None
 
 

@@ -18,6 +18,7 @@ from tuner.load.results import ServerMetricsSummary
 from tuner.scoring import LoadSummary
 
 __all__ = [
+    "Histogram",
     "MetricsSample",
     "MetricsScraper",
     "diagnose",
@@ -26,15 +27,58 @@ __all__ = [
     "summarize_samples",
 ]
 
-# vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc in 0.10; read either.
+# Current names first, then the older ones a version still serves. vLLM 0.9.2 renamed gpu_cache_usage_perc to
+# kv_cache_usage_perc and gpu_prefix_cache_{queries,hits} to prefix_cache_{queries,hits} (the old ones hidden in
+# 0.11, gone in 0.12); 0.11 renamed the histogram time_per_output_token_seconds to inter_token_latency_seconds.
+# Counters are exposed with "_total" (the parser keeps the sample's name).
 _KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _RUNNING = ("vllm:num_requests_running",)
 _WAITING = ("vllm:num_requests_waiting",)
 _PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 _GENERATION = ("vllm:generation_tokens_total", "vllm:generation_tokens")
+_PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+_PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+_QUEUE_TIME = ("vllm:request_queue_time_seconds",)
+_ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 
 KV_FULL = 0.95
 """KV usage from which the cache counts as full (vLLM preempts at the last free block)."""
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram as scraped: cumulative counts by upper bound (the last one +Inf), count and sum."""
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float
+    sum: float
+
+    def since(self, earlier: Histogram | None) -> Histogram:
+        """What was observed after `earlier` (the whole of this one when the server restarted in between)."""
+        if (
+            earlier is None
+            or self.count < earlier.count
+            or [b for b, _ in self.buckets] != [b for b, _ in earlier.buckets]
+        ):
+            return self
+        return Histogram(
+            tuple((le, n - m) for (le, n), (_, m) in zip(self.buckets, earlier.buckets, strict=True)),
+            self.count - earlier.count,
+            self.sum - earlier.sum,
+        )
+
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count > 0 else None
+
+    def bound(self, q: float) -> float | None:
+        """The upper bound of the bucket that holds the q-quantile: a share q of the observations were at most
+        this. Not interpolated (Prometheus' histogram_quantile says 0.285 s for queue times that are all under a
+        millisecond, vLLM's first bucket being 0.3 s); None when it falls in +Inf or nothing was observed."""
+        total = self.buckets[-1][1] if self.buckets else 0.0
+        if total <= 0:
+            return None
+        le = next(le for le, cumulative in self.buckets if cumulative >= q * total)
+        return None if math.isinf(le) else le
 
 
 @dataclass(frozen=True)
@@ -45,25 +89,43 @@ class MetricsSample:
     waiting: float | None = None
     preemptions_total: float | None = None
     generation_tokens_total: float | None = None
+    prefix_queries_total: float | None = None
+    prefix_hits_total: float | None = None
+    queue_time: Histogram | None = None
+    itl: Histogram | None = None
 
 
 def parse_metrics(text: str, *, t: float = 0.0, model: str | None = None) -> MetricsSample:
-    """One scrape: gauges and counters summed over engines (KV usage: the fullest engine); None where absent.
+    """One scrape: gauges, counters and histograms summed over engines (KV usage: the fullest engine); None where
+    absent.
 
     Raises ValueError for text that is not Prometheus exposition format.
     """
     values: dict[str, list[float]] = {}
+    buckets: dict[str, dict[float, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if model is not None and sample.labels.get("model_name", model) != model:
                 continue
-            values.setdefault(sample.name, []).append(float(sample.value))
+            if sample.name.endswith("_bucket") and "le" in sample.labels:
+                by_le = buckets.setdefault(sample.name.removesuffix("_bucket"), {})
+                le = float(sample.labels["le"])
+                by_le[le] = by_le.get(le, 0.0) + float(sample.value)
+            else:
+                values.setdefault(sample.name, []).append(float(sample.value))
 
     def pick(names: Sequence[str], combine: str = "sum") -> float | None:
         for name in names:
             if name in values:
                 vs = values[name]
                 return max(vs) if combine == "max" else math.fsum(vs)
+        return None
+
+    def histogram(names: Sequence[str]) -> Histogram | None:
+        for name in names:
+            if name in buckets and f"{name}_count" in values:
+                count, total = pick([f"{name}_count"]), pick([f"{name}_sum"])
+                return Histogram(tuple(sorted(buckets[name].items())), count or 0.0, total or 0.0)
         return None
 
     return MetricsSample(
@@ -73,6 +135,10 @@ def parse_metrics(text: str, *, t: float = 0.0, model: str | None = None) -> Met
         waiting=pick(_WAITING),
         preemptions_total=pick(_PREEMPTIONS),
         generation_tokens_total=pick(_GENERATION),
+        prefix_queries_total=pick(_PREFIX_QUERIES),
+        prefix_hits_total=pick(_PREFIX_HITS),
+        queue_time=histogram(_QUEUE_TIME),
+        itl=histogram(_ITL),
     )
 
 
@@ -85,7 +151,14 @@ def summarize_samples(samples: Sequence[MetricsSample], *, error: str | None = N
         # A counter that went down means the server restarted; count from the restart.
         return None if not vs else math.fsum(b - a if b >= a else b for a, b in itertools.pairwise(vs))
 
+    def run_histogram(attr: str) -> Histogram | None:
+        """What the run added to a histogram: its last scrape less its first (as the counters, one scrape: none)."""
+        scraped: list[Histogram] = [h for s in samples if (h := getattr(s, attr)) is not None]
+        return scraped[-1].since(scraped[0]) if len(scraped) > 1 else None
+
     kv, running, waiting = series("kv_usage"), series("running"), series("waiting")
+    queries, hits = delta("prefix_queries_total"), delta("prefix_hits_total")
+    queue, itl = run_histogram("queue_time"), run_histogram("itl")
     return ServerMetricsSummary(
         samples=len(samples),
         kv_usage_max=max(kv) if kv else None,
@@ -96,6 +169,10 @@ def summarize_samples(samples: Sequence[MetricsSample], *, error: str | None = N
         waiting_mean=math.fsum(waiting) / len(waiting) if waiting else None,
         preemptions=delta("preemptions_total"),
         generation_tokens=delta("generation_tokens_total"),
+        prefix_cache_hit_rate=hits / queries if hits is not None and queries else None,
+        queue_time_mean_s=queue.mean() if queue else None,
+        queue_time_p95_bound_s=queue.bound(0.95) if queue else None,
+        itl_mean_s=itl.mean() if itl else None,
         error=error,
     )
 
@@ -176,7 +253,7 @@ def diagnose(
     failed_note = _failures_note(summary)
     if summary.requests_succeeded == 0:
         return f"all requests failed: {failed_note}"
-    base = _server_bottleneck(server, max_num_seqs)
+    base = _server_bottleneck(server, max_num_seqs, summary.e2e.mean)
     if base is None and summary.requests_failed / summary.requests_sent >= 0.05:
         return f"server errors: {summary.requests_failed / summary.requests_sent:.0%} failed ({failed_note})"
     if base is None:
@@ -192,7 +269,9 @@ def diagnose(
     return base
 
 
-def _server_bottleneck(server: ServerMetricsSummary | None, max_num_seqs: int | None) -> str | None:
+def _server_bottleneck(
+    server: ServerMetricsSummary | None, max_num_seqs: int | None, e2e_mean_s: float = 0.0
+) -> str | None:
     if server is None:
         return None
     kv = server.kv_usage_max
@@ -208,13 +287,18 @@ def _server_bottleneck(server: ServerMetricsSummary | None, max_num_seqs: int | 
         queued = server.waiting_mean >= 1.0
     else:
         queued = waiting >= max(2.0, 0.1 * (running or 0.0))
+    # vLLM's own queue-time histogram sees every request, not only those caught waiting at a scrape: a queue is
+    # one that costs the requests a tenth of their latency or more.
+    queue_time = server.queue_time_mean_s
+    queued = queued or (queue_time is not None and e2e_mean_s > 0 and queue_time >= 0.1 * e2e_mean_s)
+    queue_note = f", queued {queue_time:.2g} s mean" if queue_time is not None and queued else ""
     if (at_cap and waiting > 0) or queued:
         if at_cap or max_num_seqs is None:
-            return f"capped by max_num_seqs: {_n(running)} running, {_n(waiting)} waiting, KV {_pct(kv)}"
+            return f"capped by max_num_seqs: {_n(running)} running, {_n(waiting)} waiting, KV {_pct(kv)}{queue_note}"
         # Room in the batch and in the KV cache, yet a queue: the per-step token budget admits no more prefills.
         return (
             f"prefill budget (max_num_batched_tokens): {_n(waiting)} waiting with {_n(running)} running "
-            f"< max_num_seqs {max_num_seqs}, KV {_pct(kv)}"
+            f"< max_num_seqs {max_num_seqs}, KV {_pct(kv)}{queue_note}"
         )
     return None
 

