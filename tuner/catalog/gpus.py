@@ -41,6 +41,11 @@ class GpuProfile:
         """vLLM's rule for its larger defaults: >= 70 GiB and not an A100 (EngineArgs._set_default_args)."""
         return not self.is_cpu and self.memory_gib >= 70 and "a100" not in self.device_name.lower()
 
+    @property
+    def is_largest(self) -> bool:
+        """vLLM 0.32's rule for its largest defaults: >= 160 GiB of device memory (B200, MI300X)."""
+        return not self.is_cpu and self.memory_gib >= 160
+
 
 GPUS: dict[str, GpuProfile] = {
     g.key: g
