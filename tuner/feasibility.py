@@ -96,6 +96,13 @@ class FeasibilityModel:
 
     def predict(self, flags: VllmFlags) -> Prediction:
         resolved = resolve(flags, self.gpu, self.model)
+        count = self.gpu.count
+        if count is not None and resolved.tensor_parallel_size > count:
+            message = (
+                f"tensor_parallel_size ({resolved.tensor_parallel_size}) needs more GPUs than the {count} "
+                f"{self.gpu.device_name} this machine has"
+            )
+            return Prediction(False, INVALID_FLAGS, message, 0, 0, 0.0, self.kv_scale)
         if not self.model.predictable:
             invalid = validate(resolved, self.model)
             if invalid:

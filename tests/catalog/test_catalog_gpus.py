@@ -88,6 +88,9 @@ def test_auto_with_a_gpu_the_catalog_does_not_know_uses_its_measured_memory() ->
     assert resolve_gpu("rtx-pro-6000", probe=probe).memory_gib == pytest.approx(94.97)
     fm = FeasibilityModel(gpu, load_model("llama-3.1-8b"))
     assert fm.predict(VllmFlags(max_model_len=8192)).ok
+    # one GPU measured: tensor parallelism over two cannot start
+    two = fm.predict(VllmFlags(max_model_len=8192, tensor_parallel_size=2))
+    assert two.reason == "invalid_flags" and two.message is not None and "the 1 NVIDIA RTX PRO 6000" in two.message
 
 
 def test_auto_without_a_gpu_and_unknown_names_say_what_is_allowed() -> None:

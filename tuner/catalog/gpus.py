@@ -35,7 +35,7 @@ class GpuProfile:
     kind: str = "gpu"  # or CPU: vLLM's CPU platform, with its own defaults and KV-space rule
     kv_space_gib: int | None = None  # CPU: VLLM_CPU_KVCACHE_SPACE, the KV cache's fixed size when set
     vendor: str = "nvidia"  # or "amd": the ROCm image and devices
-    count: int = 1  # GPUs of this kind in the machine (measured), the most tensor parallelism can use
+    count: int | None = None  # GPUs of this kind in the machine when measured or given: the most TP can use
     source: str = ""  # where the figures come from: a datasheet, NVML, or the job file
 
     @property
@@ -272,8 +272,8 @@ def _from_figures(spec: Mapping[str, Any]) -> GpuProfile:
     memory = number("memory_gib", base.memory_gib if base else None)
     bandwidth = number("bandwidth_gbps", base.bandwidth_gbps if base else UNKNOWN_BANDWIDTH_GBPS)
     flops = number("bf16_tflops", base.bf16_tflops if base else UNKNOWN_BF16_TFLOPS)
-    count = spec.get("count", 1)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+    count = spec.get("count")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
         raise CatalogError(f"gpu {name!r}: count must be a whole number >= 1, not {count!r}")
     vendor = spec.get("vendor", base.vendor if base else "nvidia")
     if vendor not in ("nvidia", "amd"):
