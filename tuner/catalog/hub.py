@@ -9,6 +9,7 @@ MoE and multimodal checkpoints.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -87,8 +88,8 @@ def _cached(repo_id: str, filename: str, revision: str | None) -> Path | None:
 
 def _download(repo_id: str, filename: str, revision: str | None, required: bool) -> Path | None:
     try:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError
+        from huggingface_hub import errors, hf_hub_download
+        from huggingface_hub.utils import logging as hf_logging
     except ImportError:
         if required:
             raise CatalogError(
@@ -96,19 +97,40 @@ def _download(repo_id: str, filename: str, revision: str | None, required: bool)
                 "installed to fetch it: pip install huggingface_hub, or give a directory with a config.json"
             ) from None
         return None
+    what = f"{filename} of {repo_id!r}"
+    # huggingface_hub logs every retry of an unreachable hub; the one line below says it once.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(logging.ERROR)
     try:
         return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=str(hub_cache_dir())))
-    except EntryNotFoundError:
+    except errors.LocalEntryNotFoundError:  # before EntryNotFoundError, its base: the hub could not be reached
+        if not required:
+            return None
+        raise CatalogError(
+            f"cannot fetch {what}: the Hugging Face hub cannot be reached and it is not in the cache "
+            f"({hub_cache_dir()}); download it where there is network, or give a directory with a config.json"
+        ) from None
+    except errors.GatedRepoError:
+        if not required:
+            return None
+        raise CatalogError(f"{repo_id!r} is a gated model: accept its licence on the hub and set HF_TOKEN") from None
+    except errors.RepositoryNotFoundError:
+        if not required:
+            return None
+        raise CatalogError(
+            f"no model {repo_id!r} on the Hugging Face hub (a private one needs HF_TOKEN in the environment)"
+        ) from None
+    except errors.EntryNotFoundError:
         if required:
             raise CatalogError(f"{repo_id!r} on the Hugging Face hub has no {filename}") from None
         return None
-    except Exception as e:  # gated repos, bad ids, no network: one line naming the model and why
+    except Exception as e:  # bad revisions, HTTP errors: one line naming the model and why
         if not required:
             return None
-        what = f"{filename} of {repo_id!r}"
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        hint = " (a gated model needs HF_TOKEN in the environment)" if "401" in reason or "403" in reason else ""
-        raise CatalogError(f"cannot fetch {what} from the Hugging Face hub: {reason}{hint}") from None
+        raise CatalogError(f"cannot fetch {what} from the Hugging Face hub: {reason}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 _REMOTE: dict[tuple[str, str | None, str], ModelFiles] = {}
