@@ -201,3 +201,46 @@ def test_a_config_without_a_model_type_or_geometry_is_refused_in_one_line() -> N
         ModelProfile.from_config("x", {"hidden_size": 10})
     odd = ModelProfile.from_config("y", {"model_type": "some_new_arch", "hidden_size": 10})
     assert not odd.predictable and not odd.context_from_config
+
+
+def test_a_model_sliding_on_every_layer_is_one_group_of_windowed_requests() -> None:
+    """Mistral v0.1's shape (sliding_window 4096 on all 32 layers; vLLM falls back to cache_config.sliding_window):
+    geometry written out here, as no published config was at hand (SOURCES.md)."""
+    mistral = ModelProfile(
+        "mistral-v0.1-shape", 32, 32, 8, 128, 4096, 14336, 32000, 32768,
+        kv_groups=(LayerGroup(32, 8, 128, 128, 4096),),
+    )  # fmt: skip
+    f = flags(max_model_len=32768, batched=2048)
+    pool = kv_pool(mistral, f)
+    assert pool.windows == (4096,) and pool.block_bytes == 16 * 131072
+    # a request holds cdiv(min(4095 + 2 x 2048, 32768), 16) + 1 = 513 blocks, not 2048
+    assert pool.blocks_per_request(32768) == 513
+    assert pool.tokens(512, 32768) == int(512 / 513 * 32768)
+
+
+def test_five_to_one_hybrid_groups_pad_to_the_smaller_kind() -> None:
+    """vLLM's own example (kv_cache_utils._get_kv_cache_groups_uniform_page_size): Gemma 3's 5 sliding : 1 full over
+    34 layers is 29 sliding and 5 full layers, group size 5: one full group and cdiv(29, 5) = 6 sliding ones."""
+    gemma3 = ModelProfile(
+        "gemma-3-4b-shape", 34, 8, 4, 256, 2560, 10240, 262208, 131072,
+        kv_groups=(LayerGroup(5, 4, 256, 256, None), LayerGroup(29, 4, 256, 256, 1024)),
+    )  # fmt: skip
+    pool = kv_pool(gemma3, flags(max_model_len=131072))
+    assert pool.windows == (None,) + (1024,) * 6
+    assert pool.block_bytes == 5 * 16 * 4 * 512 * 2
+
+
+def test_a_hybrid_model_too_long_for_its_kv_memory_gets_vllms_estimate() -> None:
+    from tuner.capacity import KV_CACHE_TOO_SMALL, plan_startup
+    from tuner.catalog import resolve_gpu
+    from tuner.flags import VllmFlags, resolve
+
+    gemma = model("google--gemma-2-2b-it")
+    small = resolve_gpu({"name": "small-card", "memory_gib": 7.5})
+    f = resolve(VllmFlags(max_model_len=8192, gpu_memory_utilization=0.9), small, gemma)
+    plan = plan_startup(gemma, small, f)
+    assert plan.reason == KV_CACHE_TOO_SMALL and plan.estimated_max_model_len is not None
+    pool = kv_pool(gemma, f)
+    est = plan.estimated_max_model_len
+    assert pool.needed_bytes(est) <= plan.available_kv_bytes < pool.needed_bytes(est + 1)
+    assert f"the estimated maximum model length is {est}." in (plan.message or "")
