@@ -7,13 +7,21 @@ study's feasibility filter (to skip, before any launch, a flag set that cannot s
 
 CUDA graphs are captured after the KV cache is allocated, so they and the sampler's transient buffers must fit
 in the `1 - utilization` headroom left beside other processes' memory: that is what runs out at 0.97+.
-Figures are per GPU: weights and KV heads are split over tensor-parallel ranks.
+Figures are per GPU: weights and KV heads are split over tensor-parallel ranks (an MLA latent is not).
+
+The pool is vLLM's KV cache groups (`get_kv_cache_groups`, `get_kv_cache_config_from_groups` and
+`get_max_concurrency_for_kv_cache_config` in vllm/v1/core/kv_cache_utils.py, 0.32): a model of full-attention layers
+is one group whose block holds every layer's page; a model mixing sliding-window and full layers (Gemma 2/3) has
+groups of equally many layers, one block size for all, and a request holds `cdiv(max_model_len, block)` blocks in a
+full group but only the window's `cdiv(min(window - 1 + in-flight tokens, max_model_len), block) + 1` in a sliding
+one. The tokens vLLM logs are `max concurrency x max_model_len`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.catalog.architectures import LayerGroup
 from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
 from tuner.flags import ResolvedFlags, validate
@@ -65,6 +73,96 @@ class StartupPlan:
         return self.reason is None
 
 
+# vLLM 0.32 schedules asynchronously by default on a GPU (VllmConfig: async_scheduling unless an incompatible option),
+# so two batches are in flight (`max_concurrent_batches`); sliding-window groups keep their blocks for both.
+ASYNC_BATCHES_GPU = 2
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KvPool:
+    """vLLM's KV cache groups for one model on one GPU: the bytes of one block (every layer of the widest group)
+    and, per group, its sliding window (None: full attention)."""
+
+    block_bytes: int
+    block_size: int
+    windows: tuple[int | None, ...]
+    in_flight_tokens: int
+
+    @property
+    def full_only(self) -> bool:
+        return all(w is None for w in self.windows)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.block_bytes // self.block_size
+
+    def blocks_per_request(self, max_len: int) -> int:
+        """Blocks one request of `max_len` tokens holds over all groups (max_memory_usage_bytes / page size)."""
+        total = 0
+        for window in self.windows:
+            if window is None:
+                total += _cdiv(max_len, self.block_size)
+            else:  # SlidingWindowSpec.max_admission_blocks_per_request
+                total += _cdiv(min(window - 1 + self.in_flight_tokens, max_len), self.block_size) + 1
+        return total
+
+    def tokens(self, num_blocks: int, max_len: int) -> int:
+        """The "KV cache size: N tokens" vLLM logs (get_kv_cache_capacity); whole blocks for full attention."""
+        if self.full_only and len(self.windows) == 1:
+            return num_blocks * self.block_size
+        per_request = self.blocks_per_request(max_len)
+        return int(num_blocks / per_request * max_len) if per_request else 0
+
+    def needed_bytes(self, max_len: int) -> int:
+        return self.block_bytes * self.blocks_per_request(max_len)
+
+    def longest_fitting(self, available: int, max_len: int) -> int:
+        """vLLM's estimated maximum model length: the longest request whose blocks fit (a binary search there)."""
+        if self.full_only and len(self.windows) == 1:
+            return max(0, available) // self.block_bytes * self.block_size if self.block_bytes else 0
+        lo, hi, best = 1, max_len, 0
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if self.needed_bytes(mid) <= available:
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+
+def kv_pool(model: ModelProfile, flags: ResolvedFlags, *, cpu: bool = False) -> KvPool:
+    """Group the model's layers as vLLM's KV cache manager does (kv_cache_utils.get_kv_cache_groups)."""
+    tp = flags.tensor_parallel_size
+    bs = flags.block_size
+    b = flags.kv_dtype_bytes if flags.kv_dtype_bytes is not None else model.dtype_bytes
+    groups: list[LayerGroup] = list(model.layer_groups)
+    windows = {g.sliding_window for g in groups}
+    in_flight = flags.max_num_batched_tokens * (1 if cpu else ASYNC_BATCHES_GPU)
+    if len(windows) > 1 and cpu:
+        # The CPU platform has no hybrid KV cache manager: sliding layers are cached as full ones
+        # (unify_hybrid_kv_cache_specs).
+        groups = [LayerGroup(g.layers, g.kv_heads, g.head_size, g.head_size_v, None, g.latent) for g in groups]
+        windows = {None}
+    if len(windows) == 1:
+        per_token = sum(g.layers * g.bytes_per_token(b, tp) for g in groups)
+        return KvPool(bs * per_token, bs, (next(iter(windows)),), in_flight)
+    # Hybrid: the smallest kind's layer count is the group size, unless the kinds are nearly equal
+    # (_get_kv_cache_groups_uniform_page_size); every group's page is group_size layers of one layer's page.
+    counts = [g.layers for g in groups]
+    size = min(counts)
+    if max(counts) < size * 1.5:
+        size = max(counts)
+    layer_page = max(g.bytes_per_token(b, tp) for g in groups) * bs
+    group_windows: list[int | None] = []
+    for g in groups:
+        group_windows += [g.sliding_window] * _cdiv(g.layers, size)
+    return KvPool(size * layer_page, bs, tuple(group_windows), in_flight)
+
+
 def cuda_graph_capture_sizes(flags: ResolvedFlags) -> list[int]:
     if flags.enforce_eager:
         return []
@@ -113,9 +211,10 @@ def plan_startup(
     act = activation_bytes(model, flags)
     non_torch = NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
     available = requested - weights - act - non_torch
-    bpt = model.kv_bytes_per_token(flags.kv_dtype_bytes) // tp
-    blocks = max(0, available) // (flags.block_size * bpt) if bpt else 0
-    kv_tokens = blocks * flags.block_size
+    pool = kv_pool(model, flags)
+    bpt = pool.bytes_per_token
+    blocks = max(0, available) // pool.block_bytes if pool.block_bytes else 0
+    kv_tokens = pool.tokens(blocks, flags.max_model_len)
     graphs = cuda_graph_bytes(model, flags)
     headroom = free - requested
 
@@ -131,7 +230,7 @@ def plan_startup(
             kv_bytes_per_token=bpt,
             num_gpu_blocks=blocks,
             kv_tokens=kv_tokens,
-            max_concurrency=kv_tokens / flags.max_model_len if flags.max_model_len > 0 else 0.0,
+            max_concurrency=_concurrency(pool, blocks, kv_tokens, flags.max_model_len),
             cuda_graph_bytes=graphs,
             headroom_bytes=headroom,
             reason=reason,
@@ -163,21 +262,30 @@ def plan_startup(
             "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
             "initializing the engine.",
         )
-    blocks_needed = -(-flags.max_model_len // flags.block_size)
-    needed = blocks_needed * flags.block_size * bpt
+    needed = pool.needed_bytes(flags.max_model_len)
     if needed > available:
+        est = pool.longest_fitting(available, flags.max_model_len)
         return plan(
             KV_CACHE_TOO_SMALL,
             f"To serve at least one request with the models's max seq len ({flags.max_model_len}), "
             f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
             f"({available / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
-            f"{kv_tokens}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            f"{est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
             "initializing the engine.",
-            kv_tokens,
+            est,
         )
     if graphs + _RUNTIME_SLACK_BYTES > headroom:
         return plan(CUDA_OOM, cuda_oom_message(graphs, total, max(0, headroom)))
     return plan()
+
+
+def _concurrency(pool: KvPool, blocks: int, kv_tokens: int, max_len: int) -> float:
+    if max_len <= 0:
+        return 0.0
+    if pool.full_only and len(pool.windows) == 1:
+        return kv_tokens / max_len
+    per_request = pool.blocks_per_request(max_len)
+    return blocks / per_request if per_request else 0.0
 
 
 def cuda_oom_message(tried_bytes: int, total_bytes: int, free_bytes: int) -> str:
@@ -207,9 +315,10 @@ def plan_cpu_startup(
     weights = model.weight_bytes // tp
     explicit = cpu.kv_space_gib is not None
     available = int((cpu.kv_space_gib or 0) * GIB) if explicit else requested - weights - CPU_RUNTIME_BYTES
-    bpt = model.kv_bytes_per_token(flags.kv_dtype_bytes) // tp
-    blocks = max(0, available) // (flags.block_size * bpt) if bpt else 0
-    kv_tokens = blocks * flags.block_size
+    pool = kv_pool(model, flags, cpu=True)
+    bpt = pool.bytes_per_token
+    blocks = max(0, available) // pool.block_bytes if pool.block_bytes else 0
+    kv_tokens = pool.tokens(blocks, flags.max_model_len)
 
     def plan(reason: str | None = None, message: str | None = None, est: int | None = None) -> StartupPlan:
         return StartupPlan(
@@ -223,7 +332,7 @@ def plan_cpu_startup(
             kv_bytes_per_token=bpt,
             num_gpu_blocks=blocks,
             kv_tokens=kv_tokens,
-            max_concurrency=kv_tokens / flags.max_model_len if flags.max_model_len > 0 else 0.0,
+            max_concurrency=_concurrency(pool, blocks, kv_tokens, flags.max_model_len),
             cuda_graph_bytes=0,
             headroom_bytes=free - (available if explicit else requested),
             reason=reason,
@@ -255,17 +364,18 @@ def plan_cpu_startup(
             f"{node} on kv cache allocation is less than requested memory for kv ({available / GIB:.2f}/"
             f"{requested / GIB:.2f} GiB). Reduce CPU memory used by other processes.",
         )
-    needed = -(-flags.max_model_len // flags.block_size) * flags.block_size * bpt
+    needed = pool.needed_bytes(flags.max_model_len)
     if needed > available:
-        estimate = f"Based on the available memory, the estimated maximum model length is {kv_tokens}. "
+        est = pool.longest_fitting(available, flags.max_model_len)
+        estimate = f"Based on the available memory, the estimated maximum model length is {est}. "
         return plan(
             KV_CACHE_TOO_SMALL,
             f"To serve at least one request with the model's max seq len ({flags.max_model_len}), "
             f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({available / GIB:.2f} GiB). {estimate if kv_tokens > 0 else ''}Try increasing "
+            f"({available / GIB:.2f} GiB). {estimate if est > 0 else ''}Try increasing "
             "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
             "`max_model_len` when initializing the engine. "
             "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
-            kv_tokens,
+            est,
         )
     return plan()

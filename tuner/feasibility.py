@@ -8,6 +8,9 @@ not enough free memory, weights that do not fit) are taken as they are.
 
 A small margin lets borderline flag sets through: a wrong "cannot start" loses a candidate for the whole night, a
 wrong "can start" costs one failed launch.
+
+A model whose architecture the arithmetic does not know (`ModelProfile.predictable` False) gets no prediction: its
+flag sets are checked for vLLM's argument rules only and launched, so the servers measure what the arithmetic cannot.
 """
 
 from __future__ import annotations
@@ -16,12 +19,21 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tuner.capacity import CUDA_OOM, KV_CACHE_TOO_SMALL, NO_KV_MEMORY, StartupPlan, cuda_oom_message, plan_startup
+from tuner.capacity import (
+    CUDA_OOM,
+    INVALID_FLAGS,
+    KV_CACHE_TOO_SMALL,
+    NO_KV_MEMORY,
+    StartupPlan,
+    cuda_oom_message,
+    plan_startup,
+)
 from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
-from tuner.flags import VllmFlags, resolve
+from tuner.flags import VllmFlags, resolve, validate
 
 DEFAULT_MARGIN = 0.03
+NO_PREDICTION = "no prediction: launched to measure"
 
 
 @dataclass(frozen=True)
@@ -36,9 +48,18 @@ class Prediction:
     max_concurrency: float
     kv_scale: float
     estimated_max_model_len: int | None = None
+    predicted: bool = True  # False: the arithmetic does not know the model; `message` says so
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def describe(self) -> str:
+        """One line for people: the verdict and its figures, or why there is none."""
+        if not self.predicted:
+            return self.message or NO_PREDICTION
+        if self.ok:
+            return f"starts, {self.kv_tokens:,} KV tokens"
+        return f"predicted not to start: {self.reason}"
 
 
 class FeasibilityModel:
@@ -75,6 +96,19 @@ class FeasibilityModel:
 
     def predict(self, flags: VllmFlags) -> Prediction:
         resolved = resolve(flags, self.gpu, self.model)
+        count = self.gpu.count
+        if count is not None and resolved.tensor_parallel_size > count:
+            message = (
+                f"tensor_parallel_size ({resolved.tensor_parallel_size}) needs more GPUs than the {count} "
+                f"{self.gpu.device_name} this machine has"
+            )
+            return Prediction(False, INVALID_FLAGS, message, 0, 0, 0.0, self.kv_scale)
+        if not self.model.predictable:
+            invalid = validate(resolved, self.model)
+            if invalid:
+                return Prediction(False, INVALID_FLAGS, invalid, 0, 0, 0.0, 1.0)
+            why = f" ({self.model.unknown_reason})" if self.model.unknown_reason else ""
+            return Prediction(True, None, NO_PREDICTION + why, 0, 0, 0.0, 1.0, predicted=False)
         plan = plan_startup(self.model, self.gpu, resolved, self.memory_in_use_gib)
         scale = self.kv_scale
         block = resolved.block_size
@@ -106,4 +140,4 @@ class FeasibilityModel:
         return verdict(None, None)
 
 
-__all__ = ["DEFAULT_MARGIN", "FeasibilityModel", "Prediction"]
+__all__ = ["DEFAULT_MARGIN", "NO_PREDICTION", "FeasibilityModel", "Prediction"]

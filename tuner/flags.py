@@ -111,7 +111,8 @@ def default_flags(gpu: GpuProfile, model: ModelProfile) -> VllmFlags:
     r = resolve(VllmFlags(), gpu, model)
     return VllmFlags(
         max_num_seqs=r.max_num_seqs,
-        max_model_len=r.max_model_len,
+        # a config without a context limit: vLLM derives its own, so the baseline leaves it to vLLM
+        max_model_len=r.max_model_len if model.context_from_config else None,
         gpu_memory_utilization=r.gpu_memory_utilization,
         max_num_batched_tokens=r.max_num_batched_tokens,
     )
@@ -131,6 +132,10 @@ def resolve(flags: VllmFlags, gpu: GpuProfile, model: ModelProfile) -> ResolvedF
         tp = flags.tensor_parallel_size
         batched = flags.max_num_batched_tokens or CPU_MAX_NUM_BATCHED_TOKENS * tp
         seqs = flags.max_num_seqs or CPU_MAX_NUM_SEQS * tp
+    elif gpu.is_largest:
+        # vLLM 0.32's EngineArgs.get_batch_defaults: >= 160 GiB (B200, MI300X) gets 16384 tokens for the server too
+        batched = flags.max_num_batched_tokens or 16384
+        seqs = flags.max_num_seqs or min(1024, batched)
     else:
         batched = flags.max_num_batched_tokens or (8192 if high else 2048)
         seqs = flags.max_num_seqs or min(1024 if high else 256, batched)
@@ -156,7 +161,7 @@ def validate(flags: ResolvedFlags, model: ModelProfile) -> str | None:
     u = flags.gpu_memory_utilization
     if not 0 < u <= 1:
         return f"GPU memory utilization must be less than 1.0. Got {u}."
-    if flags.max_model_len > model.max_position_embeddings:
+    if model.context_from_config and flags.max_model_len > model.max_position_embeddings:
         return (
             f"User-specified max_model_len ({flags.max_model_len}) is greater than the derived max_model_len "
             f"(max_position_embeddings={model.max_position_embeddings} or model_max_length=None in model's "

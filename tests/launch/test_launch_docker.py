@@ -12,7 +12,7 @@ from launch_contract import MODEL, containers_of, emulator_image_ref, new_marker
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import DockerLauncher
-from tuner.launch.docker import _device_requests
+from tuner.launch.docker import ROCM_IMAGE, _device_requests, gpu_create_kwargs, gpu_environment
 
 __all__ = ["emulator_image_ref"]  # a fixture, used by name
 
@@ -23,6 +23,20 @@ def test_gpu_requests() -> None:
     (some,) = _device_requests(["0", "2"])
     assert some["DeviceIDs"] == ["0", "2"]
     assert _device_requests(None) == [] and _device_requests("none") == []
+
+
+def test_amd_gpus_are_devices_not_device_requests() -> None:
+    amd = gpu_create_kwargs("all", "amd")
+    assert amd["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
+    assert amd["group_add"] == ["video"] and amd["security_opt"] == ["seccomp=unconfined"]
+    assert "device_requests" not in amd
+    assert gpu_environment(["0", "3"], "amd") == {"HIP_VISIBLE_DEVICES": "0,3"}
+    assert gpu_environment("all", "amd") == {} and gpu_environment(["0"], "nvidia") == {}
+    assert gpu_create_kwargs(None, "amd") == {}
+    assert list(gpu_create_kwargs("all")) == ["device_requests"]
+    launcher = DockerLauncher(model=MODEL, vendor="amd", client=object())
+    assert launcher.image == ROCM_IMAGE
+    assert DockerLauncher("my/rocm:1", MODEL, vendor="amd", client=object()).image == "my/rocm:1"
 
 
 @pytest.mark.docker

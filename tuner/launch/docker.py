@@ -52,6 +52,32 @@ def docker_sdk() -> Any:
     return importlib.import_module("docker")
 
 
+# AMD GPUs (ROCm): vLLM's ROCm image and the devices, group and seccomp profile its docs' `docker run` gives.
+ROCM_IMAGE = "vllm/vllm-openai-rocm:latest"
+_AMD_DEVICES = ("/dev/kfd", "/dev/dri")
+_NO_AMD_DEVICES = ("/dev/kfd", "/dev/dri")
+
+
+def gpu_create_kwargs(gpus: Gpus, vendor: str = "nvidia") -> dict[str, Any]:
+    """Docker's create() arguments that give a container its GPUs: NVIDIA's device requests, or AMD's devices."""
+    if gpus is None or gpus == "none":
+        return {}
+    if vendor == "amd":
+        return {
+            "devices": [f"{d}:{d}:rwm" for d in _AMD_DEVICES],
+            "group_add": ["video"],
+            "security_opt": ["seccomp=unconfined"],
+        }
+    return {"device_requests": _device_requests(gpus)}
+
+
+def gpu_environment(gpus: Gpus, vendor: str = "nvidia") -> dict[str, str]:
+    """AMD containers see every GPU through /dev/dri; a subset is chosen by HIP_VISIBLE_DEVICES."""
+    if vendor != "amd" or gpus is None or isinstance(gpus, str):
+        return {}
+    return {"HIP_VISIBLE_DEVICES": ",".join(gpus)}
+
+
 def _device_requests(gpus: Gpus) -> list[Any]:
     if gpus is None or gpus == "none":
         return []
@@ -169,8 +195,13 @@ class DockerLauncher:
         shm_size: str | None = None,
         client: Any = None,
         gpu_idle: GpuIdleWaiter | None = None,
+        vendor: str = "nvidia",
     ) -> None:
-        self.image = image
+        if vendor not in ("nvidia", "amd"):
+            raise ValueError(f"vendor must be nvidia or amd, not {vendor!r}")
+        self.vendor = vendor
+        # AMD GPUs need vLLM's ROCm build: the CUDA image is swapped for it unless an image was chosen
+        self.image = ROCM_IMAGE if vendor == "amd" and image == DEFAULT_IMAGE else image
         self.model = model
         self.served_model_name = served_model_name
         self.gpus = gpus
@@ -231,7 +262,7 @@ class DockerLauncher:
         missing = [n for n in self.env if n not in os.environ]
         if missing:
             log.warning("not passed to the container (not set in the tuner's environment): %s", ", ".join(missing))
-        return {n: os.environ[n] for n in self.env if n in os.environ}
+        return {n: os.environ[n] for n in self.env if n in os.environ} | gpu_environment(self.gpus, self.vendor)
 
     def _volumes(self) -> dict[str, dict[str, str]]:
         binds: dict[str, dict[str, str]] = {}
@@ -313,8 +344,7 @@ class DockerLauncher:
             "ipc_mode": "host",
             "init": True,  # tini as PID 1: SIGTERM reaches the server even before it installs handlers
         }
-        if requests := _device_requests(self.gpus):
-            kwargs["device_requests"] = requests
+        kwargs.update(gpu_create_kwargs(self.gpus, self.vendor))
         if self.shm_size:
             kwargs["shm_size"] = self.shm_size
         try:
@@ -330,6 +360,12 @@ class DockerLauncher:
             handle.container.start()
         except docker_sdk().errors.APIError as e:
             text = str(e.explanation or e)
+            if self.vendor == "amd" and any(s in text for s in _NO_AMD_DEVICES):
+                raise LaunchError(
+                    f"Docker cannot give the container AMD GPUs ({', '.join(_AMD_DEVICES)}): {text}. Install the "
+                    "ROCm driver (amdgpu) on the host, or pass gpus=None for an image that needs no GPU",
+                    CANNOT_LAUNCH,
+                ) from None
             if any(s in text for s in _NO_GPU_RUNTIME):
                 raise LaunchError(
                     f"Docker cannot give the container GPUs (gpus={self.gpus!r}): {text}. Install the NVIDIA "
