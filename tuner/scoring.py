@@ -25,10 +25,13 @@ __all__ = [
     "LoadSummary",
     "Percentiles",
     "Slo",
+    "closest",
+    "objective_latency",
     "parse_slo",
     "percentile",
     "request_value",
     "summarize",
+    "total_violation",
 ]
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -272,3 +275,23 @@ def summarize(records: Iterable[RequestRecord], *, duration_s: float, slos: Sequ
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
     )
+
+
+def objective_latency(summary: LoadSummary, metric: str, worst: float) -> float:
+    """The latency a trial is scored on (its `metric`, e.g. e2e_p95); `worst` (the request timeout) when no request
+    succeeded or the value is not finite, so a run that served nothing ranks with a failed start."""
+    if summary.requests_succeeded == 0:
+        return worst
+    value = float(summary.metric(metric))
+    return value if math.isfinite(value) else worst
+
+
+def total_violation(violations: Sequence[float]) -> float:
+    """How far a run is from meeting its SLOs: the sum of the positive violations (0: every SLO met)."""
+    return sum(max(0.0, v) for v in violations)
+
+
+def closest(violations: Sequence[Sequence[float]]) -> int:
+    """The index of the run that came closest to its SLOs (the first of equals); a run with no violations listed
+    (it was not judged) counts as the farthest."""
+    return min(range(len(violations)), key=lambda i: total_violation(violations[i]) if violations[i] else math.inf)

@@ -209,7 +209,8 @@ def tune(
 
 
 def run(job: Job, url: str, log_file: Path | None = None) -> None:
-    from tuner.study import TuningRun, build_launcher
+    from tuner.launch.factory import build_launcher
+    from tuner.study import TuningRun
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     log = _Log(log_file)

@@ -16,8 +16,8 @@ from tuner.cli import app
 from tuner.cli.morning import JobOpt, JsonOpt, StorageOpt, StudyArg, _console, _view, measured_trial, trial_flags
 from tuner.config import Job, load_job, parse_job
 from tuner.errors import ConfigError, LaunchError, TunerError
+from tuner.launch.factory import build_launcher
 from tuner.report import BEST_CHOICES, StudyView, TrialView, choose, pareto_front
-from tuner.study import build_launcher
 from tuner.verify import Verification, VerifyRun, verify_flags
 
 __all__ = ["verify_cmd"]
