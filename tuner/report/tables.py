@@ -14,6 +14,8 @@ from tuner.report.front import BEST_CHOICES, choose, ratios
 from tuner.report.views import StudyView, TrialView
 
 __all__ = [
+    "FLAG_LABELS",
+    "flag_label",
     "flags_table",
     "flags_text",
     "fmt",
@@ -25,7 +27,8 @@ __all__ = [
     "summary_table",
 ]
 
-_SHORT = {
+# One short label per vLLM flag, for every flag list a person reads (the morning tables, `tuner tune`'s lines).
+FLAG_LABELS = {
     "max_num_seqs": "seqs",
     "max_model_len": "len",
     "gpu_memory_utilization": "util",
@@ -37,6 +40,10 @@ _SHORT = {
     "enable_prefix_caching": "prefix",
     "enforce_eager": "eager",
 }
+
+
+def flag_label(flag: str) -> str:
+    return FLAG_LABELS.get(flag, flag)
 
 
 def fmt(v: float | None, spec: str = ",.1f", suffix: str = "") -> str:
@@ -53,7 +60,7 @@ def flags_text(flags: dict[str, Any]) -> str:
     for k, v in flags.items():
         if isinstance(v, bool):
             v = "on" if v else "off"
-        parts.append(f"{_SHORT.get(k, k)}={v}")
+        parts.append(f"{flag_label(k)}={v}")
     return " ".join(parts) or "(vLLM defaults)"
 
 
