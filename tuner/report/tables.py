@@ -12,6 +12,7 @@ from tuner.errors import TunerError
 from tuner.flags import VllmFlags
 from tuner.report.front import BEST_CHOICES, choose, ratios
 from tuner.report.views import StudyView, TrialView
+from tuner.scoring import LATENCY_METRICS, STATS
 
 __all__ = [
     "FLAG_LABELS",
@@ -157,11 +158,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
         f"goodput {summary.get('goodput', 0):.2f} req/s · concurrency {summary.get('concurrency', 0):.1f}"
     )
     table = Table(title=head)
-    stats = ("mean", "p50", "p90", "p95", "p99", "max")
+    stats = STATS
     table.add_column("latency (s)")
     for st in stats:
         table.add_column(st, justify="right")
-    for metric in ("ttft", "tpot", "itl", "e2e"):
+    for metric in LATENCY_METRICS:
         p = summary.get(metric) or {}
         table.add_row(metric, *(fmt(p.get(st), ".4f") for st in stats))
     return table
