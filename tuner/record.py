@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "CRASHED",
@@ -21,6 +21,7 @@ __all__ = [
     "OUTCOMES",
     "RECORD_VERSION",
     "SKIPPED_INFEASIBLE",
+    "StoredJob",
     "TrialRecord",
 ]
 
@@ -129,3 +130,50 @@ _READERS: dict[str, Any] = {
     "list[str] | None": lambda v: [str(x) for x in v] if isinstance(v, list) else None,
     "list[float] | None": lambda v: [float(x) for x in v if _number(x) is not None] if isinstance(v, list) else None,
 }
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StoredLauncherOptions(_Lenient):
+    model_id: str | None = None
+    image: str | None = None
+    env: list[str] = Field(default_factory=list)
+
+
+class StoredTarget(_Lenient):
+    launcher: str | None = None
+    docker: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
+    process: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
+    emulator: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
+
+    def section(self, name: str) -> StoredLauncherOptions | None:
+        value = getattr(self, name, None) if name in ("docker", "process", "emulator") else None
+        return value if isinstance(value, StoredLauncherOptions) else None
+
+
+class StoredJob(_Lenient):
+    """What the readers of a study use of the job stored with it (`study.user_attrs["job"]`, `Job.as_record()`):
+    read leniently, since a study written by another release or by hand may hold any part of it, or none."""
+
+    target: StoredTarget = Field(default_factory=StoredTarget)
+    latency_metric: str | None = None
+    request_timeout: float | None = None
+
+    @classmethod
+    def of(cls, attrs: dict[str, Any]) -> StoredJob:
+        job = attrs.get("job")
+        if not isinstance(job, dict):
+            return cls()
+        try:
+            return cls.model_validate(job)
+        except ValidationError:
+            # One odd part must not hide the rest: the parts that read, alone.
+            parts = {}
+            for name in cls.model_fields:
+                try:
+                    parts[name] = getattr(cls.model_validate({name: job[name]}), name)
+                except (KeyError, ValidationError):
+                    continue
+            return cls.model_validate(parts)

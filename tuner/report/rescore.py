@@ -92,9 +92,8 @@ class _Run:
 
 
 def rescore(view: StudyView, source: RecordSource, slos: Sequence[Slo]) -> RescoreResult:
-    job = view.attrs.get("job") if isinstance(view.attrs.get("job"), dict) else {}
-    timeout = (job or {}).get("request_timeout")
-    worst_latency = float(timeout) if isinstance(timeout, int | float) else 60.0
+    timeout = view.job.request_timeout
+    worst_latency = float(timeout) if timeout is not None else 60.0
     rescorer = _Rescorer(view.name, source, list(slos), view.latency_metric, worst_latency)
     out = [rescorer.trial(t) for t in view.trials]
     # A duplicate ran nothing itself: it takes its original's new verdict.

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError
-from tuner.record import MEASURED, TrialRecord
+from tuner.record import MEASURED, StoredJob, TrialRecord
 from tuner.scoring import Slo, parse_slo
 
 __all__ = ["StudyView", "TrialView", "study_view", "trial_view"]
@@ -109,14 +109,18 @@ class StudyView:
         return int(n) if isinstance(n, int | float) else None
 
     @property
+    def job(self) -> StoredJob:
+        """The job stored with the study, as far as it reads (nothing of it for a study written by hand)."""
+        return StoredJob.of(self.attrs)
+
+    @property
     def baseline(self) -> TrialView | None:
         return next((t for t in self.trials if t.baseline), None)
 
     @property
     def latency_metric(self) -> str:
         """The P95 minimised beside throughput: as the job chose it, else its first latency SLO, else e2e_p95."""
-        job = self.attrs.get("job") if isinstance(self.attrs.get("job"), dict) else {}
-        chosen = self.attrs.get("latency_metric") or (job or {}).get("latency_metric")
+        chosen = self.attrs.get("latency_metric") or self.job.latency_metric
         chosen = chosen or next((t.latency_metric for t in self.trials if t.latency_metric), None)
         if isinstance(chosen, str) and chosen:
             return chosen
