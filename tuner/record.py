@@ -143,14 +143,23 @@ class StoredLauncherOptions(_Lenient):
 
 
 class StoredTarget(_Lenient):
+    # Every launcher kind's options section is kept (a kind added later needs no line here); these two are named
+    # because an export reads them whatever the launcher was.
+    model_config = ConfigDict(extra="allow")
+
     launcher: str | None = None
     docker: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
     process: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
-    emulator: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
 
     def section(self, name: str) -> StoredLauncherOptions | None:
-        value = getattr(self, name, None) if name in ("docker", "process", "emulator") else None
-        return value if isinstance(value, StoredLauncherOptions) else None
+        """The options section of launcher kind `name`, if the job has one that reads."""
+        value = getattr(self, name, None) if name in type(self).model_fields else (self.model_extra or {}).get(name)
+        if isinstance(value, StoredLauncherOptions) or not isinstance(value, dict):
+            return value if isinstance(value, StoredLauncherOptions) else None
+        try:
+            return StoredLauncherOptions.model_validate(value)
+        except ValidationError:
+            return None
 
 
 class StoredJob(_Lenient):

@@ -28,6 +28,7 @@ from tuner.cli import app
 from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.export import DEFAULT_IMAGE, FORMATS, render
 from tuner.flags import VllmFlags
+from tuner.record import OUTCOMES
 from tuner.report import (
     BEST_CHOICES,
     StudyView,
@@ -80,7 +81,7 @@ JobOpt = Annotated[
 StudyArg = Annotated[str | None, typer.Argument(help="Study name (default: the --job file's).", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
-_OUTCOMES = ("measured", "launch_failed", "crashed", "skipped_infeasible", "interrupted", "running", "waiting", "fail")
+_OUTCOMES = (*OUTCOMES, "running", "waiting", "fail")  # the record's outcomes, and Optuna states without one
 _SORT_KEYS = ("number", "throughput", "latency", "ttft", "e2e", "success")
 
 
