@@ -18,6 +18,8 @@ from tuner.flags import VllmFlags
 from tuner.launch import StartupFacts
 from tuner.launch.factory import LAUNCHERS
 from tuner.record import RECORD_VERSION, StoredJob, TrialRecord
+from tuner.store import TrialDetail
+from tuner.store.store import TrialFields
 from tuner.study import Objective
 from tuner.study.samplers import SAMPLERS as SAMPLER_FACTORIES
 
@@ -93,3 +95,8 @@ def test_every_sampler_and_launcher_a_job_may_name_has_a_factory() -> None:
     assert set(SAMPLER_FACTORIES) == set(SAMPLERS)
     launcher_kinds = TargetSection.model_fields["launcher"].annotation
     assert set(LAUNCHERS) == set(launcher_kinds.__args__)  # type: ignore[union-attr]
+
+
+def test_the_stores_fields_are_its_details() -> None:
+    detail = set(TrialDetail.__dataclass_fields__) - {"study", "number", "created_at", "updated_at"}
+    assert set(TrialFields.__annotations__) == detail
