@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import socket
 import statistics
 import subprocess
@@ -33,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner.load.workload import _WORDS  # noqa: E402  (one-token words, shared with the synthetic prompts)
+from tuner.load.workload import Workload  # noqa: E402
 
 _TOKENIZER_SCRIPT = """
 import sys
@@ -123,14 +122,16 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-agree-") as tmp_s:
         tmp = Path(tmp_s)
-        rng = random.Random(7)
+        # tuner's own synthetic chat prompts (one-token words), so the tokenizer's vocabulary is their words.
+        synthetic = Workload(api="chat", input_len=512, output_len=128, seed=7).prompts()
+        texts = [str(next(synthetic).prompt) for _ in range(args.requests)]
         dataset = tmp / "prompts.jsonl"
         with dataset.open("w") as f:
-            for _ in range(args.requests):
-                text = " ".join(rng.choice(_WORDS) for _ in range(512))
+            for text in texts:
                 f.write(json.dumps({"text": text, "output_length": 128}) + "\n")
+        words = " ".join(sorted({w for text in texts for w in text.split()}))
         tokenizer = tmp / "tokenizer"
-        subprocess.run([aiperf_python, "-c", _TOKENIZER_SCRIPT, str(tokenizer), " ".join(_WORDS)], check=True,
+        subprocess.run([aiperf_python, "-c", _TOKENIZER_SCRIPT, str(tokenizer), words], check=True,
                        stderr=subprocess.DEVNULL)  # fmt: skip
 
         port = _free_port()

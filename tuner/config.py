@@ -16,11 +16,21 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, cast, get_args
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 from tuner.catalog import get_gpu, load_model
 from tuner.catalog.gpus import GpuProfile
@@ -33,7 +43,10 @@ from tuner.space import ParamSpec, SearchSpace
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
 _UNIT_SECONDS = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid")
+_T = TypeVar("_T")
+# The samplers a job may name; each has its factory in tuner.study.samplers.
+SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid"]
+SAMPLERS: tuple[str, ...] = get_args(SamplerName)
 
 
 def parse_duration(value: Any) -> float:
@@ -170,7 +183,7 @@ class Budget(_Model):
 
 
 class SamplerSection(_Model):
-    name: Literal["tpe", "gp", "nsga2", "random", "grid"] = "tpe"
+    name: SamplerName = "tpe"
     seed: int | None = 0
     n_startup_trials: int | None = Field(default=None, ge=0, description="random trials before the model (tpe, gp)")
     population_size: int | None = Field(default=None, ge=2, description="nsga2 population")
@@ -211,6 +224,8 @@ class Job(_Model):
 
     # Where the job file was read from: relative paths (storage, dataset) are resolved against it.
     source: Path | None = Field(default=None, exclude=True)
+    # The SLOs, GPU and model parsed from their text (see `_resolved`).
+    _parsed: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _latency_metric(self) -> Job:
@@ -226,7 +241,7 @@ class Job(_Model):
     # -- derived --------------------------------------------------------------------------------------------------
 
     def parsed_slos(self) -> list[Slo]:
-        return [parse_slo(s) for s in self.slos]
+        return list(self._resolved("slos", tuple(self.slos), lambda: tuple(parse_slo(s) for s in self.slos)))
 
     def primary_latency(self) -> str:
         if self.latency_metric:
@@ -237,10 +252,20 @@ class Job(_Model):
         return "e2e_p95"
 
     def gpu_profile(self) -> GpuProfile:
-        return get_gpu(self.target.gpu)
+        return self._resolved("gpu", self.target.gpu, lambda: get_gpu(self.target.gpu))
 
     def model_profile(self) -> ModelProfile:
-        return load_model(self.target.model)
+        # A model directory's config.json is read once, not at every trial.
+        return self._resolved("model", self.target.model, lambda: load_model(self.target.model))
+
+    def _resolved(self, name: str, source: Any, resolve: Callable[[], _T]) -> _T:
+        """The parsed form of a field, parsed once: kept with the text it came from, so a copy with another text
+        (`model_copy(update=...)`) parses its own."""
+        cached = self._parsed.get(name)
+        if cached is None or cached[0] != source:
+            cached = (source, resolve())
+            self._parsed[name] = cached
+        return cast(_T, cached[1])
 
     def search_space(self) -> SearchSpace:
         return SearchSpace.build(
@@ -371,6 +396,7 @@ __all__ = [
     "FeasibilitySection",
     "Job",
     "ProcessOptions",
+    "SamplerName",
     "SamplerSection",
     "StudySection",
     "TargetSection",

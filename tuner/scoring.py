@@ -7,33 +7,119 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Literal, cast
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.errors import ConfigError
 
-if TYPE_CHECKING:  # tuner.load imports this module; only the type is needed here
-    from tuner.load.results import RequestRecord
-
 __all__ = [
     "LATENCY_METRICS",
+    "METRICS",
     "NO_DATA_VIOLATION",
     "RATE_METRICS",
     "STATS",
     "LoadSummary",
+    "Metric",
     "Percentiles",
+    "RequestLike",
     "Slo",
+    "closest",
+    "latency_metrics",
+    "objective_latency",
     "parse_slo",
     "percentile",
     "request_value",
     "summarize",
+    "total_violation",
 ]
 
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+class RequestLike(Protocol):
+    """What scoring reads of one request (`tuner.load.results.RequestLike` is one): scoring depends on no loader."""
+
+    @property
+    def warmup(self) -> bool: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def ttft_s(self) -> float | None: ...
+    @property
+    def itl_s(self) -> list[float]: ...
+    @property
+    def e2e_s(self) -> float: ...
+    @property
+    def tpot_s(self) -> float | None: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def error_class(self) -> str | None: ...
+    @property
+    def error_message(self) -> str | None: ...
+    @property
+    def usage_from_server(self) -> bool: ...
+
+
 STATS = ("mean", "p50", "p90", "p95", "p99", "max")
-RATE_METRICS = ("success_rate", "request_throughput", "output_throughput", "total_throughput", "goodput")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric an SLO can name, a summary reports and a table shows.
+
+    A latency (`samples` set) is named with a statistic in an SLO (`ttft_p95`, seconds, written with a time unit) and
+    summarised as a `Percentiles` field of `LoadSummary` of the same name; a rate is a plain `LoadSummary` field.
+    """
+
+    name: str
+    unit: str  # what a value is in: "s" for every latency; "fraction", "req/s", "tok/s" for the rates
+    label: str  # its short name in a table
+    # latency: its values in one successful request (pooled over the run); None for a rate
+    samples: Callable[[RequestLike], Sequence[float]] | None = None
+    # latency: one request's own value under a statistic (goodput, the early stop); None: it has none
+    own: Callable[[RequestLike, str], float | None] | None = None
+    per_request: bool = False  # one value per request, so a percentile's miss is certain early (the SLO guard)
+
+    @property
+    def is_latency(self) -> bool:
+        return self.samples is not None
+
+
+def _one(value: float | None) -> Sequence[float]:
+    return () if value is None else (value,)
+
+
+def _own_itl(record: RequestLike, stat: str) -> float | None:
+    # A request's own gaps under the same statistic; a one-token reply has no gap and cannot miss an ITL SLO.
+    return Percentiles.of(record.itl_s).stat(stat) if record.itl_s else 0.0
+
+
+_METRICS = (
+    Metric("ttft", "s", "TTFT", lambda r: _one(r.ttft_s), lambda r, _: r.ttft_s, per_request=True),
+    Metric("tpot", "s", "TPOT", lambda r: _one(r.tpot_s), lambda r, _: r.tpot_s, per_request=True),
+    Metric("itl", "s", "ITL", lambda r: r.itl_s, _own_itl),  # pools every gap: its count is not the requests'
+    Metric("e2e", "s", "e2e", lambda r: (r.e2e_s,), lambda r, _: r.e2e_s, per_request=True),
+    Metric("success_rate", "fraction", "success"),
+    Metric("request_throughput", "req/s", "req/s"),
+    Metric("output_throughput", "tok/s", "tok/s"),
+    Metric("total_throughput", "tok/s", "total tok/s"),
+    Metric("goodput", "req/s", "goodput"),
+)
+METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
+"""Every metric by name, latencies first in the order tables show them. A new one is an entry here (and, for a
+latency, its `Percentiles` field in `LoadSummary`; for a rate, its field and its line in `summarize`)."""
+
+LATENCY_METRICS = tuple(m.name for m in _METRICS if m.is_latency)
+RATE_METRICS = tuple(m.name for m in _METRICS if not m.is_latency)
+
+
+def latency_metrics() -> list[Metric]:
+    return [m for m in _METRICS if m.is_latency]
+
 
 NO_DATA_VIOLATION = 1.0e6
 """Violation reported for a latency SLO when no request succeeded: finite (storable as JSON), far above any real one."""
@@ -164,7 +250,7 @@ class Slo(BaseModel):
             return 1e-12
         return excess / scale
 
-    def request_meets(self, record: RequestRecord) -> bool:
+    def request_meets(self, record: RequestLike) -> bool:
         """Per-request reading of a latency SLO, for goodput: the request's own value against the threshold."""
         base, _, stat = self.metric.partition("_")
         value = request_value(record, base, stat)
@@ -183,18 +269,12 @@ def _compare(value: float, op: Op, threshold: float) -> bool:
     return value > threshold
 
 
-def request_value(record: RequestRecord, base: str, stat: str) -> float | None:
+def request_value(record: RequestLike, base: str, stat: str) -> float | None:
     """One request's own value of a latency metric (ttft, tpot, e2e; itl under `stat`); None if it has none."""
-    if base == "ttft":
-        return record.ttft_s
-    if base == "e2e":
-        return record.e2e_s
-    if base == "tpot":
-        return record.tpot_s
-    if base == "itl":
-        # A request's own gaps under the same statistic; a one-token reply has no gap and cannot miss an ITL SLO.
-        return Percentiles.of(record.itl_s).stat(stat) if record.itl_s else 0.0
-    return None
+    metric = METRICS.get(base)
+    if metric is None or metric.own is None:
+        return None
+    return metric.own(record, stat)
 
 
 _SLO_RE = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-z%]*)\s*$")
@@ -234,7 +314,7 @@ def _fmt_seconds(s: float) -> str:
     return f"{s:g}s"
 
 
-def summarize(records: Iterable[RequestRecord], *, duration_s: float, slos: Sequence[Slo] = ()) -> LoadSummary:
+def summarize(records: Iterable[RequestLike], *, duration_s: float, slos: Sequence[Slo] = ()) -> LoadSummary:
     """Summary of the measured (non-warm-up) records over a measured phase of `duration_s` seconds."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
@@ -251,7 +331,9 @@ def summarize(records: Iterable[RequestRecord], *, duration_s: float, slos: Sequ
     latency_slos = [s for s in slos if s.is_latency]
     good = [r for r in ok if all(s.request_meets(r) for s in latency_slos)]
     busy = math.fsum(r.e2e_s for r in measured)
+    latencies = {m.name: Percentiles.of([v for r in ok for v in m.samples(r)]) for m in _METRICS if m.samples}
     return LoadSummary(
+        **latencies,
         requests_sent=len(measured),
         requests_succeeded=len(ok),
         requests_failed=len(measured) - len(ok),
@@ -262,13 +344,29 @@ def summarize(records: Iterable[RequestRecord], *, duration_s: float, slos: Sequ
         request_throughput=len(ok) * per_s,
         output_throughput=completion_tokens * per_s,
         total_throughput=(prompt_tokens + completion_tokens) * per_s,
-        ttft=Percentiles.of([r.ttft_s for r in ok if r.ttft_s is not None]),
-        tpot=Percentiles.of([t for r in ok if (t := r.tpot_s) is not None]),
-        itl=Percentiles.of([g for r in ok for g in r.itl_s]),
-        e2e=Percentiles.of([r.e2e_s for r in ok]),
         goodput=len(good) * per_s,
         concurrency=busy * per_s,
         usage_from_server=all(r.usage_from_server for r in ok),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
     )
+
+
+def objective_latency(summary: LoadSummary, metric: str, worst: float) -> float:
+    """The latency a trial is scored on (its `metric`, e.g. e2e_p95); `worst` (the request timeout) when no request
+    succeeded or the value is not finite, so a run that served nothing ranks with a failed start."""
+    if summary.requests_succeeded == 0:
+        return worst
+    value = float(summary.metric(metric))
+    return value if math.isfinite(value) else worst
+
+
+def total_violation(violations: Sequence[float]) -> float:
+    """How far a run is from meeting its SLOs: the sum of the positive violations (0: every SLO met)."""
+    return sum(max(0.0, v) for v in violations)
+
+
+def closest(violations: Sequence[Sequence[float]]) -> int:
+    """The index of the run that came closest to its SLOs (the first of equals); a run with no violations listed
+    (it was not judged) counts as the farthest."""
+    return min(range(len(violations)), key=lambda i: total_violation(violations[i]) if violations[i] else math.inf)

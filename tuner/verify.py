@@ -18,7 +18,7 @@ from tuner.config import Job
 from tuner.flags import VllmFlags
 from tuner.launch import Launcher, Server
 from tuner.scoring import LoadSummary, Slo
-from tuner.study import Measure, measure_load
+from tuner.study.measure import Measure, measure_load
 
 __all__ = ["Verification", "VerifyRun", "verify_flags"]
 

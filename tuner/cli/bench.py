@@ -37,7 +37,7 @@ from tuner.load import (
     run_load,
 )
 from tuner.load.runner import new_client
-from tuner.scoring import LoadSummary, Percentiles, Slo, parse_slo
+from tuner.scoring import LoadSummary, Percentiles, Slo, latency_metrics, parse_slo
 
 __all__ = ["bench", "parse_length", "target_url"]
 
@@ -423,9 +423,7 @@ def _latency_table(s: LoadSummary) -> Table:
     t.add_column("metric", style="bold")
     for name in ("mean", "p50", "p90", "p95", "p99", "max"):
         t.add_column(name, justify="right")
-    labels: list[tuple[str, Percentiles]] = [
-        ("TTFT", s.ttft), ("TPOT", s.tpot), ("ITL", s.itl), ("E2E", s.e2e),
-    ]  # fmt: skip
+    labels: list[tuple[str, Percentiles]] = [(m.label.upper(), getattr(s, m.name)) for m in latency_metrics()]
     for label, p in labels:
         t.add_row(
             label,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shlex
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -18,20 +17,17 @@ from tuner.cli import app
 from tuner.config import secret_arg
 from tuner.errors import ConfigError, LaunchError
 from tuner.flags import VllmFlags
-from tuner.launch import DEFAULT_IMAGE, DockerLauncher, EmulatorLauncher, Launcher, ProcessLauncher, Server
+from tuner.launch import DEFAULT_IMAGE, DockerLauncher, Launcher, Server
 from tuner.launch.docker import docker_sdk
+from tuner.launch.factory import EMULATOR_MODEL, LAUNCHERS, VLLM_MODEL, LaunchOptions
 from tuner.launch.failures import log_tail
 
 console = Console()
 SCREEN_TAIL_LINES = 15
-EMULATOR_MODEL = "llama-3.1-8b"
-VLLM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-class LauncherKind(StrEnum):
-    emulator = "emulator"
-    process = "process"
-    docker = "docker"
+# The kinds `tuner launch --launcher` offers: every one tuner.launch.factory knows.
+LauncherKind = StrEnum("LauncherKind", [(name, name) for name in LAUNCHERS])  # type: ignore[misc]
 
 
 def _parse_gpus(text: str) -> str | list[str] | None:
@@ -84,38 +80,24 @@ def build_launcher(
     hf_cache: str | None,
     command: str | None,
 ) -> Launcher:
-    timeout: dict[str, Any] = {} if startup_timeout is None else {"startup_timeout_s": startup_timeout}
-    secrets = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"] if env is None else env  # masked in what is shown
-    if kind is LauncherKind.emulator:
-        return EmulatorLauncher(
-            model or EMULATOR_MODEL, gpu, time_scale, memory_in_use_gib, extra_args, secret_env=secrets, **timeout
-        )
-    if kind is LauncherKind.process:
-        argv = shlex.split(command) if command else ["vllm", "serve", "{model}"]
-        return ProcessLauncher(argv, model or VLLM_MODEL, extra_args=extra_args, secret_env=secrets, **timeout)
-    if _is_emulator_image(image):
-        return DockerLauncher.for_emulator(
-            image,
-            model or EMULATOR_MODEL,
-            gpu,
-            time_scale,
-            memory_in_use_gib,
-            extra_args,
-            env=env or [],
-            volumes=_parse_volumes(volumes),
-            **timeout,
-        )
-    return DockerLauncher(
-        image,
-        model or VLLM_MODEL,
-        gpus=_parse_gpus(gpus),
-        hf_cache=hf_cache or None,
-        volumes=_parse_volumes(volumes),
-        env=["HF_TOKEN"] if env is None else env,
-        extra_args=extra_args,
+    """The launcher `tuner launch` starts: the options checked here, built by the kind's factory in tuner.launch."""
+    emulator_image = kind == "docker" and _is_emulator_image(image)
+    options = LaunchOptions(
+        model=model,
+        gpu=gpu,
         time_scale=time_scale,
-        **timeout,
+        memory_in_use_gib=memory_in_use_gib,
+        extra_args=extra_args,
+        startup_timeout=startup_timeout,
+        image=image,
+        gpus=_parse_gpus(gpus) if kind == "docker" and not emulator_image else gpus,
+        env=env,
+        volumes=_parse_volumes(volumes),
+        hf_cache=hf_cache,
+        command=command,
+        emulator_image=emulator_image,
     )
+    return LAUNCHERS[kind.value].from_options(options)
 
 
 def facts_table(server: Server) -> Table:
@@ -194,8 +176,9 @@ async def _serve(launcher: Launcher) -> int:
 def launch(
     ctx: typer.Context,
     launcher: Annotated[
-        LauncherKind, typer.Option("--launcher", "-l", help="emulator (CPU-only look-alike), process or docker")
-    ] = LauncherKind.emulator,
+        LauncherKind,
+        typer.Option("--launcher", "-l", help=", ".join(f"{k.name} ({k.help})" for k in LAUNCHERS.values())),
+    ] = LauncherKind.emulator,  # type: ignore[attr-defined]
     model: Annotated[
         str | None,
         typer.Option(help=f"model (default {EMULATOR_MODEL} for the emulator, {VLLM_MODEL} for vLLM)"),

@@ -28,6 +28,7 @@ from tuner.cli import app
 from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.export import DEFAULT_IMAGE, FORMATS, render
 from tuner.flags import VllmFlags
+from tuner.record import OUTCOMES
 from tuner.report import (
     BEST_CHOICES,
     StudyView,
@@ -80,11 +81,11 @@ JobOpt = Annotated[
 StudyArg = Annotated[str | None, typer.Argument(help="Study name (default: the --job file's).", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
-_OUTCOMES = ("measured", "launch_failed", "crashed", "skipped_infeasible", "interrupted", "running", "waiting", "fail")
+_OUTCOMES = (*OUTCOMES, "running", "waiting", "fail")  # the record's outcomes, and Optuna states without one
 _SORT_KEYS = ("number", "throughput", "latency", "ttft", "e2e", "success")
 
 
-def _console() -> Console:
+def console_for_output() -> Console:
     width = os.environ.get("COLUMNS")
     return Console(width=int(width) if width and width.isdigit() else None, highlight=False, soft_wrap=False)
 
@@ -105,7 +106,7 @@ def _opened(study: str | None, storage: str | None, job: Path | None) -> Iterato
         yield url, s
 
 
-def _view(study: str | None, storage: str | None, job: Path | None) -> tuple[str, StudyView]:
+def open_view(study: str | None, storage: str | None, job: Path | None) -> tuple[str, StudyView]:
     """The study read once; an empty one is an error for every command that reads trials."""
     with _opened(study, storage, job) as (url, s):
         view = study_view(s)
@@ -159,7 +160,7 @@ def studies_cmd(storage: StorageOpt = None, job: JobOpt = None, as_json: JsonOpt
             escape(r.model or "—"),
             r.started.strftime("%Y-%m-%d %H:%M") if r.started else "—",
         )
-    _console().print(table)
+    console_for_output().print(table)
 
 
 # -- tuner status --------------------------------------------------------------------------------------------------
@@ -174,12 +175,12 @@ def status_cmd(
 
     Example: [bold]tuner status night --storage sqlite:///night.db[/bold]
     """
-    _, view = _view(study, storage, job)
+    _, view = open_view(study, storage, job)
     st = status(view)
     if as_json:
         _print_json(st.as_dict())
         return
-    con = _console()
+    con = console_for_output()
     a = view.attrs
     con.print(
         f"[bold]{escape(view.name)}[/bold]  {st.state}  ·  GPU {escape(str(a.get('gpu', '?')))}  ·  "
@@ -280,7 +281,7 @@ def trials_cmd(
     unknown = sorted(set(outcome or ()) - set(_OUTCOMES))
     if unknown:
         raise ConfigError(f"unknown --outcome {', '.join(unknown)}; allowed: {', '.join(_OUTCOMES)}")
-    _, view = _view(study, storage, job)
+    _, view = open_view(study, storage, job)
     rows = sorted(view.trials, key=key, reverse=reverse)
     if feasible:
         rows = [t for t in rows if t.feasible]
@@ -320,9 +321,9 @@ def trials_cmd(
             f"[{style}]{escape(t.verdict)}[/{style}]",
             escape(t.diagnosis or "—"),
         )
-    _console().print(table)
+    console_for_output().print(table)
     if any(t.baseline for t in rows):
-        _console().print("ᵇ baseline: vLLM's defaults on this GPU and model")
+        console_for_output().print("ᵇ baseline: vLLM's defaults on this GPU and model")
 
 
 # -- tuner pareto --------------------------------------------------------------------------------------------------
@@ -367,7 +368,7 @@ def _show_front(view: StudyView, front: list[TrialView], *, as_json: bool, plot:
     if as_json:
         _print_json({"study": view.name, "latency_metric": view.latency_metric, **front_doc(front, baseline)})
         return
-    con = _console()
+    con = console_for_output()
     measured = sum(t.measured for t in view.trials)
     title = (
         f"{escape(view.name)}: feasible front, {len(front)} of {measured} measured trials "
@@ -425,7 +426,7 @@ def show_cmd(
 
     Example: [bold]tuner show night 7[/bold]
     """
-    url, view = _view(study, storage, job)
+    url, view = open_view(study, storage, job)
     t = view.trial(trial)
     if t is None:
         numbers = [x.number for x in view.trials]
@@ -437,12 +438,16 @@ def show_cmd(
         doc = {"trial": t.as_dict(), "detail": {k: v for k, v in d.items()} or None, "request_steps": steps}
         _print_json(doc)
         return
-    con = _console()
+    con = console_for_output()
     style = "green" if t.feasible else ("yellow" if t.measured else "red")
     con.print(
         f"[bold]{escape(view.name)} · trial {t.number}[/bold]{' (baseline: vLLM defaults)' if t.baseline else ''}  "
         f"{t.state}  [{style}]{escape(t.verdict)}[/{style}]"
     )
+    facts = d.get("startup_facts") if isinstance(d.get("startup_facts"), dict) else {}
+    version = t.vllm_version or (facts or {}).get("vllm_version")
+    if version:
+        con.print(f"vLLM version: {escape(str(version))}")
     con.print(flags_table(view, t.flags))
     for note in t.notes:
         con.print(f"note: {escape(note)}")
@@ -535,7 +540,7 @@ def export_cmd(
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    url, view = _view(study, storage, job)
+    url, view = open_view(study, storage, job)
     t = measured_trial(view, trial, best)
     if trial is not None and not t.feasible:
         typer.echo(f"warning: trial {trial} {t.verdict}", err=True)
@@ -610,7 +615,7 @@ def rescore_cmd(
     if not slo:
         raise ConfigError("give at least one --slo, e.g. --slo 'e2e_p95<=3s'")
     slos = [parse_slo(s) for s in slo]
-    url, view = _view(study, storage, job)
+    url, view = open_view(study, storage, job)
     store = _open_store(url)
     missing = StorageError(
         f"{safe_url(url)} holds no per-request records for {view.name!r}: the tuner's tables are missing "
@@ -657,7 +662,7 @@ def rescore_cmd(
             }
         )
         return
-    con = _console()
+    con = console_for_output()
     table = Table(title=f"{escape(view.name)} re-scored under {escape(', '.join(result.slos))}")
     for col in ("#", "before", "after", "tok/s", "latency P95", "success", "misses"):
         table.add_column(col, justify="right" if col in ("#", "tok/s", "latency P95", "success") else "left")

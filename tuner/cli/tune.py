@@ -20,6 +20,8 @@ from tuner.cli import app
 from tuner.config import Job, job_schema, load_job
 from tuner.errors import ConfigError
 from tuner.feasibility import FeasibilityModel
+from tuner.record import MEASURED, TrialRecord
+from tuner.report.tables import flag_label
 from tuner.store import make_engine, safe_url, upgrade
 
 console = Console(highlight=False)
@@ -32,51 +34,37 @@ db_app = typer.Typer(
 )
 app.add_typer(db_app)
 
-_SHORT = {
-    "max_num_seqs": "seqs",
-    "max_num_batched_tokens": "batched",
-    "gpu_memory_utilization": "util",
-    "max_model_len": "len",
-    "tensor_parallel_size": "tp",
-    "enable_prefix_caching": "prefix_cache",
-    "enable_chunked_prefill": "chunked",
-}
-
 
 def short_flags(flags: dict[str, Any]) -> str:
     return " ".join(
-        f"{_SHORT.get(k, k)}={v:g}" if isinstance(v, float) else f"{_SHORT.get(k, k)}={v}" for k, v in flags.items()
+        f"{flag_label(k)}={v:g}" if isinstance(v, float) else f"{flag_label(k)}={v}" for k, v in flags.items()
     )
 
 
 def trial_line(t: FrozenTrial) -> str:
     """One line a person reads in the morning: flags -> throughput, P95, success, verdict or reason."""
-    a = t.user_attrs
-    head = f"#{t.number:<3}{' (baseline)' if a.get('baseline') else ''} {short_flags(a.get('flags', {}))}"
-    outcome = a.get("outcome")
-    dup = a.get("duplicate_of")
-    suffix = f"  [same flags as #{dup}, not relaunched]" if dup is not None else ""
-    if outcome != "measured":
-        return f"{head} -> {outcome}: {a.get('reason')}{suffix}"
-    metric = a.get("latency_metric", "e2e_p95")
+    r = TrialRecord.from_attrs(t.user_attrs)
+    head = f"#{t.number:<3}{' (baseline)' if r.baseline else ''} {short_flags(r.flags)}"
+    suffix = f"  [same flags as #{r.duplicate_of}, not relaunched]" if r.duplicate_of is not None else ""
+    if r.outcome != MEASURED:
+        return f"{head} -> {r.outcome}: {r.reason}{suffix}"
+    metric = r.latency_metric or "e2e_p95"
     latency = t.values[1] if t.values else None
-    success = a.get("success_rate")
-    verdict = "feasible" if a.get("feasible") else "misses " + ", ".join(_missed(a))
-    if a.get("slo_stop"):
+    verdict = "feasible" if r.feasible else "misses " + ", ".join(_missed(r))
+    if r.slo_stop:
         verdict += " (load stopped early: the miss was certain)"
-    rate = a.get("request_rate")
+    rate = r.request_rate
     parts = [
-        f"{a.get('output_tok_s') or 0:.1f} tok/s" + (f" at {rate:.2f} req/s" if rate else ""),
+        f"{r.output_tok_s or 0:.1f} tok/s" + (f" at {rate:.2f} req/s" if rate else ""),
         f"{metric} {latency:.2f}s" if latency is not None else "",
-        f"success {success:.1%}" if success is not None else "",
+        f"success {r.success_rate:.1%}" if r.success_rate is not None else "",
         verdict,
     ]
     return f"{head} -> " + "  ".join(p for p in parts if p) + suffix
 
 
-def _missed(attrs: dict[str, Any]) -> list[str]:
-    names = attrs.get("constraint_names") or []
-    values = attrs.get("constraints") or []
+def _missed(r: TrialRecord) -> list[str]:
+    names, values = r.constraint_names or [], r.constraints or []
     return [n.removeprefix("slo:") for n, v in zip(names, values, strict=False) if v > 0] or ["SLOs"]
 
 
@@ -84,28 +72,29 @@ def pareto_table(study: optuna.Study) -> Table:
     from tuner.study import feasible_front
 
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    baseline = next((t for t in trials if t.user_attrs.get("baseline")), None)
-    base_tput = (baseline.user_attrs.get("output_tok_s") or 0.0) if baseline else 0.0
-    metric = next((str(t.user_attrs["latency_metric"]) for t in trials if "latency_metric" in t.user_attrs), "P95")
+    records = {t.number: TrialRecord.from_attrs(t.user_attrs) for t in trials}
+    baseline = next((t for t in trials if records[t.number].baseline), None)
+    b = records[baseline.number] if baseline is not None else None
+    base_tput = (b.output_tok_s or 0.0) if b is not None else 0.0
+    metric = next((r.latency_metric for r in records.values() if r.latency_metric), "P95")
     table = Table(title=f"Feasible Pareto front of {study.study_name} (output tok/s vs {metric})")
     for col in ("trial", "flags", "tok/s", f"{metric} s", "success", "vs baseline"):
         table.add_column(col, justify="left" if col == "flags" else "right")
     for t in feasible_front(study):
-        a = t.user_attrs
+        r = records[t.number]
         assert t.values is not None
         gain = f"{(t.values[0] / base_tput - 1):+.0%}" if base_tput else "baseline did not run"
         table.add_row(
-            f"#{t.number}" + (" (baseline)" if a.get("baseline") else ""),
-            short_flags(a.get("flags", {})),
+            f"#{t.number}" + (" (baseline)" if r.baseline else ""),
+            short_flags(r.flags),
             f"{t.values[0]:.1f}",
             f"{t.values[1]:.2f}",
-            f"{a.get('success_rate', 0):.1%}",
+            f"{r.success_rate or 0:.1%}",
             gain,
         )
-    if baseline is not None:
-        b = baseline.user_attrs
-        tput = f"{base_tput:.1f}" if b.get("outcome") == "measured" else f"{b.get('outcome')}: {b.get('reason')}"
-        table.caption = f"baseline #{baseline.number} (vLLM's defaults): {tput}; feasible: {bool(b.get('feasible'))}"
+    if baseline is not None and b is not None:
+        tput = f"{base_tput:.1f}" if b.outcome == MEASURED else f"{b.outcome}: {b.reason}"
+        table.caption = f"baseline #{baseline.number} (vLLM's defaults): {tput}; feasible: {bool(b.feasible)}"
     return table
 
 
@@ -129,7 +118,7 @@ def _best_text(study: optuna.Study) -> str:
     feasible = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.user_attrs.get("feasible") and t.values
+        if TrialRecord.from_attrs(t.user_attrs).feasible and t.values
     ]
     if not feasible:
         return "best feasible: none yet"
@@ -209,7 +198,8 @@ def tune(
 
 
 def run(job: Job, url: str, log_file: Path | None = None) -> None:
-    from tuner.study import TuningRun, build_launcher
+    from tuner.launch.factory import build_launcher
+    from tuner.study import TuningRun
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     log = _Log(log_file)

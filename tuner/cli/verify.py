@@ -13,11 +13,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli import app
-from tuner.cli.morning import JobOpt, JsonOpt, StorageOpt, StudyArg, _console, _view, measured_trial, trial_flags
+from tuner.cli.morning import (
+    JobOpt,
+    JsonOpt,
+    StorageOpt,
+    StudyArg,
+    console_for_output,
+    measured_trial,
+    open_view,
+    trial_flags,
+)
 from tuner.config import Job, load_job, parse_job
 from tuner.errors import ConfigError, LaunchError, TunerError
+from tuner.launch.factory import build_launcher
 from tuner.report import BEST_CHOICES, StudyView, TrialView, choose, pareto_front
-from tuner.study import build_launcher
 from tuner.verify import Verification, VerifyRun, verify_flags
 
 __all__ = ["verify_cmd"]
@@ -58,12 +67,12 @@ def verify_cmd(
 
     Example: [bold]tuner verify night --runs 5[/bold]   ·   [bold]tuner verify night --top 3[/bold]
     """
-    _, view = _view(study, storage, job)
+    _, view = open_view(study, storage, job)
     if top is not None and trial is not None:
         raise ConfigError("give --trial N or --top K, not both")
     candidates = _candidates(view, trial, best, top)
     the_job = _job_of(view, job)
-    con = _console()
+    con = console_for_output()
     results: list[tuple[TrialView, Verification | None, str | None]] = []
     for t in candidates:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import httpx
@@ -50,81 +51,76 @@ async def find_max_rate(
         raise ConfigError("the capacity search needs max_steps >= 1 and requests_per_step >= 1")
     own = client is None
     http = new_client() if client is None else client
+    load = functools.partial(
+        run_load,
+        base_url,
+        model,
+        workload,
+        client=http,
+        clock=clock,
+        request_timeout_s=request_timeout_s,
+        on_progress=on_progress,
+        should_stop=should_stop,
+    )
     steps: list[CapacityStep] = []
     best: LoadResult | None = None
     lo: float | None = None
     hi: float | None = None
     try:
-        probe = await run_load(
-            base_url,
-            model,
-            workload,
-            Arrival(
-                concurrency=probe_concurrency,
-                requests=max(probe_concurrency * 2, requests_per_step // 2),
-                warmup_requests=min(probe_concurrency, requests_per_step // 4),
-            ),
-            client=http,
-            clock=clock,
-            request_timeout_s=request_timeout_s,
-            scrape_metrics=False,
-            on_progress=on_progress,
-            should_stop=should_stop,
+        probe_arrival = Arrival(
+            concurrency=probe_concurrency,
+            requests=max(probe_concurrency * 2, requests_per_step // 2),
+            warmup_requests=min(probe_concurrency, requests_per_step // 4),
         )
+        probe = await load(probe_arrival, scrape_metrics=False)
         estimate = probe.summary.request_throughput
         if estimate <= 0:
             return CapacitySearchResult(best_rate=None, best=None, steps=[], estimate_rate=None, probe=probe.summary)
-        rate = estimate
-        for _ in range(max_steps):
+        rate: float | None = estimate
+        while rate is not None and len(steps) < max_steps:
             if should_stop is not None and should_stop():
                 break
-            result = await run_load(
-                base_url,
-                model,
-                workload,
-                Arrival(
-                    rate=rate,
-                    process="constant" if process == "constant" else "poisson",
-                    requests=requests_per_step,
-                    warmup_requests=max(1, requests_per_step // 10),
-                    seed=seed + len(steps),
-                ),
-                slos=slos,
-                client=http,
-                clock=clock,
-                request_timeout_s=request_timeout_s,
-                on_progress=on_progress,
-                should_stop=should_stop,
-                max_num_seqs=max_num_seqs,
-                stop_on_slo_miss=stop_on_slo_miss,  # a step stopped so is a miss, as it would have been
-            )
-            violations = [s.violation(result.summary) for s in slos]
-            meets = all(v <= 0 for v in violations) and not result.stopped_early
-            step = CapacityStep(
+            arrival = Arrival(
                 rate=rate,
-                summary=result.summary,
-                meets_slos=meets,
-                violations=violations,
-                diagnosis=result.diagnosis,
-                slo_stop=result.slo_stop,
+                process="constant" if process == "constant" else "poisson",
+                requests=requests_per_step,
+                warmup_requests=max(1, requests_per_step // 10),
+                seed=seed + len(steps),
             )
+            # A step stopped at a certain SLO miss is a miss, as it would have been.
+            result = await load(arrival, slos=slos, max_num_seqs=max_num_seqs, stop_on_slo_miss=stop_on_slo_miss)
+            step = _step(rate, result, slos)
             steps.append(step)
             if on_step is not None:
                 on_step(step)
-            if meets:
+            if step.meets_slos:
                 if lo is None or rate > lo:
                     lo, best = rate, result
             elif hi is None or rate < hi:
                 hi = rate
-            if lo is not None and hi is not None:
-                if (hi - lo) <= tolerance * lo:
-                    break
-                rate = (lo + hi) / 2
-            elif lo is None:
-                rate = rate / 2  # even the first rate misses: halve until one meets
-            else:
-                rate = rate * 1.5  # the probe under-estimated: step up until one misses
+            rate = _next_rate(rate, lo, hi, tolerance)
     finally:
         if own:
             await http.aclose()
     return CapacitySearchResult(best_rate=lo, best=best, steps=steps, estimate_rate=estimate, probe=probe.summary)
+
+
+def _step(rate: float, result: LoadResult, slos: Sequence[Slo]) -> CapacityStep:
+    violations = [s.violation(result.summary) for s in slos]
+    return CapacityStep(
+        rate=rate,
+        summary=result.summary,
+        meets_slos=all(v <= 0 for v in violations) and not result.stopped_early,
+        violations=violations,
+        diagnosis=result.diagnosis,
+        slo_stop=result.slo_stop,
+    )
+
+
+def _next_rate(rate: float, lo: float | None, hi: float | None, tolerance: float) -> float | None:
+    """The next step's rate; None once the bounds are within `tolerance` of each other."""
+    if lo is not None and hi is not None:
+        return None if (hi - lo) <= tolerance * lo else (lo + hi) / 2
+    if lo is None:
+        return rate / 2  # even the first rate misses: halve until one meets
+    return rate * 1.5  # the probe under-estimated: step up until one misses

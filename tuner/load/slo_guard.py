@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tuner.load.results import RequestRecord
-from tuner.scoring import Slo, request_value
+from tuner.scoring import METRICS, Slo, request_value
 
 __all__ = ["SloGuard"]
 
-_BOUNDED = ("ttft", "tpot", "e2e")  # one value per request; ITL pools every gap, so its count is unknown
+# One value per request (ITL pools every gap, so its count is unknown): a percentile's miss is certain early.
+_BOUNDED = tuple(m.name for m in METRICS.values() if m.per_request)
 
 
 @dataclass

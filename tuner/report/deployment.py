@@ -22,16 +22,15 @@ def deploy_options(
     secret_env: tuple[str, ...] | None = None,
 ) -> DeployOptions:
     """Explicit choices win; else what the study and its job file recorded."""
-    a = view.attrs
-    model_name = model or _hub_model(a)
+    model_name = model or _hub_model(view)
     if not model_name:
         raise ConfigError("the study records no model: give --model NAME")
     return DeployOptions(
         model=model_name,
-        image=image or _image(a),
+        image=image or _image(view),
         port=port,
         name=name,
-        secret_env=secret_env if secret_env is not None else _secret_names(a),
+        secret_env=secret_env if secret_env is not None else _secret_names(view),
     )
 
 
@@ -56,42 +55,30 @@ def provenance(view: StudyView, t: TrialView) -> Provenance:
     )
 
 
-def _hub_model(attrs: dict[str, Any]) -> str:
+def _hub_model(view: StudyView) -> str:
     """The name vLLM should load: the job's `model_id` for its launcher, else a built-in profile's Hugging Face id,
     else the model name or path as the study recorded it."""
     from tuner.catalog import BUILTIN_MODELS
 
-    target = _job_target(attrs)
-    for section in (str(attrs.get("launcher") or ""), "docker", "process"):
-        model_id = (target.get(section) or {}).get("model_id") if isinstance(target.get(section), dict) else None
-        if isinstance(model_id, str) and model_id:
-            return model_id
-    name = str(attrs.get("model") or "")
+    target = view.job.target
+    for section in (str(view.attrs.get("launcher") or ""), "docker", "process"):
+        options = target.section(section)
+        if options is not None and options.model_id:
+            return options.model_id
+    name = str(view.attrs.get("model") or "")
     profile = BUILTIN_MODELS.get(name.strip().lower())
     return profile.name if profile is not None else name
 
 
-def _job_target(attrs: dict[str, Any]) -> dict[str, Any]:
-    job = attrs.get("job")
-    target = job.get("target") if isinstance(job, dict) else None
-    return target if isinstance(target, dict) else {}
-
-
-def _image(attrs: dict[str, Any]) -> str:
+def _image(view: StudyView) -> str:
     """The image measured (docker launcher), else the job's vLLM image (pinned by the job file), else the default."""
-    docker = _job_target(attrs).get("docker")
-    job_image = docker.get("image") if isinstance(docker, dict) else None
-    return str(attrs.get("image") or job_image or DEFAULT_IMAGE)
+    return str(view.attrs.get("image") or view.job.target.docker.image or DEFAULT_IMAGE)
 
 
-def _secret_names(attrs: dict[str, Any]) -> tuple[str, ...]:
+def _secret_names(view: StudyView) -> tuple[str, ...]:
     """HF_TOKEN, plus every variable the job passed through to its server (names only: values never stored)."""
-    target = _job_target(attrs)
-    names = ["HF_TOKEN"]
-    for section in ("docker", "process"):
-        env = (target.get(section) or {}).get("env") if isinstance(target.get(section), dict) else None
-        names += [str(n) for n in env or [] if isinstance(n, str)]
-    return tuple(dict.fromkeys(names))
+    target = view.job.target
+    return tuple(dict.fromkeys(["HF_TOKEN", *target.docker.env, *target.process.env]))
 
 
 def _opt(v: Any) -> str | None:

@@ -10,7 +10,6 @@ higher step may now count.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,7 +19,7 @@ from pydantic import ValidationError
 from tuner.load.results import RequestRecord
 from tuner.report.front import pareto_front
 from tuner.report.views import StudyView, TrialView
-from tuner.scoring import LoadSummary, Slo, summarize
+from tuner.scoring import LoadSummary, Slo, closest, objective_latency, summarize
 
 __all__ = ["RecordSource", "RescoreResult", "RescoredTrial", "rescore"]
 
@@ -93,9 +92,8 @@ class _Run:
 
 
 def rescore(view: StudyView, source: RecordSource, slos: Sequence[Slo]) -> RescoreResult:
-    job = view.attrs.get("job") if isinstance(view.attrs.get("job"), dict) else {}
-    timeout = (job or {}).get("request_timeout")
-    worst_latency = float(timeout) if isinstance(timeout, int | float) else 60.0
+    timeout = view.job.request_timeout
+    worst_latency = float(timeout) if timeout is not None else 60.0
     rescorer = _Rescorer(view.name, source, list(slos), view.latency_metric, worst_latency)
     out = [rescorer.trial(t) for t in view.trials]
     # A duplicate ran nothing itself: it takes its original's new verdict.
@@ -139,12 +137,12 @@ class _Rescorer:
             run = max(meeting, key=lambda r: (r.rate or 0.0, r.summary.output_throughput))
         else:
             # None meets: the run that came closest, as the study scores it, so it stays comparable.
-            run = min(runs, key=lambda r: sum(max(0.0, v) for v in r.violations))
+            run = runs[closest([r.violations for r in runs])]
         s = run.summary
         after = dataclasses.replace(
             t,
             throughput=float(s.output_throughput),
-            latency_p95_s=self._latency(s),
+            latency_p95_s=objective_latency(s, self.latency_metric, self.worst_latency),
             output_tok_s=float(s.output_throughput),
             request_rate=run.rate if run.rate is not None else float(s.request_throughput),
             success_rate=float(s.success_rate),
@@ -163,12 +161,6 @@ class _Rescorer:
             else None
         )
         return RescoredTrial(t, after, s, step=run.step, source=run.source, note=note)
-
-    def _latency(self, s: LoadSummary) -> float:
-        if s.requests_succeeded == 0:
-            return self.worst_latency
-        value = float(s.metric(self.latency_metric))
-        return value if math.isfinite(value) else self.worst_latency
 
     def _runs(self, number: int, detail: _Detail | None, *, partial: bool) -> list[_Run]:
         stored_steps = set(self.source.request_steps(self.study, number))

@@ -12,8 +12,11 @@ from tuner.errors import TunerError
 from tuner.flags import VllmFlags
 from tuner.report.front import BEST_CHOICES, choose, ratios
 from tuner.report.views import StudyView, TrialView
+from tuner.scoring import LATENCY_METRICS, STATS
 
 __all__ = [
+    "FLAG_LABELS",
+    "flag_label",
     "flags_table",
     "flags_text",
     "fmt",
@@ -25,7 +28,8 @@ __all__ = [
     "summary_table",
 ]
 
-_SHORT = {
+# One short label per vLLM flag, for every flag list a person reads (the morning tables, `tuner tune`'s lines).
+FLAG_LABELS = {
     "max_num_seqs": "seqs",
     "max_model_len": "len",
     "gpu_memory_utilization": "util",
@@ -37,6 +41,10 @@ _SHORT = {
     "enable_prefix_caching": "prefix",
     "enforce_eager": "eager",
 }
+
+
+def flag_label(flag: str) -> str:
+    return FLAG_LABELS.get(flag, flag)
 
 
 def fmt(v: float | None, spec: str = ",.1f", suffix: str = "") -> str:
@@ -53,7 +61,7 @@ def flags_text(flags: dict[str, Any]) -> str:
     for k, v in flags.items():
         if isinstance(v, bool):
             v = "on" if v else "off"
-        parts.append(f"{_SHORT.get(k, k)}={v}")
+        parts.append(f"{flag_label(k)}={v}")
     return " ".join(parts) or "(vLLM defaults)"
 
 
@@ -150,11 +158,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
         f"goodput {summary.get('goodput', 0):.2f} req/s · concurrency {summary.get('concurrency', 0):.1f}"
     )
     table = Table(title=head)
-    stats = ("mean", "p50", "p90", "p95", "p99", "max")
+    stats = STATS
     table.add_column("latency (s)")
     for st in stats:
         table.add_column(st, justify="right")
-    for metric in ("ttft", "tpot", "itl", "e2e"):
+    for metric in LATENCY_METRICS:
         p = summary.get(metric) or {}
         table.add_row(metric, *(fmt(p.get(st), ".4f") for st in stats))
     return table

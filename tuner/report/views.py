@@ -15,9 +15,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = ["StudyView", "TrialView", "study_view", "trial_view"]
+from tuner.errors import ConfigError
+from tuner.record import MEASURED, StoredJob, TrialRecord
+from tuner.scoring import Slo, parse_slo
 
-MEASURED = "measured"
+__all__ = ["StudyView", "TrialView", "study_view", "trial_view"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class TrialView:
     diagnosis: str | None = None
     kv_tokens: int | None = None
     predicted_kv_tokens: int | None = None
+    vllm_version: str | None = None  # the server's, from its start-up facts (None: not logged, or an older study)
     slo_stop: str | None = None  # the load stopped at a certain SLO miss: its figures cover part of the run
     feasible: bool = False
     constraints: tuple[float, ...] = ()
@@ -106,21 +109,25 @@ class StudyView:
         return int(n) if isinstance(n, int | float) else None
 
     @property
+    def job(self) -> StoredJob:
+        """The job stored with the study, as far as it reads (nothing of it for a study written by hand)."""
+        return StoredJob.of(self.attrs)
+
+    @property
     def baseline(self) -> TrialView | None:
         return next((t for t in self.trials if t.baseline), None)
 
     @property
     def latency_metric(self) -> str:
         """The P95 minimised beside throughput: as the job chose it, else its first latency SLO, else e2e_p95."""
-        job = self.attrs.get("job") if isinstance(self.attrs.get("job"), dict) else {}
-        chosen = self.attrs.get("latency_metric") or (job or {}).get("latency_metric")
+        chosen = self.attrs.get("latency_metric") or self.job.latency_metric
         chosen = chosen or next((t.latency_metric for t in self.trials if t.latency_metric), None)
         if isinstance(chosen, str) and chosen:
             return chosen
-        for slo in self.slos:
-            name = slo.replace(" ", "").split("<")[0].split(">")[0]
-            if name.partition("_")[0] in ("ttft", "tpot", "itl", "e2e"):
-                return name
+        for text in self.slos:
+            slo = _parsed(text)
+            if slo is not None and slo.is_latency:
+                return slo.metric
         return "e2e_p95"
 
     def trial(self, number: int) -> TrialView | None:
@@ -135,71 +142,66 @@ def study_view(study: optuna.Study) -> StudyView:
 
 
 def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
-    ua = trial.user_attrs
+    r = TrialRecord.from_attrs(trial.user_attrs)
     values = trial.values if trial.state == TrialState.COMPLETE else None
-    outcome = ua.get("outcome")
+    outcome = r.outcome
     if outcome is None and values is not None:
         outcome = MEASURED  # a study written by hand, or by an older tuner: its values are its measurement
-    throughput = _float(values[0]) if values else _float(ua.get("output_tok_s"))
-    latency = _float(values[1]) if values and len(values) > 1 else _float(ua.get("e2e_p95_s"))
-    names, constraints = _constraints(trial, slos)
+    names, constraints = _constraints(trial, r, slos)
     violated = tuple(n for n, c in zip(names, constraints, strict=True) if c > 0)
-    duplicate_of = _int(ua.get("duplicate_of"))
     feasible = (
-        outcome == MEASURED
-        and values is not None
-        and all(c <= 0 for c in constraints)
-        and bool(ua.get("feasible", True))
+        outcome == MEASURED and values is not None and all(c <= 0 for c in constraints) and r.feasible is not False
     )
-    flags = ua.get("flags")
     return TrialView(
         number=trial.number,
         state=trial.state.name,
-        baseline=bool(ua.get("baseline", False)),
+        baseline=r.baseline,
         outcome=outcome,
-        reason=_str(ua.get("reason")),
-        flags=dict(flags) if isinstance(flags, dict) else dict(trial.params),
-        throughput=throughput,
-        latency_p95_s=latency,
-        output_tok_s=_float(ua.get("output_tok_s")),
-        request_rate=_float(ua.get("request_rate")),
-        success_rate=_float(ua.get("success_rate")),
-        ttft_p95_s=_float(ua.get("ttft_p95_s")),
-        e2e_p95_s=_float(ua.get("e2e_p95_s")),
-        tpot_p95_s=_float(ua.get("tpot_p95_s")),
-        goodput=_float(ua.get("goodput")),
-        diagnosis=_str(ua.get("diagnosis")),
-        slo_stop=_str(ua.get("slo_stop")),
-        kv_tokens=_int(ua.get("kv_tokens")),
-        predicted_kv_tokens=_int(ua.get("predicted_kv_tokens")),
+        reason=r.reason,
+        flags=r.flags
+        if "flags" in trial.user_attrs and isinstance(trial.user_attrs["flags"], dict)
+        else dict(trial.params),
+        throughput=_float(values[0]) if values else r.output_tok_s,
+        latency_p95_s=_float(values[1]) if values and len(values) > 1 else r.e2e_p95_s,
+        output_tok_s=r.output_tok_s,
+        request_rate=r.request_rate,
+        success_rate=r.success_rate,
+        ttft_p95_s=r.ttft_p95_s,
+        e2e_p95_s=r.e2e_p95_s,
+        tpot_p95_s=r.tpot_p95_s,
+        goodput=r.goodput,
+        diagnosis=r.diagnosis,
+        slo_stop=r.slo_stop,
+        kv_tokens=r.kv_tokens,
+        predicted_kv_tokens=r.predicted_kv_tokens,
+        vllm_version=r.vllm_version,
         feasible=feasible,
         constraints=constraints,
         constraint_names=names,
         violated=violated if outcome == MEASURED else (),
-        duplicate_of=duplicate_of,
-        notes=tuple(str(n) for key in ("repairs", "warnings") for n in (ua.get(key) or []) if isinstance(n, str)),
-        server_seconds=_float(ua.get("server_seconds")) or 0.0,
-        latency_metric=_str(ua.get("latency_metric")),
+        duplicate_of=r.duplicate_of,
+        notes=(*r.repairs, *r.warnings),
+        server_seconds=r.server_seconds or 0.0,
+        latency_metric=r.latency_metric,
         started=trial.datetime_start,
         completed=trial.datetime_complete,
     )
 
 
-def _constraints(trial: FrozenTrial, slos: Sequence[str]) -> tuple[tuple[str, ...], tuple[float, ...]]:
+def _constraints(trial: FrozenTrial, r: TrialRecord, slos: Sequence[str]) -> tuple[tuple[str, ...], tuple[float, ...]]:
     """(names, values): Optuna's own constraints (what best_trials and plot_pareto_front honour), named as the
     study names them ("startup", "slo:e2e_p95<=5s"), in the order the study listed them; else the user attribute."""
-    ua = trial.user_attrs
-    listed, listed_names = ua.get("constraints"), ua.get("constraint_names")
+    listed, listed_names = r.constraints, r.constraint_names
     own = trial.constraints
-    if isinstance(listed_names, list) and own and all(n in own for n in listed_names):
+    if listed_names is not None and own and all(n in own for n in listed_names):
         keys: list[str] = [str(n) for n in listed_names]
         return tuple(_constraint_name(k, slos) for k in keys), tuple(float(own[k]) for k in keys)
     if own:
         keys = sorted(own, key=_constraint_order)
         return tuple(_constraint_name(k, slos) for k in keys), tuple(float(own[k]) for k in keys)
-    if isinstance(listed, list):
-        values = [float(c) for c in listed if isinstance(c, int | float)]
-        names = listed_names if isinstance(listed_names, list) and len(listed_names) == len(values) else None
+    if listed is not None:
+        values = list(listed)
+        names = listed_names if listed_names is not None and len(listed_names) == len(values) else None
         keys = [str(n) for n in names] if names else [str(i) for i in range(len(values))]
         return tuple(_constraint_name(k, slos) for k in keys), tuple(values)
     return (), ()
@@ -218,13 +220,12 @@ def _constraint_order(key: str) -> tuple[int, str]:
     return (int(key), "") if key.isdigit() else (1 << 30, key)
 
 
+def _parsed(text: str) -> Slo | None:
+    try:
+        return parse_slo(text)
+    except ConfigError:  # a study written by hand may list anything: it has no latency SLO then
+        return None
+
+
 def _float(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _str(v: Any) -> str | None:
-    return str(v) if v is not None else None

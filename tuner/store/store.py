@@ -10,12 +10,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from typing_extensions import Unpack
 
 from tuner.errors import StorageError
 from tuner.load.results import RequestRecord
@@ -88,6 +89,26 @@ class TrialDetail:
         )
 
 
+class TrialFields(TypedDict, total=False):
+    """What a study writes of one trial's detail (TrialDetail's own fields), each optional in an update."""
+
+    flags: dict[str, Any]
+    baseline: bool
+    outcome: str
+    reason: str | None
+    message: str | None
+    prediction: dict[str, Any] | None
+    startup_facts: dict[str, Any] | None  # the launcher's StartupFacts whole, whatever fields it has
+    load_summary: dict[str, Any] | None
+    capacity_steps: list[Any] | None
+    scored_step: int | None
+    server_metrics: dict[str, Any] | None
+    diagnosis: str | None
+    log_tail: str | None
+    attempts: int
+    server_seconds: float
+
+
 def flag_key(flags: dict[str, Any]) -> str:
     """A stable identity of a flag set (sorted, type-exact), for "never launch the same flags twice"."""
     text = repr(sorted((k, type(v).__name__, v) for k, v in flags.items()))
@@ -128,10 +149,9 @@ class Store:
 
     # -- trial detail ---------------------------------------------------------------------------------------------
 
-    def save_trial(self, study: str, number: int, **fields: Any) -> None:
-        """Create or update the detail row of one trial; `fields` are TrialDetail's names (flags, outcome, ...)."""
-        allowed = set(TrialDetail.__dataclass_fields__) - {"study", "number", "created_at", "updated_at"}
-        unknown = set(fields) - allowed
+    def save_trial(self, study: str, number: int, **fields: Unpack[TrialFields]) -> None:
+        """Create or update the detail row of one trial; the fields given are set, the others kept."""
+        unknown = set(fields) - set(TrialFields.__annotations__)
         if unknown:
             raise TypeError(f"unknown trial fields: {', '.join(sorted(unknown))}")
         with self._session() as s:
@@ -282,4 +302,4 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
     return Store(engine)
 
 
-__all__ = ["Store", "TrialDetail", "flag_key", "open_store"]
+__all__ = ["Store", "TrialDetail", "TrialFields", "flag_key", "open_store"]

@@ -1,0 +1,188 @@
+"""One trial's record: what the study writes into Optuna's user attributes and every reader reads back.
+
+The study writes it once per trial (`TrialRecord.to_attrs`), the morning commands, re-scoring, exports and the
+tune CLI read it (`TrialRecord.from_attrs`). The attributes stay flat, one per field, under the names tuner 0.1.0
+used, so optuna-dashboard and `optuna.load_study` show what they always showed, and a study written before the
+record existed (no `record_version`) reads as version 0 of the same shape. A new field is one line here, with a
+default, so older studies keep reading.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "CRASHED",
+    "INTERRUPTED",
+    "LAUNCH_FAILED",
+    "MEASURED",
+    "OUTCOMES",
+    "RECORD_VERSION",
+    "SKIPPED_INFEASIBLE",
+    "StoredJob",
+    "TrialRecord",
+]
+
+MEASURED: Final = "measured"
+LAUNCH_FAILED: Final = "launch_failed"
+CRASHED: Final = "crashed"
+SKIPPED_INFEASIBLE: Final = "skipped_infeasible"
+INTERRUPTED: Final = "interrupted"
+OUTCOMES = (MEASURED, LAUNCH_FAILED, CRASHED, SKIPPED_INFEASIBLE, INTERRUPTED)
+
+RECORD_VERSION: Final = 1
+"""1: the record as a model (adds `record_version`, `vllm_version`); 0: tuner 0.1.0's attributes, the same names."""
+
+# Written only when they say something, as tuner 0.1.0 did: a trial without them shows no empty attribute.
+_ONLY_WHEN_SET = ("repairs", "warnings", "message", "duplicate_of", "vllm_version")
+
+
+class TrialRecord(BaseModel):
+    """One trial's outcome and headline figures. None: not known (not measured, or not written by that release)."""
+
+    model_config = ConfigDict(extra="ignore", validate_assignment=False)
+
+    record_version: int = 0
+    flags: dict[str, Any] = Field(default_factory=dict)
+    baseline: bool = False
+    repairs: list[str] = Field(default_factory=list)  # the study's repairs of the sampled flags (vLLM's rules)
+    warnings: list[str] = Field(default_factory=list)
+    predicted_kv_tokens: int | None = None
+    predicted_kv_tokens_raw: int | None = None
+    kv_scale: float | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    output_tok_s: float | None = None
+    request_rate: float | None = None
+    success_rate: float | None = None
+    e2e_p95_s: float | None = None
+    ttft_p95_s: float | None = None
+    tpot_p95_s: float | None = None
+    goodput: float | None = None
+    diagnosis: str | None = None
+    slo_stop: str | None = None  # the load stopped at a certain SLO miss: its figures cover part of the run
+    kv_tokens: int | None = None
+    vllm_version: str | None = None  # from the server's start-up facts
+    feasible: bool | None = None
+    server_seconds: float | None = None
+    constraints: list[float] | None = None
+    constraint_names: list[str] | None = None
+    attempts: int | None = None
+    latency_metric: str | None = None
+    duplicate_of: int | None = None
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:
+        """The record in a trial's user attributes, of any version; a value of the wrong type reads as unknown (a
+        study written by hand or by another tool may hold anything there)."""
+        values: dict[str, Any] = {}
+        for name, info in cls.model_fields.items():
+            if attrs.get(name) is None:
+                continue
+            value = _READERS[_type_name(info.annotation)](attrs[name])
+            if value is not None:
+                values[name] = value
+        return cls.model_validate(values)
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The user attributes to write: every field, but the optional ones only when set."""
+        out = self.model_dump(mode="json")
+        for name in _ONLY_WHEN_SET:
+            if not out.get(name) and out.get(name) != 0:
+                out.pop(name, None)
+        return out
+
+    @property
+    def is_duplicate(self) -> bool:
+        return self.duplicate_of is not None
+
+
+def _type_name(annotation: Any) -> str:
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _integer(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _texts(v: Any) -> list[str] | None:
+    return [str(x) for x in v if isinstance(x, str)] if isinstance(v, list) else None
+
+
+# How each field type is read from an attribute: leniently, as the views always read them (text is not a number, a
+# bool is not a count), so a hand-written study shows what it can.
+_READERS: dict[str, Any] = {
+    "int": _integer,
+    "int | None": _integer,
+    "float | None": _number,
+    "str | None": str,
+    "bool": bool,
+    "bool | None": bool,
+    "dict[str, Any]": lambda v: dict(v) if isinstance(v, dict) else None,
+    "list[str]": _texts,
+    "list[str] | None": lambda v: [str(x) for x in v] if isinstance(v, list) else None,
+    "list[float] | None": lambda v: [float(x) for x in v if _number(x) is not None] if isinstance(v, list) else None,
+}
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StoredLauncherOptions(_Lenient):
+    model_id: str | None = None
+    image: str | None = None
+    env: list[str] = Field(default_factory=list)
+
+
+class StoredTarget(_Lenient):
+    # Every launcher kind's options section is kept (a kind added later needs no line here); these two are named
+    # because an export reads them whatever the launcher was.
+    model_config = ConfigDict(extra="allow")
+
+    launcher: str | None = None
+    docker: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
+    process: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
+
+    def section(self, name: str) -> StoredLauncherOptions | None:
+        """The options section of launcher kind `name`, if the job has one that reads."""
+        value = getattr(self, name, None) if name in type(self).model_fields else (self.model_extra or {}).get(name)
+        if isinstance(value, StoredLauncherOptions) or not isinstance(value, dict):
+            return value if isinstance(value, StoredLauncherOptions) else None
+        try:
+            return StoredLauncherOptions.model_validate(value)
+        except ValidationError:
+            return None
+
+
+class StoredJob(_Lenient):
+    """What the readers of a study use of the job stored with it (`study.user_attrs["job"]`, `Job.as_record()`):
+    read leniently, since a study written by another release or by hand may hold any part of it, or none."""
+
+    target: StoredTarget = Field(default_factory=StoredTarget)
+    latency_metric: str | None = None
+    request_timeout: float | None = None
+
+    @classmethod
+    def of(cls, attrs: dict[str, Any]) -> StoredJob:
+        job = attrs.get("job")
+        if not isinstance(job, dict):
+            return cls()
+        try:
+            return cls.model_validate(job)
+        except ValidationError:
+            # One odd part must not hide the rest: the parts that read, alone.
+            parts = {}
+            for name in cls.model_fields:
+                try:
+                    parts[name] = getattr(cls.model_validate({name: job[name]}), name)
+                except (KeyError, ValidationError):
+                    continue
+            return cls.model_validate(parts)

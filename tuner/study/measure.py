@@ -1,0 +1,64 @@
+"""A trial's load phase against a ready server: a fixed load (objective throughput) or a capacity search (max_rate)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from tuner.clock import Clock
+from tuner.config import Job
+from tuner.flags import VllmFlags, resolve
+from tuner.launch import Server
+from tuner.load import CapacityStep, LoadResult, find_max_rate, run_load
+
+__all__ = ["Measure", "Measurement", "measure_load"]
+
+
+@dataclass
+class Measurement:
+    """What a load phase gave: the scored result, and for a capacity search every step and the rate found."""
+
+    result: LoadResult | None
+    steps: list[CapacityStep] = field(default_factory=list)
+    scored_step: int = 0
+    rate: float | None = None
+
+
+Measure = Callable[[Server, Job, VllmFlags], Awaitable[Measurement]]
+
+
+async def measure_load(server: Server, job: Job, flags: VllmFlags) -> Measurement:
+    """The job's load phase against a ready server, timed on the server's clock (emulated seconds)."""
+    clock = Clock(server.time_scale)
+    seqs = resolve(flags, job.gpu_profile(), job.model_profile()).max_num_seqs
+    slos = job.parsed_slos()
+    if job.objective == "throughput":
+        result = await run_load(
+            server.base_url,
+            server.model,
+            job.workload,
+            job.arrival,
+            slos=slos,
+            clock=clock,
+            request_timeout_s=job.request_timeout,
+            max_num_seqs=seqs,
+            stop_on_slo_miss=job.stop_early,
+        )
+        return Measurement(result, rate=result.summary.request_throughput)
+    search = await find_max_rate(
+        server.base_url,
+        server.model,
+        job.workload,
+        slos,
+        clock=clock,
+        requests_per_step=job.capacity_search.requests_per_step,
+        max_steps=job.capacity_search.max_steps,
+        request_timeout_s=job.request_timeout,
+        seed=job.workload.seed,
+        max_num_seqs=seqs,
+        stop_on_slo_miss=job.stop_early,
+    )
+    scored = 0
+    if search.best_rate is not None:
+        scored = next((i for i, s in enumerate(search.steps) if s.rate == search.best_rate and s.meets_slos), 0)
+    return Measurement(search.best, list(search.steps), scored, search.best_rate)

@@ -1,0 +1,181 @@
+"""One trial, orchestrated: suggest -> claim the flag set -> predict the start -> launch and measure -> verdict ->
+record. Each step is delegated (the space, `Claims`, the feasibility model, `launch_and_measure`, `Scorer`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.config import Job
+from tuner.feasibility import FeasibilityModel
+from tuner.flags import VllmFlags
+from tuner.launch import Launcher
+from tuner.load import RequestRecord
+from tuner.record import CRASHED, INTERRUPTED, LAUNCH_FAILED, MEASURED, SKIPPED_INFEASIBLE, TrialRecord
+from tuner.scoring import Slo
+from tuner.space import SearchSpace
+from tuner.store import Store, flag_key
+from tuner.study.claims import Claims
+from tuner.study.launching import Attempt, launch_and_measure
+from tuner.study.measure import Measure, measure_load
+from tuner.study.trial import TrialLike, TrialResult
+from tuner.study.verdict import Scorer, Values
+
+__all__ = ["Objective"]
+
+
+class Objective:
+    """One trial: `Objective(job, launcher)(trial) -> (output tok/s, latency P95 s)`.
+
+    Works with an `optuna.Trial` of a study (then `store` keeps the detail and the flag claims across workers) and with
+    `optuna.trial.FixedTrial({...})` (no database: duplicates are remembered in memory).
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        launcher: Launcher,
+        *,
+        store: Store | None = None,
+        study_name: str | None = None,
+        measure: Measure = measure_load,
+        feasibility: FeasibilityModel | None = None,
+        on_event: Callable[[str], None] | None = None,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.job = job
+        self.launcher = launcher
+        self.store = store
+        self.study_name = study_name or job.study.name
+        self.measure = measure
+        self.space: SearchSpace = job.search_space()
+        self.slos: list[Slo] = job.parsed_slos()
+        self.latency_metric = job.primary_latency()
+        self.feasibility = feasibility or FeasibilityModel(
+            job.gpu_profile(),
+            job.model_profile(),
+            memory_in_use_gib=job.target.emulator.memory_in_use_gib if job.target.launcher == "emulator" else 0.0,
+            margin=job.feasibility.margin,
+        )
+        self.on_event = on_event or (lambda _msg: None)
+        self.scorer = Scorer(
+            self.slos, self.latency_metric, float(job.request_timeout), job.gpu_profile(), job.model_profile()
+        )
+        self.claims = Claims(store, self.study_name, self.on_event, poll_s)
+        self._local_observations: list[tuple[int, int]] = []
+
+    def __call__(self, trial: TrialLike) -> Values:
+        baseline = bool(trial.user_attrs.get("baseline", False))
+        suggestion = self.space.suggest(trial, baseline=baseline)
+        flags = suggestion.flags
+        key = flag_key(flags.as_dict())
+        known = TrialRecord(
+            flags=flags.as_dict(),
+            baseline=baseline,
+            repairs=list(suggestion.repairs),
+            warnings=list(suggestion.warnings),
+        )
+        _write(trial, known.model_dump(include={"flags", "baseline", "repairs", "warnings"}))
+        for note in suggestion.repairs + suggestion.warnings:
+            self.on_event(f"trial {trial.number}: {note}")
+
+        copied = self._duplicate(trial, key)
+        if copied is not None:
+            return copied
+        try:
+            result, known = self._evaluate(trial, flags, known)
+        except KeyboardInterrupt:
+            self._record_interrupted(trial, flags, baseline)
+            raise
+        except BaseException:
+            self.claims.release(trial, key)
+            raise
+        return self._finish(trial, result, known, key)
+
+    def _duplicate(self, trial: TrialLike, key: str) -> Values | None:
+        return self.claims.duplicate(trial, key)
+
+    def _evaluate(self, trial: TrialLike, flags: VllmFlags, known: TrialRecord) -> tuple[TrialResult, TrialRecord]:
+        self._calibrate(trial)
+        prediction = self.feasibility.predict(flags)
+        known = known.model_copy(
+            update={
+                "predicted_kv_tokens": prediction.kv_tokens,
+                "predicted_kv_tokens_raw": prediction.raw_kv_tokens,
+                "kv_scale": prediction.kv_scale,
+            }
+        )
+        _write(trial, known.model_dump(include={"predicted_kv_tokens", "predicted_kv_tokens_raw", "kv_scale"}))
+        if self.job.feasibility.enabled and not prediction.ok:
+            self.on_event(f"trial {trial.number}: predicted not to start ({prediction.reason}); not launched")
+            return TrialResult(SKIPPED_INFEASIBLE, flags, prediction.reason, prediction.message, prediction), known
+        attempt = Attempt(self.launcher, self.job, self.measure, self.study_name, trial.number, self.on_event)
+        return launch_and_measure(attempt, flags, prediction), known
+
+    def _finish(self, trial: TrialLike, result: TrialResult, known: TrialRecord, key: str) -> Values:
+        values, constraints = self.scorer.values_and_constraints(result)
+        for name, value in constraints.items():
+            trial.set_constraint(name, value)
+        record = self.scorer.record(result, constraints, known)
+        _write(trial, record.to_attrs())
+        if result.outcome in (MEASURED, CRASHED) and result.prediction is not None:
+            self._local_observations.append((result.prediction.raw_kv_tokens, int(record.kv_tokens or 0)))
+        self._save_detail(trial, result, record.baseline)
+        self.claims.remember(key, trial.number, values, trial.user_attrs, constraints)
+        return values
+
+    def _save_detail(self, trial: TrialLike, result: TrialResult, baseline: bool) -> None:
+        if self.store is None or not isinstance(trial, optuna.Trial):
+            return
+        m = result.measurement
+        loaded = m.result if m is not None else None
+        self.store.save_trial(
+            self.study_name,
+            trial.number,
+            flags=result.flags.as_dict(),
+            baseline=baseline,
+            outcome=result.outcome,
+            reason=result.reason,
+            message=result.message,
+            prediction=result.prediction.as_dict() if result.prediction else None,
+            startup_facts=result.facts,
+            load_summary=loaded.summary.model_dump(mode="json") if loaded else None,
+            capacity_steps=[s.model_dump(mode="json") for s in m.steps] if m and m.steps else None,
+            scored_step=m.scored_step if m else None,
+            server_metrics=loaded.server.model_dump(mode="json") if loaded and loaded.server else None,
+            diagnosis=loaded.diagnosis if loaded else None,
+            log_tail=result.log_tail,
+            attempts=result.attempts,
+            server_seconds=result.server_seconds,
+        )
+        records: Sequence[RequestRecord] = loaded.records if loaded else ()
+        self.store.save_requests(self.study_name, trial.number, records, step=m.scored_step if m else 0)
+
+    def _record_interrupted(self, trial: TrialLike, flags: VllmFlags, baseline: bool) -> None:
+        _write(trial, {"outcome": INTERRUPTED, "reason": "interrupted", "feasible": False})
+        if self.store is not None and isinstance(trial, optuna.Trial):
+            self.store.save_trial(
+                self.study_name, trial.number, flags=flags.as_dict(), baseline=baseline, outcome=INTERRUPTED
+            )
+
+    def _calibrate(self, trial: TrialLike) -> None:
+        """The feasibility model, calibrated from every start this study has seen (or this objective, when fixed)."""
+        self.feasibility.reset()
+        if isinstance(trial, optuna.Trial):
+            for t in trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                r = TrialRecord.from_attrs(t.user_attrs)
+                if not r.is_duplicate and r.outcome in (MEASURED, CRASHED, LAUNCH_FAILED):
+                    self.feasibility.observe(r.predicted_kv_tokens_raw, r.kv_tokens)
+        else:
+            for raw, observed in self._local_observations:
+                self.feasibility.observe(raw, observed)
+
+
+def _write(trial: TrialLike, attrs: dict[str, object]) -> None:
+    """User attributes in `attrs` order; the notes only when there are some (as the record writes them)."""
+    for name, value in attrs.items():
+        if name in ("repairs", "warnings") and not value:
+            continue
+        trial.set_user_attr(name, value)

@@ -1,0 +1,212 @@
+"""The study around the objective: a job's study run to its budget, one trial at a time, by one of many workers."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages import RetryHeartbeatStaleTrialCallback, fail_stale_trials
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.config import Job
+from tuner.errors import ConfigError, TunerError
+from tuner.launch import Launcher
+from tuner.record import INTERRUPTED, TrialRecord
+from tuner.store import flag_key, open_store, safe_url
+from tuner.study.heartbeat import Heartbeat
+from tuner.study.measure import Measure, measure_load
+from tuner.study.objective import Objective
+from tuner.study.samplers import make_sampler
+from tuner.study.storage import make_storage, study_attrs
+from tuner.study.verdict import DIRECTIONS
+
+__all__ = ["RunReport", "TuningRun", "feasible_front"]
+
+_SCHEMA_LOCK = "\x00tuner-schema"
+
+
+@dataclass
+class RunReport:
+    study: optuna.Study
+    trials_run: int
+    stopped_by: str  # "budget", "timeout", "stopped"
+
+
+class TuningRun:
+    """Runs a job's study to its budget: creates or loads it, enqueues the baseline, one trial at a time.
+
+    The budget (`n_trials`) counts finished trials (COMPLETE/PRUNED) of the whole study, over every worker; the decision
+    to start one more and its creation happen under a lock shared by the workers, so the count is exact. A worker
+    whose remaining budget is held by other workers' running trials waits for them (a dead one's trial is failed by
+    the heartbeat, retried, and run by whoever is left).
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        launcher: Launcher,
+        *,
+        storage_url: str | None = None,
+        measure: Measure = measure_load,
+        on_event: Callable[[str], None] | None = None,
+        on_trial_start: Callable[[int], None] | None = None,
+        on_trial_end: Callable[[FrozenTrial], None] | None = None,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.job = job
+        self.launcher = launcher
+        self.url = storage_url or job.storage_url()
+        self.on_event = on_event or (lambda _m: None)
+        self.on_trial_start = on_trial_start or (lambda _n: None)
+        self.on_trial_end = on_trial_end or (lambda _t: None)
+        self.poll_s = poll_s
+        self.space = job.search_space()
+        self.store = open_store(self.url)
+        try:
+            distributed = not self.url.startswith("sqlite")
+            # Workers of one study must not share a seed, or their first random proposals coincide.
+            offset = (os.getpid() % 100_000) if distributed else 0
+            sampler = make_sampler(job, self.space, seed_offset=offset)
+            # Workers started together would race to create Optuna's tables and the study: one at a time.
+            with self.store.exclusive(_SCHEMA_LOCK):
+                self.storage = make_storage(
+                    self.url, heartbeat_interval=job.study.heartbeat_interval, grace_period=job.study.grace_period
+                )
+                self.study = optuna.create_study(
+                    study_name=job.study.name,
+                    storage=self.storage,
+                    directions=DIRECTIONS,
+                    sampler=sampler,
+                    load_if_exists=True,
+                )
+        except BaseException:
+            self.store.close()
+            raise
+        self.objective = Objective(
+            job,
+            launcher,
+            store=self.store,
+            study_name=job.study.name,
+            measure=measure,
+            on_event=on_event,
+            poll_s=poll_s,
+        )
+        self._stop = threading.Event()
+
+    def close(self) -> None:
+        self.store.close()
+        self.storage.remove_session()
+        self.storage.engine.dispose()
+
+    def stop(self) -> None:
+        """Finish the running trial, then start no other."""
+        self._stop.set()
+
+    def _prepare(self) -> None:
+        """Under the workers' lock: a new study gets its attributes and the baseline; interrupted trials a retry."""
+        with self.store.exclusive(self.job.study.name):
+            attrs = self.study.user_attrs
+            if "tuner_version" not in attrs:
+                self.store.delete_study(self.job.study.name)  # rows of an older, deleted study of the same name
+                for k, v in study_attrs(self.job).items():
+                    self.study.set_user_attr(k, v)
+                self.study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
+                self.on_event(f"study {self.job.study.name!r} created in {safe_url(self.url)}; trial 0 is the baseline")
+            else:
+                if attrs.get("gpu") != self.job.target.gpu or attrs.get("model") != self.job.target.model:
+                    raise ConfigError(
+                        f"study {self.job.study.name!r} was created for {attrs.get('model')} on {attrs.get('gpu')}, "
+                        f"not {self.job.target.model} on {self.job.target.gpu}; give the job another study.name"
+                    )
+                if attrs.get("n_trials") != self.job.budget.n_trials:
+                    self.study.set_user_attr("n_trials", self.job.budget.n_trials)
+                self._retry_interrupted()
+
+    def _retry_interrupted(self) -> None:
+        trials = self.study.get_trials(deepcopy=False)
+        retried = {t.system_attrs.get("failed_trial") for t in trials if "failed_trial" in t.system_attrs}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=1)
+            for t in trials:
+                if (
+                    t.state == TrialState.FAIL
+                    and TrialRecord.from_attrs(t.user_attrs).outcome == INTERRUPTED
+                    and t.number not in retried
+                ):
+                    # The callback itself refuses a second retry of a trial that was already a retry.
+                    retry(self.study, t)
+                    self.on_event(f"trial {t.number} was interrupted; it will be run again")
+
+    def _next_trial(self) -> optuna.Trial | bool | None:
+        """Under the lock: a new trial, None when the budget is spent, False when others hold the rest of it."""
+        with self.store.exclusive(self.job.study.name):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                fail_stale_trials(self.study)
+            trials = self.study.get_trials(deepcopy=False)
+            done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+            running = sum(t.state == TrialState.RUNNING for t in trials)
+            if done >= self.job.budget.n_trials:
+                return None
+            if done + running >= self.job.budget.n_trials:
+                return False
+            with warnings.catch_warnings():
+                # Our loop does what optimize() does around a trial: stale trials failed first, a heartbeat meanwhile.
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+                return self.study.ask()
+
+    def run(self) -> RunReport:
+        self._prepare()
+        started = time.monotonic()
+        ran = 0
+        waiting_said = False
+        while True:
+            if self._stop.is_set():
+                return RunReport(self.study, ran, "stopped")
+            if self.job.budget.timeout is not None and time.monotonic() - started > self.job.budget.timeout:
+                return RunReport(self.study, ran, "timeout")
+            trial = self._next_trial()
+            if trial is None:
+                return RunReport(self.study, ran, "budget")
+            if trial is False:
+                if not waiting_said:
+                    self.on_event("the rest of the budget is running on other workers (or a dead one); waiting")
+                    waiting_said = True
+                time.sleep(self.poll_s)
+                continue
+            waiting_said = False
+            assert isinstance(trial, optuna.Trial)
+            self.on_trial_start(trial.number)
+            with Heartbeat(self.storage, trial._trial_id):
+                try:
+                    values = self.objective(trial)
+                except BaseException as e:
+                    self.study.tell(trial, state=TrialState.FAIL)
+                    if not isinstance(e, KeyboardInterrupt | TunerError):
+                        self.on_event(f"trial {trial.number} failed in the tuner itself: {type(e).__name__}: {e}")
+                    raise
+            self.study.tell(trial, list(values))
+            ran += 1
+            self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
+
+
+def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
+    """The feasible Pareto front, one trial per flag set (a duplicate shows as its original)."""
+    seen: set[str] = set()
+    out = []
+    for t in sorted(study.best_trials, key=lambda t: t.number):
+        record = TrialRecord.from_attrs(t.user_attrs)
+        if record.is_duplicate:
+            continue
+        key = flag_key(record.flags)
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return sorted(out, key=lambda t: -(t.values[0] if t.values else 0.0))

@@ -1,0 +1,52 @@
+"""Optuna's storage for a study, and the study-level attributes a run writes once."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+from tuner import __version__
+from tuner.config import Job
+from tuner.errors import StorageError
+from tuner.store import safe_url
+
+__all__ = ["make_storage", "study_attrs"]
+
+
+def make_storage(url: str, *, heartbeat_interval: int, grace_period: int) -> RDBStorage:
+    """Optuna's RDB storage with a heartbeat: a trial left RUNNING by a dead worker is failed and retried once."""
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        try:
+            return RDBStorage(
+                url,
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace_period,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+                **kwargs,
+            )
+        except Exception as e:  # SQLAlchemy and Optuna raise several kinds for a bad URL or a refused connection
+            cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+            raise StorageError(f"cannot open the Optuna storage {safe_url(url)!r}: {cause}") from None
+
+
+def study_attrs(job: Job) -> dict[str, Any]:
+    launcher = job.target.launcher
+    return {
+        "tuner_version": __version__,
+        "gpu": job.target.gpu,
+        "model": job.target.model,
+        "launcher": launcher,
+        "image": job.target.docker.image if launcher == "docker" else None,
+        "workload_hash": job.workload.fingerprint(),
+        "slos": list(job.slos),
+        "objective": job.objective,
+        "n_trials": job.budget.n_trials,
+        "job": job.as_record(),
+    }

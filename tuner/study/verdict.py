@@ -1,0 +1,134 @@
+"""A trial's verdict in Optuna's terms: the two values, the constraints, and the record the readers read.
+
+Directions: maximize output tok/s, minimize the job's primary latency P95 (seconds). SLOs are constraints named
+"slo:<slo>" (<= 0 met); a failure is the worst values with a positive "startup" constraint, graded by how far from
+starting the flags were, so every sampler steers away from the region (see the package's docstring).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tuner.catalog.gpus import GpuProfile
+from tuner.catalog.models import ModelProfile
+from tuner.flags import resolve
+from tuner.record import MEASURED, RECORD_VERSION, TrialRecord
+from tuner.scoring import LoadSummary, Slo, closest, objective_latency
+from tuner.study.trial import TrialResult
+
+__all__ = ["DIRECTIONS", "STARTUP_CONSTRAINT", "Scorer"]
+
+DIRECTIONS: list[Literal["maximize", "minimize"]] = ["maximize", "minimize"]
+STARTUP_CONSTRAINT = "startup"
+
+# How far from starting a refusal is, as the "startup" constraint (> 0: infeasible). Above any SLO violation a
+# measured trial usually has, so the sampler ranks "ran but slow" above "did not run"; graded within a reason.
+_STARTUP_VIOLATION = {
+    "invalid_flags": 13.0,
+    "insufficient_free_memory": 12.0,
+    "no_kv_memory": 12.0,
+    "cuda_oom": 11.0,
+    "kv_cache_too_small": 10.0,  # + the missing fraction of max_model_len
+    "crashed_under_load": 10.5,
+    "start_timeout": 10.0,
+    "unknown": 10.0,
+}
+
+Values = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """Scores a trial's result against the job's SLOs and primary latency; `worst_latency` is the request timeout."""
+
+    slos: list[Slo]
+    latency_metric: str
+    worst_latency: float
+    gpu: GpuProfile
+    model: ModelProfile
+
+    def scored_summary(self, result: TrialResult) -> tuple[LoadSummary | None, list[float] | None]:
+        """The summary the trial is scored on, and (for a capacity search that met no SLOs) its step's violations."""
+        m = result.measurement
+        if m is None:
+            return None, None
+        if m.result is not None:
+            return m.result.summary, None
+        if m.steps:
+            # No rate met the SLOs: score the step that came closest, so the sampler sees how far off it was.
+            step = m.steps[closest([s.violations for s in m.steps])]
+            return step.summary, list(step.violations) or None
+        return None, None
+
+    def values_and_constraints(self, result: TrialResult) -> tuple[Values, dict[str, float]]:
+        zero_slos = {f"slo:{s}": 0.0 for s in self.slos}
+        worst = (0.0, self.worst_latency)
+        if result.outcome == MEASURED:
+            summary, violations = self.scored_summary(result)
+            if summary is not None:
+                latency = objective_latency(summary, self.latency_metric, self.worst_latency)
+                if violations is not None and len(violations) == len(self.slos):
+                    slo_c = {f"slo:{s}": float(v) for s, v in zip(self.slos, violations, strict=True)}
+                else:
+                    slo_c = {f"slo:{s}": float(s.violation(summary)) for s in self.slos}
+                return (float(summary.output_throughput), latency), {STARTUP_CONSTRAINT: 0.0, **slo_c}
+            # A load phase that produced nothing: as bad as a crash, and counted as one.
+            return worst, {STARTUP_CONSTRAINT: _STARTUP_VIOLATION["unknown"], **zero_slos}
+        return worst, {STARTUP_CONSTRAINT: self._startup_violation(result), **zero_slos}
+
+    def _startup_violation(self, result: TrialResult) -> float:
+        severity = _STARTUP_VIOLATION.get(result.reason or "unknown", 10.0)
+        if result.reason == "kv_cache_too_small":
+            need = resolve(result.flags, self.gpu, self.model).max_model_len
+            have = (result.prediction.estimated_max_model_len if result.prediction else None) or 0
+            if result.facts and result.facts.get("kv_tokens"):
+                have = int(result.facts["kv_tokens"])
+            severity += max(0.0, min(1.0, (need - have) / need)) if need else 1.0
+        return severity
+
+    def record(self, result: TrialResult, constraints: dict[str, float], known: TrialRecord) -> TrialRecord:
+        """The trial's record: `known` (flags, notes, prediction, written before the launch) and the verdict."""
+        summary, _ = self.scored_summary(result)
+        m = result.measurement
+        loaded = m.result if m is not None else None
+        facts = result.facts or {}
+        verdict: dict[str, Any] = {
+            "record_version": RECORD_VERSION,
+            "outcome": result.outcome,
+            "reason": result.reason,
+            "message": result.message[:500] if result.message else None,
+            "diagnosis": (loaded.diagnosis if loaded is not None else None) or None,
+            "kv_tokens": int(facts["kv_tokens"]) if facts.get("kv_tokens") else None,
+            "vllm_version": str(facts["vllm_version"]) if facts.get("vllm_version") else None,
+            "feasible": all(v <= 0 for v in constraints.values()),
+            "server_seconds": round(result.server_seconds, 3),
+            "constraints": list(constraints.values()),
+            "constraint_names": list(constraints),
+            "attempts": result.attempts,
+            "latency_metric": self.latency_metric,
+        }
+        if result.outcome == MEASURED and summary is not None:
+            verdict.update(_figures(summary))
+            verdict["request_rate"] = m.rate if m is not None else None
+            verdict["slo_stop"] = loaded.slo_stop if loaded is not None else None
+        return known.model_copy(update=verdict)
+
+
+def _figures(summary: LoadSummary) -> dict[str, Any]:
+    return {
+        "output_tok_s": float(summary.output_throughput),
+        "success_rate": float(summary.success_rate),
+        "e2e_p95_s": _p95(summary, "e2e"),
+        "ttft_p95_s": _p95(summary, "ttft"),
+        "tpot_p95_s": _p95(summary, "tpot"),
+        "goodput": float(summary.goodput),
+    }
+
+
+def _p95(summary: LoadSummary, base: str) -> float | None:
+    if summary.requests_succeeded == 0:
+        return None
+    value = float(summary.metric(f"{base}_p95"))
+    return value if math.isfinite(value) else None
