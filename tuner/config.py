@@ -32,8 +32,8 @@ from pydantic import (
     model_validator,
 )
 
-from tuner.catalog import get_gpu, load_model
-from tuner.catalog.gpus import GpuProfile
+from tuner.catalog import load_model
+from tuner.catalog.gpus import GpuProfile, resolve_gpu
 from tuner.catalog.models import ModelProfile
 from tuner.errors import ConfigError
 from tuner.load import Arrival, Workload
@@ -164,12 +164,31 @@ class ProcessOptions(_Model):
 
 class TargetSection(_Model):
     launcher: Literal["emulator", "process", "docker"] = "emulator"
-    model: str = Field(description="catalog name (llama-3.1-8b, qwen2.5-7b, ...) or a directory with config.json")
-    gpu: str = Field(description="rtx4090, rtx5090, l4, a100-40gb, a100-80gb, h100-80gb or h200")
+    model: str = Field(
+        description="a Hugging Face id (Qwen/Qwen3-8B), a directory with config.json, or a built-in profile "
+        "(llama-3.1-8b, qwen2.5-7b, ...)"
+    )
+    gpu: str | dict[str, Any] = Field(
+        default="auto",
+        description="auto (this machine's GPUs through NVML or amd-smi; docker and process launchers only), a "
+        "catalog name (a10g, l4, l40s, h100-80gb, ...), cpu (vLLM's CPU build), or the GPU's figures "
+        "{name, memory_gib, bandwidth_gbps?, bf16_tflops?}",
+    )
     startup_timeout: Duration = Field(default=1200.0, description="how long a server may take to become ready")
     emulator: EmulatorOptions = Field(default_factory=EmulatorOptions)
     docker: DockerOptions = Field(default_factory=DockerOptions)
     process: ProcessOptions = Field(default_factory=ProcessOptions)
+
+    @model_validator(mode="after")
+    def _emulated_gpu_is_named(self) -> TargetSection:
+        # The emulator imitates a card from its figures: there is no machine GPU to read, and `tuner emulate --gpu`
+        # takes a name.
+        if self.launcher == "emulator" and (not isinstance(self.gpu, str) or self.gpu.strip().lower() == "auto"):
+            raise ValueError(
+                "gpu: the emulator imitates a named GPU (rtx4090, l4, a100-80gb, h100-80gb, ...); auto and a GPU's "
+                "figures are for the docker and process launchers"
+            )
+        return self
 
 
 class CapacitySearch(_Model):
@@ -252,7 +271,8 @@ class Job(_Model):
         return "e2e_p95"
 
     def gpu_profile(self) -> GpuProfile:
-        return self._resolved("gpu", self.target.gpu, lambda: get_gpu(self.target.gpu))
+        spec = self.target.gpu
+        return self._resolved("gpu", json.dumps(spec, sort_keys=True), lambda: resolve_gpu(spec))
 
     def model_profile(self) -> ModelProfile:
         # A model directory's config.json is read once, not at every trial.

@@ -19,13 +19,20 @@ class LaunchError(TunerError):
     """A server could not be started or died; `reason` is one of the launcher's failure classes."""
 
     def __init__(
-        self, message: str, reason: str = "unknown", log_tail: str = "", estimated_max_model_len: int | None = None
+        self,
+        message: str,
+        reason: str = "unknown",
+        log_tail: str = "",
+        estimated_max_model_len: int | None = None,
+        vllm_version: str | None = None,
     ) -> None:
         super().__init__(message)
         self.reason = reason
         self.log_tail = log_tail
         # vLLM's own estimate when reason is kv_cache_too_small: the longest max_model_len that would have started.
         self.estimated_max_model_len = estimated_max_model_len
+        # What the failed server's banner said it was: a refused start is still a fact about that vLLM.
+        self.vllm_version = vllm_version
 
 
 class StorageError(TunerError):

@@ -93,15 +93,13 @@ def _dry_run(job: Path) -> subprocess.CompletedProcess[str]:
 def test_qwen3_8b_on_an_a10g_passes_the_dry_run_with_a_prediction(tmp_path: Path) -> None:
     out = _dry_run(_job(tmp_path, "Qwen/Qwen3-8B", "a10g"))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Qwen/Qwen3-8B on a10g" in out.stdout
+    assert "Qwen/Qwen3-8B on NVIDIA A10G (22.19 GiB)" in out.stdout
     assert "baseline (vLLM's defaults)" in out.stdout and "KV tokens" in out.stdout
     assert "job file is valid; nothing was launched" in out.stdout
 
 
 def test_an_unknown_gpu_named_with_its_memory_passes_the_dry_run(tmp_path: Path) -> None:
-    """Needs config.py's `target.gpu: str | dict` (the resolver takes both); skipped until then."""
     out = _dry_run(_job(tmp_path, "Qwen/Qwen3-8B", {"name": "rtx-pro-6000", "memory_gib": 94.5}))
-    if "target.gpu" in out.stderr and "string" in out.stderr:
-        pytest.skip("config.py still takes target.gpu as a string only")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "KV tokens" in out.stdout
+    assert "on rtx-pro-6000 (94.5 GiB)" in out.stdout

@@ -18,6 +18,7 @@ from tuner.study import TuningRun
 STUDY_ATTRS = {
     "tuner_version",
     "gpu",
+    "gpu_profile",
     "model",
     "launcher",
     "image",

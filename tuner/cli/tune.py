@@ -130,7 +130,9 @@ def _best_text(study: optuna.Study) -> str:
 def dry_run(job: Job, url: str) -> None:
     """Check the job, show the space, the baseline and what the feasibility filter predicts, launch nothing."""
     space = job.search_space()
-    console.print(f"[bold]{job.study.name}[/bold]: {job.target.model} on {job.target.gpu} via {job.target.launcher}")
+    gpu = job.gpu_profile()
+    device = gpu.device_name if gpu.is_cpu else f"{gpu.device_name} ({gpu.memory_gib:g} GiB)"
+    console.print(f"[bold]{job.study.name}[/bold]: {job.target.model} on {device} via {job.target.launcher}")
     console.print(f"storage: {safe_url(url)}")
     console.print(f"objective: {job.objective}; directions: maximize output tok/s, minimize {job.primary_latency()}")
     console.print(f"SLOs: {', '.join(job.slos)}; budget: {job.budget.n_trials} trials; sampler: {job.sampler.name}")
@@ -146,7 +148,7 @@ def dry_run(job: Job, url: str) -> None:
     fm = FeasibilityModel(job.gpu_profile(), job.model_profile(), margin=job.feasibility.margin)
     base = space.baseline()
     p = fm.predict(base)
-    verdict = f"starts, {p.kv_tokens:,} KV tokens" if p.ok else f"predicted not to start: {p.reason}"
+    verdict = p.describe()
     console.print(f"baseline (vLLM's defaults): {short_flags(base.as_dict())} -> {verdict}")
     # What the filter would spare: a random sample of the space, predicted.
     with warnings.catch_warnings():
@@ -158,7 +160,7 @@ def dry_run(job: Job, url: str) -> None:
         trial = probe.ask()
         s = space.suggest(trial)
         pr = fm.predict(s.flags)
-        key = "starts" if pr.ok else str(pr.reason)
+        key = ("starts" if pr.predicted else "no prediction") if pr.ok else str(pr.reason)
         reasons[key] = reasons.get(key, 0) + 1
         probe.tell(trial, state=TrialState.PRUNED)
     console.print(f"of {n} random flag sets: " + ", ".join(f"{v} {k}" for k, v in sorted(reasons.items())))

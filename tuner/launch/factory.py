@@ -71,7 +71,7 @@ def _emulator_from_job(job: Job) -> Launcher:
     extra = [*e.extra_args, *(["--seed", str(e.seed)] if e.seed is not None else [])]
     return EmulatorLauncher(
         model=t.model,
-        gpu=t.gpu,
+        gpu=job.gpu_profile().key,  # a catalog name: the job refuses auto and figures for the emulator
         time_scale=e.time_scale,
         memory_in_use_gib=e.memory_in_use_gib,
         extra_args=extra,
@@ -88,7 +88,7 @@ def _docker_from_job(job: Job) -> Launcher:
         volumes=d.volumes,
         extra_args=d.extra_args,
         startup_timeout_s=t.startup_timeout,
-        **d.options,
+        **({"vendor": job.gpu_profile().vendor} | d.options),
     )
 
 

@@ -37,4 +37,5 @@ def redact_error(error: LaunchError, redact: Redactor) -> LaunchError:
         error.reason,
         redact(error.log_tail),
         estimated_max_model_len=error.estimated_max_model_len,
+        vllm_version=error.vllm_version,
     )

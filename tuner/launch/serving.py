@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from tuner.errors import LaunchError
 from tuner.launch.base import Server, ServerHandle
 from tuner.launch.failures import classify_startup_exit, start_timeout_error
 from tuner.launch.readiness import ServerExited, StartTimedOut, wait_until_ready
 from tuner.launch.redact import Redactor, redact_error
-from tuner.launch.startup_log import parse_startup_facts
+from tuner.launch.startup_log import log_version, parse_startup_facts
 
 
 async def ready_server(
@@ -35,9 +36,10 @@ async def ready_server(
         ready = await wait_until_ready(base_url, exit_code=exit_code, timeout_s=timeout_s, logs=handle.logs)
     except ServerExited as e:
         logs = await exit_logs() if exit_logs is not None else handle.logs()
-        raise redact_error(classify_startup_exit(logs, e.code, what=what), redact) from None
+        raise _with_version(classify_startup_exit(logs, e.code, what=what), logs, redact) from None
     except StartTimedOut:
-        raise redact_error(start_timeout_error(handle.logs(), timeout_s, what=what), redact) from None
+        logs = handle.logs()
+        raise _with_version(start_timeout_error(logs, timeout_s, what=what), logs, redact) from None
     handle.mark_ready()
     facts = parse_startup_facts(handle.logs(), startup_seconds=ready.startup_seconds)
     if ready.version is not None:
@@ -52,3 +54,9 @@ async def ready_server(
         redactor=redact,
         launcher=launcher,
     )
+
+
+def _with_version(error: LaunchError, logs: str, redact: Redactor) -> LaunchError:
+    """The error masked, with the version the whole log's banner names (a tail alone would have lost it)."""
+    error.vllm_version = log_version(logs)
+    return redact_error(error, redact)

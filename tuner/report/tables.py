@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
+from tuner.catalog.gpus import GpuProfile, resolve_gpu
 from tuner.errors import TunerError
 from tuner.flags import VllmFlags
 from tuner.report.front import BEST_CHOICES, choose, ratios
@@ -125,13 +127,22 @@ def kv_table(title: str, data: dict[str, Any]) -> Table:
     return table
 
 
+def study_gpu(attrs: dict[str, Any]) -> GpuProfile:
+    """The GPU a study ran on, as it resolved then (studies before `gpu_profile` was stored: by its name)."""
+    stored = attrs.get("gpu_profile")
+    if isinstance(stored, dict):
+        with contextlib.suppress(TypeError):
+            return GpuProfile(**stored)
+    return resolve_gpu(attrs["gpu"])
+
+
 def flags_table(view: StudyView, flags: dict[str, Any]) -> Table:
     resolved: dict[str, Any] = {}
     try:
-        from tuner.catalog import get_gpu, load_model
+        from tuner.catalog import load_model
         from tuner.flags import resolve
 
-        r = resolve(VllmFlags.from_dict(flags), get_gpu(str(view.attrs["gpu"])), load_model(str(view.attrs["model"])))
+        r = resolve(VllmFlags.from_dict(flags), study_gpu(view.attrs), load_model(str(view.attrs["model"])))
         resolved = r.__dict__
     except (KeyError, TunerError, ValueError):
         pass

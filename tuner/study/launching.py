@@ -18,6 +18,7 @@ from tuner.errors import LaunchError
 from tuner.feasibility import Prediction
 from tuner.flags import VllmFlags
 from tuner.launch import Launcher
+from tuner.launch.failures import MODEL_NOT_FOUND
 from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED
 from tuner.study.measure import Measure, Measurement
 from tuner.study.trial import TrialResult
@@ -27,8 +28,8 @@ __all__ = ["FATAL_REASONS", "LOG_TAIL_LINES", "TRANSIENT_REASONS", "Attempt", "l
 LOG_TAIL_LINES = 40
 # Failures that say nothing about the flags: retried once within the trial.
 TRANSIENT_REASONS = ("start_timeout", "unknown")
-# Stops the whole run: no flag set can start.
-FATAL_REASONS = ("image_missing", "cannot_launch")
+# Stops the whole run: no flag set can start (a model no server can read fails every trial the same way).
+FATAL_REASONS = ("image_missing", "cannot_launch", MODEL_NOT_FOUND)
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,11 @@ async def _one_start(attempt: Attempt, flags: VllmFlags) -> tuple[Measurement, d
 
 
 def _failed_start_facts(error: LaunchError) -> dict[str, Any] | None:
-    est = getattr(error, "estimated_max_model_len", None)
+    facts: dict[str, Any] = {}
+    if error.vllm_version:
+        facts["vllm_version"] = error.vllm_version
+    est = error.estimated_max_model_len
     if error.reason == "kv_cache_too_small" and est:
         # vLLM's "estimated maximum model length" is the KV tokens the start would have had.
-        return {"kv_tokens": int(est)}
-    return None
+        facts["kv_tokens"] = int(est)
+    return facts or None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -41,6 +42,8 @@ def study_attrs(job: Job) -> dict[str, Any]:
     return {
         "tuner_version": __version__,
         "gpu": job.target.gpu,
+        # What the GPU resolved to (auto, a name, figures): the morning reports must not probe their own machine.
+        "gpu_profile": dataclasses.asdict(job.gpu_profile()),
         "model": job.target.model,
         "launcher": launcher,
         "image": job.target.docker.image if launcher == "docker" else None,
