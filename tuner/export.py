@@ -68,6 +68,8 @@ class Provenance:
     success_rate: float | None = None
     slos: tuple[str, ...] = ()
     tuner_version: str | None = None
+    vllm_version: str | None = None  # what the measured server's /version said
+    notes: tuple[str, ...] = ()  # what a reader must know about these figures (e.g. a pinned image of another version)
     verify_command: str | None = None  # the `tuner verify` line that launches these flags again and confirms them
     exported_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
@@ -88,6 +90,8 @@ class Provenance:
             "success_rate": self.success_rate,
             "slos": list(self.slos),
             "tuner_version": self.tuner_version,
+            "vllm_version": self.vllm_version,
+            "notes": list(self.notes),
             "verify_command": self.verify_command,
             "exported_at": self.exported_at.isoformat(timespec="seconds"),
         }
@@ -99,6 +103,7 @@ class Provenance:
         lines = [f"tuner export: study {self.study!r}, trial {self.trial} ({which})"]
         where = [(k, v) for k, v in (("GPU", self.gpu), ("model", self.model), ("image", self.image)) if v]
         where += [("launcher", self.launcher)] if self.launcher else []
+        where += [("vLLM", self.vllm_version)] if self.vllm_version else []
         if where:
             lines.append("measured on: " + ", ".join(f"{k} {v}" for k, v in where))
         measured = []
@@ -118,6 +123,7 @@ class Provenance:
             lines.append("SLOs: " + ", ".join(self.slos))
         if self.workload_hash:
             lines.append(f"workload hash: {self.workload_hash}")
+        lines += [f"note: {note}" for note in self.notes]
         if self.verify_command:
             lines.append(f"re-verify: {self.verify_command}")
         stamp = self.exported_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")

@@ -19,6 +19,7 @@ STUDY_ATTRS = {
     "tuner_version",
     "gpu",
     "gpu_profile",
+    "image_pinned",
     "model",
     "launcher",
     "image",

@@ -546,6 +546,7 @@ def export_cmd(
         typer.echo(f"warning: trial {trial} {t.verdict}", err=True)
     options = deploy_options(
         view,
+        t,
         model=model,
         image=image,
         port=port,

@@ -9,11 +9,15 @@ from tuner.errors import ConfigError
 from tuner.export import DEFAULT_IMAGE, DeployOptions, Provenance
 from tuner.report.views import StudyView, TrialView
 
-__all__ = ["deploy_options", "provenance"]
+__all__ = ["IMAGE_REPOSITORY", "ROCM_REPOSITORY", "deploy_options", "export_image", "provenance"]
+
+IMAGE_REPOSITORY = "vllm/vllm-openai"
+ROCM_REPOSITORY = "vllm/vllm-openai-rocm"
 
 
 def deploy_options(
     view: StudyView,
+    trial: TrialView | None = None,
     *,
     model: str | None = None,
     image: str | None = None,
@@ -27,7 +31,7 @@ def deploy_options(
         raise ConfigError("the study records no model: give --model NAME")
     return DeployOptions(
         model=model_name,
-        image=image or _image(view),
+        image=image or export_image(view, trial)[0],
         port=port,
         name=name,
         secret_env=secret_env if secret_env is not None else _secret_names(view),
@@ -52,6 +56,8 @@ def provenance(view: StudyView, t: TrialView) -> Provenance:
         success_rate=t.success_rate,
         slos=tuple(view.slos),
         tuner_version=__version__,
+        vllm_version=t.vllm_version,
+        notes=tuple(note for note in (export_image(view, t)[1],) if note),
     )
 
 
@@ -70,9 +76,28 @@ def _hub_model(view: StudyView) -> str:
     return profile.name if profile is not None else name
 
 
-def _image(view: StudyView) -> str:
-    """The image measured (docker launcher), else the job's vLLM image (pinned by the job file), else the default."""
-    return str(view.attrs.get("image") or view.job.target.docker.image or DEFAULT_IMAGE)
+def export_image(view: StudyView, t: TrialView | None) -> tuple[str, str | None]:
+    """The image to deploy and, when it is not the vLLM the trial measured, a note that says so.
+
+    The trial's own vLLM version decides (vLLM's image of that release: what was measured is what ships) unless the
+    job pinned an image; a study written before versions were recorded keeps the image it recorded.
+    """
+    stored = view.attrs.get("image") or view.job.target.docker.image
+    measured = t.vllm_version if t is not None else None
+    pinned = view.attrs.get("image_pinned")
+    if measured and (pinned is False or not stored):
+        repo = ROCM_REPOSITORY if _vendor(view) == "amd" else IMAGE_REPOSITORY
+        return f"{repo}:v{measured}", None
+    image = str(stored or DEFAULT_IMAGE)
+    tag = image.rpartition(":")[2].removeprefix("v") if ":" in image.rpartition("/")[2] else None
+    if measured and tag != measured:
+        return image, f"image {image} was pinned by the job; the trial measured vLLM {measured}"
+    return image, None
+
+
+def _vendor(view: StudyView) -> str:
+    profile = view.attrs.get("gpu_profile")
+    return str(profile.get("vendor") or "nvidia") if isinstance(profile, dict) else "nvidia"
 
 
 def _secret_names(view: StudyView) -> tuple[str, ...]:

@@ -47,6 +47,8 @@ def study_attrs(job: Job) -> dict[str, Any]:
         "model": job.target.model,
         "launcher": launcher,
         "image": job.target.docker.image if launcher == "docker" else None,
+        # An image the job chose stays in exports; else they follow the vLLM version each trial measured.
+        "image_pinned": "image" in job.target.docker.model_fields_set,
         "workload_hash": job.workload.fingerprint(),
         "slos": list(job.slos),
         "objective": job.objective,
