@@ -49,3 +49,26 @@ def test_no_import_circle() -> None:
 
 def test_the_study_is_a_package() -> None:
     assert (ROOT / "study" / "__init__.py").is_file() and not (ROOT / "study.py").exists()
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def _function_lengths() -> list[tuple[str, int]]:
+    """(where, lines) for every function in the package, from its `def` line to the end of its body; under
+    tuner/cli only the body counts, since typer's `Annotated` parameter lists make the signatures long."""
+    lengths = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent)
+        in_cli = rel.parts[:2] == ("tuner", "cli")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                start = node.body[0].lineno if in_cli else node.lineno
+                end = node.end_lineno or node.lineno
+                lengths.append((f"{rel}:{node.lineno} {node.name}", end - start + 1))
+    return lengths
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    long = [f"{where} ({n} lines)" for where, n in _function_lengths() if n > MAX_FUNCTION_LINES]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: " + "; ".join(long)

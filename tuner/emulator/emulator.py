@@ -168,8 +168,34 @@ class Emulator:
     async def startup(self, delays: bool = True) -> bool:
         """Print vLLM's start-up lines in order, pausing as long as each phase takes (scaled); False if the
         start fails at the point where vLLM discovers it (the error is logged)."""
-        cfg, r, p, log = self.config, self.resolved, self.plan, self.log
+        p = self.plan
         self._startup_logged = True
+        self._log_launch()
+        if p.reason == INVALID_FLAGS:
+            self._fail_value_error()
+            return False
+        self._log_engine_config()
+        if p.reason == INSUFFICIENT_FREE_MEMORY:
+            self._fail_value_error()
+            return False
+        if not await self._load_weights(delays):
+            return False
+        profile_s = await self._profile_memory(delays)
+        if p.reason in (NO_KV_MEMORY, KV_CACHE_TOO_SMALL):
+            self._fail_value_error()
+            return False
+        self._log_kv_cache()
+        return await self._capture_graphs(profile_s, delays)
+
+    def _fail_value_error(self) -> None:
+        self._fail("api_server.py:1920", [f"ValueError: {self.plan.message}"])
+
+    def _fail_cuda_oom(self) -> None:
+        self._fail("api_server.py:1920", [self.plan.message or "torch.OutOfMemoryError: CUDA out of memory."])
+
+    def _log_launch(self) -> None:
+        """The API server's first lines: version, the arguments as given, and the model and GPU resolved."""
+        cfg, log = self.config, self.log
         log.info("api_server.py:1896", f"vLLM API server version {VLLM_VERSION} (tuner emulator)")
         log.info("utils.py:328", f"non-default args: {_fmt_args(cfg)}")
         if cfg.ignored_args:
@@ -178,9 +204,10 @@ class Emulator:
                 f"The emulator ignores these vLLM arguments (not modelled): {' '.join(cfg.ignored_args)}",
             )
         log.info("__init__.py:742", f"Resolved architecture: {cfg.model.name} on {cfg.gpu.device_name}")
-        if p.reason == INVALID_FLAGS:
-            self._fail("api_server.py:1920", [f"ValueError: {p.message}"])
-            return False
+
+    def _log_engine_config(self) -> None:
+        """The resolved limits, as the engine core reports them once the flags are accepted."""
+        r, log = self.resolved, self.log
         log.info("__init__.py:1815", f"Using max model len {r.max_model_len}")
         if r.enable_chunked_prefill:
             log.info(
@@ -193,9 +220,10 @@ class Emulator:
             f"gpu_memory_utilization={r.gpu_memory_utilization}, tensor_parallel_size={r.tensor_parallel_size}",
             "engine",
         )
-        if p.reason == INSUFFICIENT_FREE_MEMORY:
-            self._fail("api_server.py:1920", [f"ValueError: {p.message}"])
-            return False
+
+    async def _load_weights(self, delays: bool) -> bool:
+        """Load the weights; False if they alone do not fit (vLLM finds out about half-way through the load)."""
+        cfg, p, log = self.config, self.plan, self.log
         if cfg.fault_hang_on_start:
             log.info("gpu_model_runner.py:1953", f"Starting to load model {cfg.model_arg}...", "worker")
             await asyncio.Event().wait()  # never ready, never exits (fault injection)
@@ -203,7 +231,7 @@ class Emulator:
         load_s = p.weights_bytes / WEIGHT_LOAD_BYTES_PER_S
         if p.reason == CUDA_OOM and p.weights_bytes > p.free_bytes:
             await self._pause(load_s * 0.5, delays)
-            self._fail("api_server.py:1920", [p.message or "torch.OutOfMemoryError: CUDA out of memory."])
+            self._fail_cuda_oom()
             return False
         await self._pause(load_s, delays)
         log.info(
@@ -211,6 +239,11 @@ class Emulator:
             f"Model loading took {p.weights_bytes / GIB:.2f} GiB memory and {load_s:.2f} seconds",
             "worker",
         )
+        return True
+
+    async def _profile_memory(self, delays: bool) -> float:
+        """Compile (unless eager) and profile, then report the memory split; the seconds it took."""
+        r, p, log = self.resolved, self.plan, self.log
         profile_s = EAGER_PROFILE_SECONDS if r.enforce_eager else PROFILE_SECONDS
         if not r.enforce_eager:
             log.info("backends.py:548", f"Dynamo bytecode transform time: {profile_s * 0.6:.2f} s", "worker")
@@ -228,19 +261,24 @@ class Emulator:
             "worker",
         )
         log.info("gpu_worker.py:298", f"Available KV cache memory: {p.available_kv_bytes / GIB:.2f} GiB", "worker")
-        if p.reason in (NO_KV_MEMORY, KV_CACHE_TOO_SMALL):
-            self._fail("api_server.py:1920", [f"ValueError: {p.message}"])
-            return False
+        return profile_s
+
+    def _log_kv_cache(self) -> None:
+        r, p, log = self.resolved, self.plan, self.log
         log.info("kv_cache_utils.py:1087", f"GPU KV cache size: {p.kv_tokens:,} tokens", "engine")
         log.info(
             "kv_cache_utils.py:1091",
             f"Maximum concurrency for {r.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x",
             "engine",
         )
+
+    async def _capture_graphs(self, profile_s: float, delays: bool) -> bool:
+        """Capture the CUDA graphs and report the engine ready; False if the capture runs out of memory."""
+        r, p, log = self.resolved, self.plan, self.log
         graph_s = len(cuda_graph_capture_sizes(r)) * GRAPH_SECONDS_PER_SIZE
         await self._pause(graph_s, delays)
         if p.reason == CUDA_OOM:
-            self._fail("api_server.py:1920", [p.message or "torch.OutOfMemoryError: CUDA out of memory."])
+            self._fail_cuda_oom()
             return False
         if graph_s:
             log.info(

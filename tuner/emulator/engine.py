@@ -212,10 +212,20 @@ class Engine:
         pairs."""
         if self._has_aborted:
             self._drop_aborted()
-        bs = self.block_size
-        pool = self.pool
-        budget = self.flags.max_num_batched_tokens
         items: list[tuple[EngineRequest, int]] = []
+        budget, num_decode, kv_read, attn, preempted = self._schedule_running(items)
+        if not preempted:
+            # V1 admits no waiting request in a pass that had to preempt: the blocks are that short
+            admitted_kv_read, admitted_attn = self._schedule_waiting(items, budget)
+            kv_read += admitted_kv_read
+            attn += admitted_attn
+        return items, num_decode, kv_read, attn
+
+    def _schedule_running(self, items: list[tuple[EngineRequest, int]]) -> tuple[int, int, int, int, bool]:
+        """The running requests first, in order, each taking what it still needs of the token budget; the budget
+        left, decode count, KV tokens read, attention pairs, and whether any request was preempted."""
+        bs = self.block_size
+        budget = self.flags.max_num_batched_tokens
         num_decode = kv_read = attn = 0
         running = self.running
         preempted = False
@@ -227,18 +237,9 @@ class Engine:
             if n > budget:
                 n = budget
             need = (c + n + bs - 1) // bs - len(req.blocks)
-            if need > 0 and not pool.allocate(need, req.blocks):
-                scheduled = False
-                while True:
-                    victim = running.pop()
-                    self._preempt(victim)
-                    preempted = True
-                    if victim is req:
-                        break
-                    if pool.allocate(need, req.blocks):
-                        scheduled = True
-                        break
-                if not scheduled:
+            if need > 0 and not self.pool.allocate(need, req.blocks):
+                preempted = True
+                if not self._preempt_until_allocated(req, need):
                     break
             items.append((req, n))
             budget -= n
@@ -249,47 +250,71 @@ class Engine:
             else:
                 attn += n * c + n * (n + 1) // 2
             i += 1
+        return budget, num_decode, kv_read, attn, preempted
 
-        if not preempted:
-            waiting = self.waiting
-            max_seqs = self.flags.max_num_seqs
-            chunked = self.flags.enable_chunked_prefill
-            now = self.clock.now()
-            while waiting and budget > 0 and len(running) < max_seqs:
-                req = waiting[0]
-                num_tokens = req.prompt_len + req.num_output
-                hits: list[int] = []
-                if self.caching and req.hashes:
-                    hits = pool.lookup(req.hashes, (num_tokens - 1) // bs)
-                c = len(hits) * bs
-                n = num_tokens - c
-                if n > budget:
-                    if not chunked:
-                        break
-                    n = budget
-                need = (c + n + bs - 1) // bs - len(hits)
-                if not pool.can_allocate(need, hits):
+    def _preempt_until_allocated(self, req: EngineRequest, need: int) -> bool:
+        """Preempt from the back of the running list (the last admitted, V1's FCFS order) until `req` gets its
+        `need` blocks; False if `req` itself had to go."""
+        while True:
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is req:
+                return False
+            if self.pool.allocate(need, req.blocks):
+                return True
+
+    def _schedule_waiting(self, items: list[tuple[EngineRequest, int]], budget: int) -> tuple[int, int]:
+        """Admit waiting requests in arrival order while the budget, max_num_seqs and the free blocks allow (the
+        first that does not fit blocks the rest, as in V1); the KV tokens read and attention pairs they add."""
+        bs = self.block_size
+        pool = self.pool
+        waiting = self.waiting
+        running = self.running
+        max_seqs = self.flags.max_num_seqs
+        chunked = self.flags.enable_chunked_prefill
+        now = self.clock.now()
+        kv_read = attn = 0
+        while waiting and budget > 0 and len(running) < max_seqs:
+            req = waiting[0]
+            num_tokens = req.prompt_len + req.num_output
+            hits: list[int] = []
+            if self.caching and req.hashes:
+                hits = pool.lookup(req.hashes, (num_tokens - 1) // bs)
+            c = len(hits) * bs
+            n = num_tokens - c
+            if n > budget:
+                if not chunked:
                     break
-                pool.touch(hits)
-                req.blocks = hits
-                pool.allocate(need, req.blocks)
-                req.num_computed = c
-                if self.caching:
-                    self.stats.prefix_queries += num_tokens
-                    self.stats.prefix_hits += c
-                    self.metrics.prefix_queries.inc(num_tokens)
-                    if c:
-                        self.metrics.prefix_hits.inc(c)
-                waiting.popleft()
-                req.state = RUNNING
-                if req.first_scheduled is None:
-                    req.first_scheduled = now
-                running.append(req)
-                items.append((req, n))
-                budget -= n
-                kv_read += c + n
-                attn += n * c + n * (n + 1) // 2
-        return items, num_decode, kv_read, attn
+                n = budget
+            need = (c + n + bs - 1) // bs - len(hits)
+            if not pool.can_allocate(need, hits):
+                break
+            self._admit(req, hits, need, num_tokens, now)
+            items.append((req, n))
+            budget -= n
+            kv_read += c + n
+            attn += n * c + n * (n + 1) // 2
+        return kv_read, attn
+
+    def _admit(self, req: EngineRequest, hits: list[int], need: int, num_tokens: int, now: float) -> None:
+        """Move the head of the waiting queue to running, on its cached blocks plus `need` fresh ones."""
+        pool = self.pool
+        c = len(hits) * self.block_size
+        pool.touch(hits)
+        req.blocks = hits
+        pool.allocate(need, req.blocks)
+        req.num_computed = c
+        if self.caching:
+            self.stats.prefix_queries += num_tokens
+            self.stats.prefix_hits += c
+            self.metrics.prefix_queries.inc(num_tokens)
+            if c:
+                self.metrics.prefix_hits.inc(c)
+        self.waiting.popleft()
+        req.state = RUNNING
+        if req.first_scheduled is None:
+            req.first_scheduled = now
+        self.running.append(req)
 
     def complete(self, items: list[tuple[EngineRequest, int]], now: float) -> None:
         """Apply a finished step: advance each request, emit the sampled tokens, retire finished requests."""

@@ -10,7 +10,7 @@ import io
 import statistics
 from dataclasses import dataclass, field
 
-from tuner.capacity import plan_startup
+from tuner.capacity import StartupPlan, plan_startup
 from tuner.catalog import GpuProfile, ModelProfile
 from tuner.clock import Clock
 from tuner.emulator.engine import Engine, EngineRequest
@@ -18,7 +18,7 @@ from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.step_time import StepTimeModel
 from tuner.errors import ConfigError
-from tuner.flags import VllmFlags, resolve
+from tuner.flags import ResolvedFlags, VllmFlags, resolve
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,109 @@ class _Recorder:
         self.done = True
 
 
+class _ClosedLoop:
+    """One engine in virtual time and the clients feeding it: each finished request is replaced at once."""
+
+    def __init__(
+        self,
+        model: ModelProfile,
+        gpu: GpuProfile,
+        resolved: ResolvedFlags,
+        plan: StartupPlan,
+        *,
+        input_len: int,
+        output_len: int,
+        shared_prefix_len: int,
+    ) -> None:
+        self.resolved = resolved
+        self.input_len = input_len
+        self.output_len = output_len
+        self.shared_prefix_len = shared_prefix_len
+        self.clock = _VirtualClock()
+        self.step_model = StepTimeModel.build(model, gpu, resolved)
+        metrics = EmulatorMetrics(model.name, resolved.max_model_len, {})
+        self.fatal: list[str] = []
+        self.engine = Engine(
+            model,
+            resolved,
+            plan,
+            self.step_model,
+            self.clock,
+            metrics,
+            VllmLog(io.StringIO()),
+            lambda reason, _lines: self.fatal.append(reason),
+            log_stats=False,
+        )
+        self.recorders: list[_Recorder] = []
+        self.submitted = 0
+        self.finished_now: list[_Recorder] = []
+
+    def submit(self) -> None:
+        # a shared prefix of token ids 0.. and a per-request tail no other request has, so only the prefix can hit
+        rec = _Recorder(self.clock, self.finished_now)
+        prefix = list(range(self.shared_prefix_len))
+        tail_len = self.input_len - self.shared_prefix_len
+        prompt = prefix + [100_000 + self.submitted * 7919 + i for i in range(tail_len)]
+        resolved = self.resolved
+        req = EngineRequest(
+            f"sim-{self.submitted}",
+            prompt,
+            self.output_len,
+            "length",
+            rec,
+            resolved.block_size,
+            resolved.enable_prefix_caching,
+        )
+        self.engine.submit(req)
+        self.recorders.append(rec)
+        self.submitted += 1
+
+    def run(self, concurrency: int, total: int) -> None:
+        """Step until `total` requests finished; ConfigError if the server would have crashed."""
+        for _ in range(min(concurrency, total)):
+            self.submit()
+        done = 0
+        while done < total:
+            if not self._step():
+                break
+            for _rec in self.finished_now:
+                done += 1
+                if self.submitted < total:
+                    self.submit()
+            self.finished_now.clear()
+        if self.fatal:
+            raise ConfigError(f"the simulated server crashed: {self.fatal[0]}")
+
+    def _step(self) -> bool:
+        """One scheduler pass and its step time on the clock; False if the batch would hit CUDA OOM."""
+        engine = self.engine
+        items, num_decode, kv_read, attn = engine.schedule()
+        if not items:
+            raise RuntimeError("the simulated engine stalled")  # cannot happen for a flag set that starts
+        if len(engine.running) >= engine.oom_running_threshold:
+            self.fatal.append("cuda_oom")
+            return False
+        self.clock.t[0] += self.step_model.step_seconds(sum(n for _, n in items), num_decode, kv_read, attn)
+        engine.complete(items, self.clock.t[0])
+        return True
+
+    def result(self) -> SimulationResult:
+        recs = [r for r in self.recorders if r.done]
+        tpots = [(r.last - r.first) / (r.n - 1) for r in recs if r.n > 1]
+        duration = self.clock.t[0]
+        return SimulationResult(
+            requests=len(recs),
+            duration_s=duration,
+            output_tok_s=sum(r.n for r in recs) / duration if duration else 0.0,
+            tpot_mean_s=statistics.fmean(tpots) if tpots else 0.0,
+            tpot_median_s=statistics.median(tpots) if tpots else 0.0,
+            ttft_mean_s=statistics.fmean(r.first - r.start for r in recs),
+            e2e_mean_s=statistics.fmean(r.last - r.start for r in recs),
+            preemptions=self.engine.stats.preemptions,
+            steps=self.engine.stats.steps,
+        )
+
+
 def simulate_closed_loop(
     model: ModelProfile,
     gpu: GpuProfile,
@@ -88,67 +191,8 @@ def simulate_closed_loop(
     if input_len + output_len > resolved.max_model_len:
         raise ConfigError(f"input_len + output_len exceeds max_model_len ({resolved.max_model_len})")
     total = requests if requests is not None else 4 * concurrency
-    clock = _VirtualClock()
-    step_model = StepTimeModel.build(model, gpu, resolved)
-    metrics = EmulatorMetrics(model.name, resolved.max_model_len, {})
-    fatal: list[str] = []
-    engine = Engine(
-        model,
-        resolved,
-        plan,
-        step_model,
-        clock,
-        metrics,
-        VllmLog(io.StringIO()),
-        lambda reason, _lines: fatal.append(reason),
-        log_stats=False,
+    loop = _ClosedLoop(
+        model, gpu, resolved, plan, input_len=input_len, output_len=output_len, shared_prefix_len=shared_prefix_len
     )
-    recorders: list[_Recorder] = []
-    submitted = 0
-    finished_now: list[_Recorder] = []
-
-    def submit() -> None:
-        nonlocal submitted
-        rec = _Recorder(clock, finished_now)
-        prefix = list(range(shared_prefix_len))
-        prompt = prefix + [100_000 + submitted * 7919 + i for i in range(input_len - shared_prefix_len)]
-        req = EngineRequest(
-            f"sim-{submitted}", prompt, output_len, "length", rec, resolved.block_size, resolved.enable_prefix_caching
-        )
-        engine.submit(req)
-        recorders.append(rec)
-        submitted += 1
-
-    for _ in range(min(concurrency, total)):
-        submit()
-    done = 0
-    while done < total:
-        items, num_decode, kv_read, attn = engine.schedule()
-        if not items:
-            raise RuntimeError("the simulated engine stalled")  # cannot happen for a flag set that starts
-        if len(engine.running) >= engine.oom_running_threshold:
-            fatal.append("cuda_oom")
-            break
-        clock.t[0] += step_model.step_seconds(sum(n for _, n in items), num_decode, kv_read, attn)
-        engine.complete(items, clock.t[0])
-        for _rec in finished_now:
-            done += 1
-            if submitted < total:
-                submit()
-        finished_now.clear()
-    if fatal:
-        raise ConfigError(f"the simulated server crashed: {fatal[0]}")
-    recs = [r for r in recorders if r.done]
-    tpots = [(r.last - r.first) / (r.n - 1) for r in recs if r.n > 1]
-    duration = clock.t[0]
-    return SimulationResult(
-        requests=len(recs),
-        duration_s=duration,
-        output_tok_s=sum(r.n for r in recs) / duration if duration else 0.0,
-        tpot_mean_s=statistics.fmean(tpots) if tpots else 0.0,
-        tpot_median_s=statistics.median(tpots) if tpots else 0.0,
-        ttft_mean_s=statistics.fmean(r.first - r.start for r in recs),
-        e2e_mean_s=statistics.fmean(r.last - r.start for r in recs),
-        preemptions=engine.stats.preemptions,
-        steps=engine.stats.steps,
-    )
+    loop.run(concurrency, total)
+    return loop.result()
