@@ -242,20 +242,9 @@ def plan_startup(
     if invalid:
         return plan(INVALID_FLAGS, invalid)
     if free < requested:
-        return plan(
-            INSUFFICIENT_FREE_MEMORY,
-            f"Free memory on device ({free / GIB:.2f}/{total / GIB:.2f} GiB) on startup is less than desired "
-            f"GPU memory utilization ({u}, {requested / GIB:.2f} GiB). Decrease GPU memory utilization or "
-            "reduce GPU memory used by other processes.",
-        )
+        return plan(INSUFFICIENT_FREE_MEMORY, _free_memory_message(free, total, u, requested))
     if weights > free:
-        return plan(
-            CUDA_OOM,
-            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1002.00 MiB. GPU 0 has a total "
-            f"capacity of {total / GIB:.2f} GiB of which {max(0, free - (weights - 2 * GIB)) / 2**20:.2f} MiB "
-            "is free. Including non-PyTorch memory, this process has "
-            f"{(weights - GIB) / GIB:.2f} GiB memory in use.",
-        )
+        return plan(CUDA_OOM, _weights_oom_message(total, free, weights))
     if available <= 0:
         return plan(
             NO_KV_MEMORY,
@@ -277,6 +266,23 @@ def plan_startup(
     if graphs + _RUNTIME_SLACK_BYTES > headroom:
         return plan(CUDA_OOM, cuda_oom_message(graphs, total, max(0, headroom)))
     return plan()
+
+
+def _free_memory_message(free: int, total: int, utilization: float, requested: int) -> str:
+    return (
+        f"Free memory on device ({free / GIB:.2f}/{total / GIB:.2f} GiB) on startup is less than desired "
+        f"GPU memory utilization ({utilization}, {requested / GIB:.2f} GiB). Decrease GPU memory utilization or "
+        "reduce GPU memory used by other processes."
+    )
+
+
+def _weights_oom_message(total: int, free: int, weights: int) -> str:
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1002.00 MiB. GPU 0 has a total "
+        f"capacity of {total / GIB:.2f} GiB of which {max(0, free - (weights - 2 * GIB)) / 2**20:.2f} MiB "
+        "is free. Including non-PyTorch memory, this process has "
+        f"{(weights - GIB) / GIB:.2f} GiB memory in use."
+    )
 
 
 def _concurrency(pool: KvPool, blocks: int, kv_tokens: int, max_len: int) -> float:

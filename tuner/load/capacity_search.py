@@ -67,12 +67,7 @@ async def find_max_rate(
     lo: float | None = None
     hi: float | None = None
     try:
-        probe_arrival = Arrival(
-            concurrency=probe_concurrency,
-            requests=max(probe_concurrency * 2, requests_per_step // 2),
-            warmup_requests=min(probe_concurrency, requests_per_step // 4),
-        )
-        probe = await load(probe_arrival, scrape_metrics=False)
+        probe = await load(_probe_arrival(probe_concurrency, requests_per_step), scrape_metrics=False)
         estimate = probe.summary.request_throughput
         if estimate <= 0:
             return CapacitySearchResult(best_rate=None, best=None, steps=[], estimate_rate=None, probe=probe.summary)
@@ -80,13 +75,7 @@ async def find_max_rate(
         while rate is not None and len(steps) < max_steps:
             if should_stop is not None and should_stop():
                 break
-            arrival = Arrival(
-                rate=rate,
-                process="constant" if process == "constant" else "poisson",
-                requests=requests_per_step,
-                warmup_requests=max(1, requests_per_step // 10),
-                seed=seed + len(steps),
-            )
+            arrival = _step_arrival(rate, process, requests_per_step, seed + len(steps))
             # A step stopped at a certain SLO miss is a miss, as it would have been.
             result = await load(arrival, slos=slos, max_num_seqs=max_num_seqs, stop_on_slo_miss=stop_on_slo_miss)
             step = _step(rate, result, slos)
@@ -103,6 +92,25 @@ async def find_max_rate(
         if own:
             await http.aclose()
     return CapacitySearchResult(best_rate=lo, best=best, steps=steps, estimate_rate=estimate, probe=probe.summary)
+
+
+def _probe_arrival(concurrency: int, requests_per_step: int) -> Arrival:
+    """The saturating closed loop the search starts from: long enough to fill the server, short beside a step."""
+    return Arrival(
+        concurrency=concurrency,
+        requests=max(concurrency * 2, requests_per_step // 2),
+        warmup_requests=min(concurrency, requests_per_step // 4),
+    )
+
+
+def _step_arrival(rate: float, process: str, requests: int, seed: int) -> Arrival:
+    return Arrival(
+        rate=rate,
+        process="constant" if process == "constant" else "poisson",
+        requests=requests,
+        warmup_requests=max(1, requests // 10),
+        seed=seed,
+    )
 
 
 def _step(rate: float, result: LoadResult, slos: Sequence[Slo]) -> CapacityStep:
