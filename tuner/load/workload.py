@@ -2,7 +2,7 @@
 
 Synthetic prompts go to /v1/completions as token ids, or to /v1/chat/completions as words, both drawn from a
 `PromptFit` (tuner.load.prompt_fit) that the server's tokenizer confirmed, so their lengths are exact as the server
-counts them; the output length is fixed with max_tokens + min_tokens + ignore_eos. One seed fixes the whole request
+counts them; the output length is fixed with max_tokens + ignore_eos. One seed fixes the whole request
 sequence: the lengths alone (whatever the server), and the tokens given the fit.
 """
 
@@ -222,11 +222,15 @@ class Workload(BaseModel):
                 yield PromptSpec(prompt=text, prompt_len=est, output_len=n_out)
 
     def body(self, model: str, spec: PromptSpec) -> dict[str, Any]:
-        """The JSON body of one streamed request (vLLM's ignore_eos/min_tokens pin the output length)."""
+        """The JSON body of one streamed request (vLLM's ignore_eos pins the output length at max_tokens).
+
+        No min_tokens, as `vllm bench serve` sends none: vLLM 0.32 shortens max_tokens to fit max_model_len, and then
+        rejects a min_tokens above it with a 400 that blames min_tokens; without it the reply comes back short
+        (finish_reason "length") and the client names it for what it is, `short_output`.
+        """
         common: dict[str, Any] = {
             "model": model,
             "max_tokens": spec.output_len,
-            "min_tokens": spec.output_len,
             "ignore_eos": True,
             "temperature": 0.0,
             "stream": True,
