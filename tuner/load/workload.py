@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuner.errors import ConfigError
-from tuner.load.prompt_fit import UNFITTED, PromptFit
+from tuner.load.prompt_fit import ENGLISH_WORDS, UNFITTED, PromptFit
 
 __all__ = [
     "ChatApi",
@@ -38,6 +38,7 @@ __all__ = [
 # text; the bound used for max_request_tokens is the more cautious 3.
 _CHARS_PER_TOKEN = 4.0
 _CHARS_PER_TOKEN_BOUND = 3.0
+_WORDS = ENGLISH_WORDS  # the name benchmarks/bench_agreement.py imports; the words now live in prompt_fit
 
 
 class FixedLength(BaseModel):
