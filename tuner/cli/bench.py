@@ -201,6 +201,14 @@ def bench(
         ),
     ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the full result (every request) here.")] = None,
+    server_metrics: Annotated[
+        bool,
+        typer.Option(
+            help="Scrape the server's /metrics during the run (once a second) to name the bottleneck. Each scrape "
+            "costs vLLM's API process tens of milliseconds: turn it off to measure a CPU-starved server untouched "
+            "(a single run: --find-max-rate always scrapes)."
+        ),
+    ] = True,
     gpu: Annotated[str, typer.Option(help="Emulator only: GPU profile.")] = "h100-80gb",
     model_profile: Annotated[
         str, typer.Option(help="Emulator only: model profile or config.json dir.")
@@ -260,7 +268,7 @@ def bench(
     try:
         plan = _Plan(
             url, model, workload, arrival, slos, clock, timeout, find_max_rate_, max_steps, json_out, emulator_args,
-            stop_early=stop_early,
+            stop_early=stop_early, server_metrics=server_metrics,
         )  # fmt: skip
         asyncio.run(_bench(plan))
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -327,6 +335,7 @@ class _Plan:
     json_out: Path | None
     emulator_args: list[str]
     stop_early: bool = False
+    server_metrics: bool = True
 
 
 async def _bench(plan: _Plan) -> None:
@@ -373,6 +382,7 @@ async def _bench(plan: _Plan) -> None:
                         base, served, plan.workload, plan.arrival, slos=plan.slos, client=client, clock=plan.clock,
                         request_timeout_s=plan.timeout, on_progress=line.update, max_num_seqs=max_num_seqs,
                         should_stop=interrupted, stop_on_slo_miss=plan.stop_early, prompt_fit=fit,
+                        scrape_metrics=plan.server_metrics,
                     )  # fmt: skip
                 summaries = [result.summary]
                 _unreachable_check(base, summaries)
