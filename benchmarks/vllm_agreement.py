@@ -49,6 +49,10 @@ main(parser.parse_args(sys.argv[1:]))
 """
 
 METRICS = ("output_throughput", "ttft_p50", "tpot_p50")
+SERVER_MEANS = {
+    "ttft_mean": "vllm:time_to_first_token_seconds",
+    "tpot_mean": "vllm:request_time_per_output_token_seconds",
+}
 TOOLS = ("vllm", "tuner", "tuner-quiet", "vllm-again")
 """vLLM's client; tuner bench as it runs by default (scraping /metrics once a second); tuner bench without
 scraping; and vLLM's client once more, whose ratio to its first run is the noise floor of the machine."""
@@ -126,6 +130,8 @@ def _vllm(python: str, model: str, base: str, args: argparse.Namespace, seed: in
         "output_throughput": d["output_throughput"],
         "ttft_p50": d["median_ttft_ms"],
         "tpot_p50": d["median_tpot_ms"],
+        "ttft_mean": d["mean_ttft_ms"],
+        "tpot_mean": d["mean_tpot_ms"],
         "input_mean": d["total_input_tokens"] / d["completed"],
     }
 
@@ -145,6 +151,8 @@ def _tuner(base: str, args: argparse.Namespace, seed: int, out: Path, *, scrape:
         "output_throughput": s["output_throughput"],
         "ttft_p50": s["ttft"]["p50"] * 1000,
         "tpot_p50": s["tpot"]["p50"] * 1000,
+        "ttft_mean": s["ttft"]["mean"] * 1000,
+        "tpot_mean": s["tpot"]["mean"] * 1000,
         "input_mean": s["prompt_tokens"] / s["requests_succeeded"],
     }
 
@@ -177,10 +185,15 @@ def main() -> None:
                 order = TOOLS[i % len(TOOLS) :] + TOOLS[: i % len(TOOLS)]
                 for tool in order:
                     out = tmp / f"{tool}-{i}.json"
+                    before = _server_sums(base)
                     if tool.startswith("vllm"):
                         m = _vllm(python, model, base, args, i, out)
                     else:
                         m = _tuner(base, args, i, out, scrape=tool == "tuner")
+                    after = _server_sums(base)
+                    for key, family in SERVER_MEANS.items():
+                        n = after[family + "_count"] - before[family + "_count"]
+                        m["server_" + key] = (after[family + "_sum"] - before[family + "_sum"]) / n * 1000
                     rows.append((i, tool, m))
                     print(
                         f"run {i + 1} {tool:11}  output {m['output_throughput']:7.1f} tok/s  "
@@ -194,8 +207,11 @@ def main() -> None:
         f"\n{args.api}, {args.input_len} in / {args.output_len} out, {args.requests} requests, "
         f"concurrency {args.concurrency}, {args.repeats} alternating repeats; medians over the repeats\n"
     )
-    print("| metric | vllm bench serve | tuner bench | tuner bench --no-server-metrics | ratio | ratio, no metrics |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| metric | vllm bench serve | tuner bench | tuner bench --no-server-metrics | ratio | ratio, no metrics "
+        "| vLLM again / vLLM (noise) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     labels = {"output_throughput": "output tok/s", "ttft_p50": "TTFT p50 (ms)", "tpot_p50": "TPOT p50 (ms)"}
     for key in METRICS:
         med = {tool: statistics.median(m[key] for _, t, m in rows if t == tool) for tool in TOOLS}
@@ -206,9 +222,31 @@ def main() -> None:
             f"| {labels[key]} | {med['vllm']:,.2f} | {med['tuner']:,.2f} | {med['tuner-quiet']:,.2f} | "
             f"{ratios['tuner']:.3f} | {ratios['tuner-quiet']:.3f} | {ratios['vllm-again']:.3f} |"
         )
+    print(
+        "\nEach client's mean against the server's own mean for the same run (vLLM's /metrics histograms, read before"
+        " and after it): the machine's speed cancels out, the client's measurement remains. Medians over the repeats.\n"
+    )
+    print("| client mean / server mean | " + " | ".join(TOOLS) + " |")
+    print("|---|" + "---:|" * len(TOOLS))
+    for key in SERVER_MEANS:
+        cells = [statistics.median(m[key] / m["server_" + key] for _, t, m in rows if t == tool) for tool in TOOLS]
+        print(f"| {key.replace('_mean', '').upper()} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    print()
     for key in METRICS:
         spread = {tool: _spread(rows, key, tool) for tool in TOOLS}
         print(f"{labels[key]}: run-to-run spread (max/min) " + ", ".join(f"{t} {v:.2f}x" for t, v in spread.items()))
+
+
+def _server_sums(base: str) -> dict[str, float]:
+    """The _sum and _count of the server's TTFT and TPOT histograms (all label sets added)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    sums = {f + suffix: 0.0 for f in SERVER_MEANS.values() for suffix in ("_sum", "_count")}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in sums:
+            sums[name] += float(line.rsplit(" ", 1)[1])
+    return sums
 
 
 def _spread(rows: list[tuple[int, str, dict[str, float]]], key: str, tool: str) -> float:
