@@ -52,6 +52,8 @@ class FakeVllm:
             if self.metrics_text is None:
                 return httpx.Response(404)
             return httpx.Response(200, text=self.metrics_text)
+        if not request.url.path.startswith("/v1/"):  # no /tokenize: prompts go unfitted
+            return httpx.Response(404)
         body = json.loads(request.content)
         self.bodies.append(body)
         self.arrivals.append(asyncio.get_running_loop().time())
@@ -137,6 +139,10 @@ class BrokenServer:
                     writer.write(b"HTTP/1.1 %s\r\ncontent-length: %d\r\n\r\n%s" % (status, len(text), text))
                     await writer.drain()
                     continue
+                if not path.startswith("/v1/"):  # no /tokenize: its probe must not use up a mode
+                    writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
                 mode = self.modes[self.count % len(self.modes)]
                 self.count += 1
                 if not await self._reply(mode, writer):
@@ -212,3 +218,98 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class WordServer:
+    """A MockTransport vLLM with a tokenizer of its own: words split on spaces, each known word one token.
+
+    `vocab` words have ids from `first_id` on (lower ids are specials, which decode to markup); any other word is
+    `<unk>` (id 0). `merge` joins every pair of words into one token (a tokenizer counting across spaces);
+    `template` is the chat template's tokens around one message, `template_per_word` more for each 32 words (a
+    template whose length varies). Completions of token ids outside the vocabulary answer vLLM's 400; replies
+    carry `usage` with the prompt as this tokenizer counts it, and `short_by` fewer tokens than max_tokens.
+    """
+
+    SPECIALS = ("<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>")
+
+    def __init__(
+        self,
+        vocab: list[str],
+        *,
+        first_id: int = 5,
+        template: int = 2,
+        template_per_word: bool = False,
+        merge: bool = False,
+        tokenize: bool = True,
+        short_by: int = 0,
+    ) -> None:
+        self.ids = {w: first_id + i for i, w in enumerate(vocab)}
+        self.words = {i: w for w, i in self.ids.items()} | dict(enumerate(self.SPECIALS))
+        self.size = first_id + len(vocab)
+        self.template = template
+        self.template_per_word = template_per_word
+        self.merge = merge
+        self.has_tokenize = tokenize
+        self.short_by = short_by
+        self.prompt_tokens: list[int] = []
+
+    def encode(self, text: str) -> list[int]:
+        ids = [self.ids.get(w, 0) for w in text.split()]
+        return ids[::2] if self.merge else ids
+
+    def chat_len(self, content: str) -> int:
+        n = len(self.encode(content))
+        return n + self.template + (n // 32 if self.template_per_word else 0)
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        body = json.loads(request.content) if request.content else {}
+        if body.get("model") not in (None, "m"):
+            return httpx.Response(404, json={"error": {"message": f"The model `{body['model']}` does not exist."}})
+        if path in ("/tokenize", "/detokenize") and not self.has_tokenize:
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if path == "/tokenize":
+            if "messages" in body:
+                tokens = [3] * self.chat_len(body["messages"][0]["content"])
+            else:
+                tokens = self.encode(body["prompt"])
+            return httpx.Response(200, json={"count": len(tokens), "max_model_len": 1024, "tokens": tokens})
+        if path == "/detokenize":
+            return httpx.Response(200, json={"prompt": " ".join(self.words.get(i, "") for i in body["tokens"]).strip()})
+        if path in ("/v1/completions", "/v1/chat/completions"):
+            chat = "messages" in body
+            if chat:
+                n_prompt = self.chat_len(body["messages"][0]["content"])
+            else:
+                prompt = body["prompt"]
+                if isinstance(prompt, list):
+                    bad = [i for i in prompt if not 0 <= i < self.size]
+                    if bad:
+                        return httpx.Response(
+                            400, json={"error": {"message": f"Token id {max(bad)} is out of vocabulary"}}
+                        )
+                n_prompt = len(prompt) if isinstance(prompt, list) else len(self.encode(prompt))
+            self.prompt_tokens.append(n_prompt)
+            n = int(body["max_tokens"]) - self.short_by
+            end = (
+                b"data: "
+                + json.dumps(
+                    {"choices": [{"index": 0, "text": "", "delta": {"content": ""}, "finish_reason": "length"}]}
+                ).encode()
+                + b"\n\n"
+            )
+            return httpx.Response(
+                200,
+                content=b"".join(chunk(chat=chat) for _ in range(n)) + end + usage_chunk(n_prompt, n) + DONE,
+                headers={"content-type": "text/event-stream"},
+            )
+        return httpx.Response(404)
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
+
+
+def made_up_words(n: int) -> list[str]:
+    """Words no English text holds: a word-level vocabulary like the real-vLLM tests' tiny model's."""
+    syllables = ["ka", "lo", "mi", "nu", "pe", "ra", "si", "to"]
+    return [a + b + c for a in syllables for b in syllables for c in syllables][:n]

@@ -153,3 +153,32 @@ async def test_bench_stop_early_ends_at_the_certain_miss_and_says_why(tmp_path: 
     result = json.loads(out_file.read_text())["result"]
     assert result["slo_stop"].startswith("success_rate>=0.95 cannot be met")
     assert len(result["records"]) < 20
+
+
+async def test_a_bench_where_every_request_failed_shows_them_and_exits_1() -> None:
+    server = BrokenServer(["http_400"])
+    async with server.serve() as base:
+        code, out, err = await bench_process(
+            "--url", base, "--model", "m", "--concurrency", "2", "--requests", "4", "--input-len", "8",
+            "--output-len", "4",
+        )  # fmt: skip
+    assert code == 1, out + err
+    assert "Failures" in out and "prompts not fitted" in " ".join(out.split())  # the figures are still shown
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert "all 4 requests failed (4 http_4xx): HTTP 400: fake 400 error" in " ".join(err.split())
+
+
+async def test_no_server_metrics_leaves_the_servers_metrics_alone(tmp_path: Path) -> None:
+    server = BrokenServer(["ok"])
+    server.metrics_text = "vllm:num_requests_running 1\n"
+    results = {}
+    async with server.serve() as base:
+        for flag in ("--server-metrics", "--no-server-metrics"):
+            out_file = tmp_path / f"{flag}.json"
+            code, out, err = await bench_process(
+                "--url", base, "--model", "m", "--concurrency", "2", "--requests", "4", "--input-len", "8",
+                "--output-len", "4", "--json", str(out_file), flag,
+            )  # fmt: skip
+            assert code == 0, out + err
+            results[flag] = json.loads(out_file.read_text())["result"]["server"]
+    assert results["--server-metrics"]["samples"] >= 1 and results["--no-server-metrics"] is None

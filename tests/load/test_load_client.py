@@ -158,3 +158,19 @@ async def test_real_broken_server_every_class() -> None:
         refused = await send_request(client, url, BODY, clock=Clock(), timeout_s=1.0, index=9, origin=0.0)
     assert got == [None, "http_5xx", "http_4xx", "stream_cut", "malformed_sse", "connection_reset", "timeout"]
     assert refused.error_class == "connection_refused" and str(free_port) not in refused.error_message
+
+
+async def test_a_reply_shorter_than_pinned_is_short_output_with_asked_and_got() -> None:
+    # vLLM 0.32 shortens the output to fit max_model_len and answers 200: the client must notice it.
+    end = b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}\n\n'
+    handler = streaming([chunk(), chunk(), end, usage_chunk(1000, 2), DONE])
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        r = await send_request(
+            client, "http://fake/v1/completions", BODY, clock=Clock(), timeout_s=5, index=0, origin=0.0,
+            expect_output=100,
+        )  # fmt: skip
+    assert not r.ok and r.error_class == "short_output"
+    assert r.error_message == "asked 100 output tokens, got 2 (finish_reason length)"
+    assert (r.prompt_tokens, r.completion_tokens) == (1000, 2)
+    full = await one(streaming([sse(4)]))  # BODY asks 4, no expect_output: trusted as before
+    assert full.ok

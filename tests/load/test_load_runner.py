@@ -6,12 +6,13 @@ import asyncio
 import statistics
 
 import pytest
-from load_fakes import BrokenServer, FakeVllm, free_port
+from load_fakes import BrokenServer, FakeVllm, WordServer, free_port, made_up_words
 
 from tuner.clock import Clock
 from tuner.load import Arrival, UniformLength, Workload, run_load
 from tuner.load.arrival import interarrival_gaps
 from tuner.load.runner import LoadProgress
+from tuner.scoring import parse_slo
 
 WL = Workload(input_len=16, output_len=5, seed=3)
 
@@ -155,7 +156,7 @@ async def test_should_stop_abandons_in_flight_requests() -> None:
 
 
 async def test_every_record_comes_back_from_a_broken_server() -> None:
-    server = BrokenServer(["ok", "http_500", "cut", "garbage", "reset", "stall", "http_400"], stall_s=5.0)
+    server = BrokenServer(["ok", "http_500", "cut", "garbage", "reset", "stall", "http_400"], stall_s=5.0, tokens=5)
     async with server.serve() as base:
         result = await run_load(
             base, "m", WL, Arrival(concurrency=3, requests=14), request_timeout_s=0.5, scrape_metrics=False
@@ -195,6 +196,19 @@ async def test_request_bodies_are_reproducible_token_ids() -> None:
         bodies.append(fake.bodies)
     assert bodies[0] == bodies[1]
     b = bodies[0][0]
-    assert b["model"] == "m" and b["max_tokens"] == 5 and b["min_tokens"] == 5 and b["ignore_eos"] is True
+    assert b["model"] == "m" and b["max_tokens"] == 5 and "min_tokens" not in b and b["ignore_eos"] is True
     assert b["stream_options"] == {"include_usage": True}
     assert isinstance(b["prompt"], list) and len(b["prompt"]) == 16
+
+
+async def test_short_replies_fail_as_short_output_against_the_success_rate() -> None:
+    server = WordServer(made_up_words(100), short_by=2)
+    async with server.client() as client:
+        result = await run_load(
+            "http://fake", "m", Workload(input_len=20, output_len=10), Arrival(concurrency=2, requests=6),
+            slos=[parse_slo("success_rate>=0.99")], client=client,
+        )  # fmt: skip
+    s = result.summary
+    assert s.failures == {"short_output": 6} and s.requests_succeeded == 0 and s.success_rate == 0
+    assert s.failure_examples["short_output"] == "asked 10 output tokens, got 8 (finish_reason length)"
+    assert not parse_slo("success_rate>=0.99").met(s)

@@ -36,6 +36,7 @@ from tuner.load import (
     find_max_rate,
     run_load,
 )
+from tuner.load.prompt_fit import PromptFit, fit_prompts
 from tuner.load.runner import new_client
 from tuner.scoring import LoadSummary, Percentiles, Slo, latency_metrics, parse_slo
 
@@ -132,7 +133,9 @@ class _ProgressLine:
     "Example: [bold]tuner bench --url http://localhost:8000 --concurrency 16 --requests 200 "
     "--input-len 512 --output-len 512[/bold]\n\n"
     "Without --url it starts the emulator: [bold]tuner bench --gpu rtx4090 --max-model-len 8192 --rate 4 "
-    "--slo 'e2e_p95<=20s' --find-max-rate[/bold]",
+    "--slo 'e2e_p95<=20s' --find-max-rate[/bold]\n\n"
+    "A reply shorter than the pinned output (vLLM shortens it to fit max_model_len) fails as short_output. "
+    "Exit 1 when no request succeeded.",
 )
 def bench(
     url: Annotated[
@@ -150,13 +153,23 @@ def bench(
     requests: Annotated[int | None, typer.Option(help="Measured requests (default 200 unless --duration).")] = None,
     duration: Annotated[float | None, typer.Option(help="Measured seconds (emulated seconds on an emulator).")] = None,
     warmup: Annotated[int, typer.Option(help="Warm-up requests sent first and left out of the figures.")] = 0,
-    input_len: Annotated[str, typer.Option(help="Prompt tokens: 512, or a uniform range 100-500.")] = "512",
+    input_len: Annotated[
+        str,
+        typer.Option(
+            help="Prompt tokens as the server counts them (chat: its template included): 512, or a range 100-500."
+        ),
+    ] = "512",
     output_len: Annotated[str, typer.Option(help="Output tokens (max_tokens + ignore_eos): 512 or 64-256.")] = "128",
     dataset: Annotated[
         Path | None, typer.Option(help="JSONL of {'prompt', 'output_len'} or a ShareGPT JSON file (text prompts).")
     ] = None,
     api: Annotated[
-        str, typer.Option(help="completions (token-id prompts, exact lengths) or chat (text messages).")
+        str,
+        typer.Option(
+            help="completions (token-id prompts) or chat (text messages). Either way the prompts are written "
+            "to the server's tokenizer (its /tokenize), so their lengths are exact; without /tokenize they are not "
+            "checked, and the run says so."
+        ),
     ] = "completions",
     prefix_len: Annotated[int, typer.Option(help="Prompt tokens shared by every request (prefix caching).")] = 0,
     seed: Annotated[int, typer.Option(help="Seed of prompts, lengths and arrivals.")] = 0,
@@ -188,6 +201,14 @@ def bench(
         ),
     ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the full result (every request) here.")] = None,
+    server_metrics: Annotated[
+        bool,
+        typer.Option(
+            help="Scrape the server's /metrics during the run (once a second) to name the bottleneck. Each scrape "
+            "costs vLLM's API process tens of milliseconds: turn it off to measure a CPU-starved server untouched "
+            "(a single run: --find-max-rate always scrapes)."
+        ),
+    ] = True,
     gpu: Annotated[str, typer.Option(help="Emulator only: GPU profile.")] = "h100-80gb",
     model_profile: Annotated[
         str, typer.Option(help="Emulator only: model profile or config.json dir.")
@@ -247,7 +268,7 @@ def bench(
     try:
         plan = _Plan(
             url, model, workload, arrival, slos, clock, timeout, find_max_rate_, max_steps, json_out, emulator_args,
-            stop_early=stop_early,
+            stop_early=stop_early, server_metrics=server_metrics,
         )  # fmt: skip
         asyncio.run(_bench(plan))
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -314,6 +335,7 @@ class _Plan:
     json_out: Path | None
     emulator_args: list[str]
     stop_early: bool = False
+    server_metrics: bool = True
 
 
 async def _bench(plan: _Plan) -> None:
@@ -322,6 +344,10 @@ async def _bench(plan: _Plan) -> None:
         async with _target(plan.url, plan.emulator_args) as (base, max_num_seqs, desc), new_client() as client:
             served = plan.model if plan.model is not None else await _served_model(client, base)
             console.print(f"[bold]target[/bold] {escape(desc)} · model [bold]{escape(served)}[/bold]", highlight=False)
+            fit: PromptFit | None = None
+            if plan.workload.dataset is None or plan.workload.prefix_len:
+                fit = await fit_prompts(client, base, served)
+                console.print(f"[bold]prompts[/bold] {escape(fit.note)}", highlight=False)
             total = (plan.arrival.requests or 0) + plan.arrival.warmup_requests if plan.arrival.requests else None
             line = _ProgressLine(total, plan.arrival.describe())
             payload: dict[str, Any] = {
@@ -333,6 +359,7 @@ async def _bench(plan: _Plan) -> None:
                 "workload_fingerprint": plan.workload.fingerprint(),
                 "arrival": plan.arrival.model_dump(mode="json"),
                 "slos": [str(s) for s in plan.slos],
+                "prompt_fit": _fit_json(fit),
             }
             if plan.search:
                 steps_view = _StepsView(line)
@@ -345,7 +372,8 @@ async def _bench(plan: _Plan) -> None:
                         on_step=steps_view.add, on_progress=line.update, should_stop=interrupted,
                         stop_on_slo_miss=plan.stop_early,
                     )  # fmt: skip
-                _unreachable_check(base, [s.summary for s in found.steps] + ([found.probe] if found.probe else []))
+                summaries = [s.summary for s in found.steps] + ([found.probe] if found.probe else [])
+                _unreachable_check(base, summaries)
                 render_search(found, plan.slos, console)
                 payload["capacity_search"] = found.model_dump(mode="json")
             else:
@@ -353,9 +381,11 @@ async def _bench(plan: _Plan) -> None:
                     result = await run_load(
                         base, served, plan.workload, plan.arrival, slos=plan.slos, client=client, clock=plan.clock,
                         request_timeout_s=plan.timeout, on_progress=line.update, max_num_seqs=max_num_seqs,
-                        should_stop=interrupted, stop_on_slo_miss=plan.stop_early,
+                        should_stop=interrupted, stop_on_slo_miss=plan.stop_early, prompt_fit=fit,
+                        scrape_metrics=plan.server_metrics,
                     )  # fmt: skip
-                _unreachable_check(base, [result.summary])
+                summaries = [result.summary]
+                _unreachable_check(base, summaries)
                 render_result(result, plan.slos, console)
                 payload["result"] = result.model_dump(mode="json")
         if plan.json_out is not None:
@@ -364,16 +394,35 @@ async def _bench(plan: _Plan) -> None:
             except OSError as e:
                 raise ConfigError(f"--json {plan.json_out}: cannot write it ({e.strerror})") from None
             console.print(f"wrote {escape(str(plan.json_out))}", highlight=False)
+    _all_failed_check(summaries)
 
 
 def _unreachable_check(base: str, summaries: list[LoadSummary]) -> None:
-    """Every request refused: nothing was measured, so this is the one case that fails the command."""
+    """Every request refused: nothing was measured, and there is nothing to show either."""
     sent = sum(s.requests_sent for s in summaries)
     refused = sum(s.failures.get("connection_refused", 0) for s in summaries)
     if sent and refused == sent:
         example = next(s.failure_examples["connection_refused"] for s in summaries if s.requests_sent)
         detail = example.split(": ", 1)[-1]  # the example starts with the URL, already named here
         raise TunerError(f"cannot reach {base}: all {sent} requests refused ({detail})")
+
+
+def _fit_json(fit: PromptFit | None) -> dict[str, Any] | None:
+    return None if fit is None else {"exact": fit.exact, "chat_overhead": fit.chat_overhead, "note": fit.note}
+
+
+def _all_failed_check(summaries: list[LoadSummary]) -> None:
+    """Not one request succeeded: the figures above measure nothing, so the command fails (after showing them)."""
+    sent = sum(s.requests_sent for s in summaries)
+    if not sent or any(s.requests_succeeded for s in summaries):
+        return
+    counts: dict[str, int] = {}
+    for s in summaries:
+        for cls, n in s.failures.items():
+            counts[cls] = counts.get(cls, 0) + n
+    cls = max(counts, key=lambda c: counts[c]) if counts else "unknown"
+    example = next((s.failure_examples[cls] for s in summaries if cls in s.failure_examples), "")
+    raise TunerError(f"all {sent} requests failed ({counts.get(cls, 0)} {cls}): {example}")
 
 
 class _StepsView:

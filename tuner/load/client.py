@@ -1,6 +1,8 @@
 """One streamed request, measured: TTFT, every inter-token gap, e2e, token counts — or the class of its failure.
 
-Nothing the server does raises out of `send_request`: a failure is a record with `error_class` set.
+Nothing the server does raises out of `send_request`: a failure is a record with `error_class` set. A reply with
+fewer tokens than the request pinned (vLLM 0.32 shortens the output to fit max_model_len and answers 200 with
+finish_reason "length") is a failure too, `short_output`: its tokens are not the work that was asked for.
 """
 
 from __future__ import annotations
@@ -45,10 +47,12 @@ async def send_request(
     origin: float,
     warmup: bool = False,
     chat: bool = False,
+    expect_output: int | None = None,
 ) -> RequestRecord:
     """POST `body` to `url` as a stream; times in the clock's (emulated) seconds, `start_s` relative to `origin`.
 
     `timeout_s` bounds the whole request (emulated seconds: converted to wall seconds for the transport).
+    `expect_output`: the output length the body pinned; a reply the server counts shorter is `short_output`.
     """
     wall_timeout = clock.to_wall(timeout_s)
     state = _StreamState(chat)
@@ -79,11 +83,23 @@ async def send_request(
         return _record(index, start, origin, clock.now(), state, warmup, "connection_reset", _text(e, url))
     except Exception as e:  # a bad server must never crash the generator
         return _record(index, start, origin, clock.now(), state, warmup, "other", f"{type(e).__name__}: {e}")
-    return _record(index, start, origin, state.end if state.end is not None else clock.now(), state, warmup, None, None)
+    end = state.end if state.end is not None else clock.now()
+    short = _short(state, expect_output)
+    if short is not None:
+        return _record(index, start, origin, end, state, warmup, "short_output", short)
+    return _record(index, start, origin, end, state, warmup, None, None)
+
+
+def _short(state: _StreamState, expect_output: int | None) -> str | None:
+    """Why the reply is shorter than pinned, or None. Only the server's own count is trusted (chunks may batch)."""
+    got = (state.usage or {}).get("completion_tokens")
+    if expect_output is None or not isinstance(got, int) or got >= expect_output:
+        return None
+    return f"asked {expect_output} output tokens, got {got} (finish_reason {state.finish_reason or 'not given'})"
 
 
 class _StreamState:
-    __slots__ = ("chat", "done", "end", "events", "first", "gaps", "headers", "last", "sent", "usage")
+    __slots__ = ("chat", "done", "end", "events", "finish_reason", "first", "gaps", "headers", "last", "sent", "usage")
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat
@@ -96,6 +112,7 @@ class _StreamState:
         self.done = False
         self.end: float | None = None  # when [DONE] was read: the drain after it is not the server's latency
         self.sent: float | None = None  # when the connect or the request's first byte began
+        self.finish_reason: str | None = None
 
     def tracer(self, clock: Clock) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
         """httpcore's trace hook, noting when the request goes on the wire."""
@@ -180,7 +197,7 @@ def _handle(payloads: list[bytes], now: float, state: _StreamState) -> bool:
         if isinstance(usage, dict):
             state.usage = usage
         choices = obj.get("choices")
-        if choices and isinstance(choices, list) and _is_token(choices[0], state.chat):
+        if choices and isinstance(choices, list) and _is_token(choices[0], state.chat, state):
             if state.first is None:
                 state.first = now
             else:
@@ -190,9 +207,12 @@ def _handle(payloads: list[bytes], now: float, state: _StreamState) -> bool:
     return False
 
 
-def _is_token(choice: object, chat: bool) -> bool:
+def _is_token(choice: object, chat: bool, state: _StreamState) -> bool:
     if not isinstance(choice, dict):
         raise _Failure("malformed_sse", f"choice is not a JSON object: {str(choice)[:80]}")
+    reason = choice.get("finish_reason")
+    if isinstance(reason, str):
+        state.finish_reason = reason
     if chat:
         delta = choice.get("delta")
         if not isinstance(delta, dict):

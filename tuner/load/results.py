@@ -26,6 +26,7 @@ FailureClass = Literal[
     "http_5xx",
     "stream_cut",
     "malformed_sse",
+    "short_output",
     "other",
 ]
 FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)

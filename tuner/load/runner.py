@@ -14,6 +14,7 @@ from tuner.clock import REAL_TIME, Clock
 from tuner.load.arrival import Arrival, interarrival_gaps
 from tuner.load.client import send_request
 from tuner.load.connections import OneConnectionPerRequest
+from tuner.load.prompt_fit import PromptFit, fit_prompts
 from tuner.load.results import LoadResult, RequestRecord
 from tuner.load.server_metrics import MetricsScraper, diagnose
 from tuner.load.server_metrics import scrape_metrics as _scrape
@@ -64,13 +65,14 @@ class _Run:
         should_stop: Callable[[], bool] | None,
         on_progress: Callable[[LoadProgress], None] | None,
         guard: SloGuard | None = None,
+        fit: PromptFit | None = None,
     ) -> None:
         self.workload = workload
         self.arrival = arrival
         self.clock = clock
         self.should_stop = should_stop
         self.on_progress = on_progress
-        self.prompts: Iterator[PromptSpec] = workload.prompts()
+        self.prompts: Iterator[PromptSpec] = workload.prompts(fit)
         self.origin = clock.now()
         self.measured_start: float | None = None
         self.issued = 0
@@ -128,6 +130,7 @@ class _Run:
                 origin=self.origin,
                 warmup=job.warmup,
                 chat=self.workload.api == "chat",
+                expect_output=job.spec.output_len,
             )
         finally:
             self.in_flight -= 1
@@ -182,6 +185,7 @@ async def run_load(
     should_stop: Callable[[], bool] | None = None,
     max_num_seqs: int | None = None,
     stop_on_slo_miss: bool = False,
+    prompt_fit: PromptFit | None = None,
 ) -> LoadResult:
     """Run one load phase against `base_url` (the server root, no /v1) and score it.
 
@@ -189,15 +193,20 @@ async def run_load(
     `request_timeout_s`. Server misbehaviour never raises: it shows as failed records. `should_stop` is polled
     and, once true, stops sending and abandons the requests in flight (they are left out of the records).
     `stop_on_slo_miss` does the same once an SLO is missed for certain (see tuner.load.slo_guard; only with a
-    request count), and says why in the result's `slo_stop`.
+    request count), and says why in the result's `slo_stop`. Synthetic prompts are written to the server's
+    tokenizer (`prompt_fit`, asked of the server first when not given: see tuner.load.prompt_fit).
     """
     own = client is None
     http = new_client() if client is None else client
-    guard = SloGuard(slos, arrival.requests) if stop_on_slo_miss and arrival.requests else None
-    run = _Run(workload, arrival, clock, should_stop, on_progress, guard if guard and guard.active else None)
-    url = base_url.rstrip("/") + workload.path
     scraper: MetricsScraper | None = None
     try:
+        fit = prompt_fit
+        # A dataset's text goes as it is; only made-up tokens (prompts, or a dataset's shared prefix) need a fit.
+        if fit is None and (workload.dataset is None or workload.prefix_len > 0):
+            fit = await fit_prompts(http, base_url, model)
+        guard = SloGuard(slos, arrival.requests) if stop_on_slo_miss and arrival.requests else None
+        run = _Run(workload, arrival, clock, should_stop, on_progress, guard if guard and guard.active else None, fit)
+        url = base_url.rstrip("/") + workload.path
         async with contextlib.AsyncExitStack() as stack:
             if scrape_metrics:
                 scraper = await stack.enter_async_context(_scrape(http, base_url, clock=clock, model=model))

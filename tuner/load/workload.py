@@ -1,7 +1,9 @@
 """What the load phase sends: prompt/output lengths (fixed, drawn, or from a dataset) and the request bodies.
 
-Synthetic prompts go to /v1/completions as token ids, so their length is exact with no tokenizer; the output
-length is fixed with max_tokens + min_tokens + ignore_eos. One seed fixes the whole request sequence.
+Synthetic prompts go to /v1/completions as token ids, or to /v1/chat/completions as words, both drawn from a
+`PromptFit` (tuner.load.prompt_fit) that the server's tokenizer confirmed, so their lengths are exact as the server
+counts them; the output length is fixed with max_tokens + ignore_eos. One seed fixes the whole request
+sequence: the lengths alone (whatever the server), and the tokens given the fit.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuner.errors import ConfigError
+from tuner.load.prompt_fit import ENGLISH_WORDS, UNFITTED, PromptFit
 
 __all__ = [
     "ChatApi",
@@ -31,25 +34,11 @@ __all__ = [
     "load_dataset",
 ]
 
-# Token ids drawn from a range every common vocabulary has as ordinary tokens (Llama-3 128k, Qwen 151k, OPT 50k).
-_TOKEN_ID_LOW = 1000
-_TOKEN_ID_HIGH = 30000
 # Without a tokenizer, text lengths are estimated: ~4 characters a token (OpenAI's rule of thumb) for typical
 # text; the bound used for max_request_tokens is the more cautious 3.
 _CHARS_PER_TOKEN = 4.0
 _CHARS_PER_TOKEN_BOUND = 3.0
-# Short, common English words (at most 4 letters): each is one token with a leading space in the Llama-3 and
-# Qwen vocabularies (and in the emulator's stand-in tokenizer).
-_WORDS = (
-    "the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "as", "be", "at", "by", "this", "had",
-    "not", "but", "from", "or", "have", "an", "they", "you", "were", "her", "all", "she", "we", "him", "been",
-    "has", "when", "who", "will", "more", "no", "if", "out", "so", "said", "what", "up", "its", "into", "than",
-    "them", "can", "only", "new", "some", "time", "two", "may", "then", "do", "any", "my", "now", "such", "like",
-    "our", "over", "man", "me", "even", "most", "made", "also", "did", "many", "must", "back", "much", "your",
-    "way", "well", "down", "each", "just", "how", "too", "good", "very", "make", "own", "see", "men", "work",
-    "long", "get", "here", "both", "life", "day", "same", "know", "last", "us", "old", "year", "off", "come", "go",
-    "came", "used", "take",
-)  # fmt: skip
+_WORDS = ENGLISH_WORDS  # the name benchmarks/bench_agreement.py imports; the words now live in prompt_fit
 
 
 class FixedLength(BaseModel):
@@ -193,43 +182,56 @@ class Workload(BaseModel):
                 raise ConfigError(f"dataset {self.dataset}: cannot read it ({e.strerror})") from None
         return h.hexdigest()[:16]
 
-    def prompts(self) -> Iterator[PromptSpec]:
-        """The endless, reproducible request sequence."""
+    def prompts(self, fit: PromptFit | None = None) -> Iterator[PromptSpec]:
+        """The endless, reproducible request sequence, written with `fit`'s ids and words (default: unfitted)."""
+        fit = fit or UNFITTED
         rng = random.Random(self.seed)
+        # Tokens from their own generator: the lengths are the same for every server, whatever its vocabulary.
+        tokens = random.Random(f"tokens-{self.seed}")
         if self.dataset is not None:
-            yield from self._dataset_prompts(rng)
+            yield from self._dataset_prompts(rng, fit, tokens)
             return
-        prefix_ids = [rng.randrange(_TOKEN_ID_LOW, _TOKEN_ID_HIGH) for _ in range(self.prefix_len)]
-        prefix_words = [rng.choice(_WORDS) for _ in range(self.prefix_len)]
+        if self.api == "completions":
+            prefix_ids = [tokens.choice(fit.ids) for _ in range(self.prefix_len)]
+            while True:
+                n_in = max(self._input().sample(rng), self.prefix_len + 1)
+                n_out = self._output().sample(rng)
+                # Each prompt is drawn afresh, so no two share more than a chance first token or two (beyond the
+                # shared prefix): the prefix cache cannot serve them.
+                ids = prefix_ids + [tokens.choice(fit.ids) for _ in range(n_in - self.prefix_len)]
+                yield PromptSpec(prompt=ids, prompt_len=n_in, output_len=n_out)
+        prefix_words = [tokens.choice(fit.words) for _ in range(self.prefix_len)]
         while True:
             n_in = max(self._input().sample(rng), self.prefix_len + 1)
             n_out = self._output().sample(rng)
-            tail = n_in - self.prefix_len
-            if self.api == "completions":
-                ids = prefix_ids + [rng.randrange(_TOKEN_ID_LOW, _TOKEN_ID_HIGH) for _ in range(tail)]
-                yield PromptSpec(prompt=ids, prompt_len=n_in, output_len=n_out)
-            else:
-                words = prefix_words + [rng.choice(_WORDS) for _ in range(tail)]
-                yield PromptSpec(prompt=" ".join(words), prompt_len=n_in, output_len=n_out)
+            # The chat template's own tokens count: a prompt shorter than it plus one word cannot be had.
+            n_words = max(n_in - fit.chat_overhead, self.prefix_len + 1)
+            words = prefix_words + [tokens.choice(fit.words) for _ in range(n_words - self.prefix_len)]
+            yield PromptSpec(prompt=" ".join(words), prompt_len=n_words + fit.chat_overhead, output_len=n_out)
 
-    def _dataset_prompts(self, rng: random.Random) -> Iterator[PromptSpec]:
+    def _dataset_prompts(self, rng: random.Random, fit: PromptFit, tokens: random.Random) -> Iterator[PromptSpec]:
         assert self.dataset is not None
         rows = list(load_dataset(self.dataset))
-        prefix = " ".join(rng.choice(_WORDS) for _ in range(self.prefix_len))
+        prefix = " ".join(tokens.choice(fit.words) for _ in range(self.prefix_len))
+        overhead = fit.chat_overhead if self.api == "chat" else 0
         while True:
             rng.shuffle(rows)
             for row in rows:
                 text = f"{prefix} {row.prompt}" if prefix else row.prompt
                 n_out = row.output_len if row.output_len is not None else self._output().sample(rng)
-                est = max(1, round(len(row.prompt) / _CHARS_PER_TOKEN)) + self.prefix_len
+                est = max(1, round(len(row.prompt) / _CHARS_PER_TOKEN)) + self.prefix_len + overhead
                 yield PromptSpec(prompt=text, prompt_len=est, output_len=n_out)
 
     def body(self, model: str, spec: PromptSpec) -> dict[str, Any]:
-        """The JSON body of one streamed request (vLLM's ignore_eos/min_tokens pin the output length)."""
+        """The JSON body of one streamed request (vLLM's ignore_eos pins the output length at max_tokens).
+
+        No min_tokens, as `vllm bench serve` sends none: vLLM 0.32 shortens max_tokens to fit max_model_len, and then
+        rejects a min_tokens above it with a 400 that blames min_tokens; without it the reply comes back short
+        (finish_reason "length") and the client names it for what it is, `short_output`.
+        """
         common: dict[str, Any] = {
             "model": model,
             "max_tokens": spec.output_len,
-            "min_tokens": spec.output_len,
             "ignore_eos": True,
             "temperature": 0.0,
             "stream": True,
