@@ -38,7 +38,6 @@ __all__ = [
 # text; the bound used for max_request_tokens is the more cautious 3.
 _CHARS_PER_TOKEN = 4.0
 _CHARS_PER_TOKEN_BOUND = 3.0
-_WORDS = ENGLISH_WORDS  # the name benchmarks/bench_agreement.py imports; the words now live in prompt_fit
 
 
 class FixedLength(BaseModel):
