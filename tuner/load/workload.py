@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuner.errors import ConfigError
-from tuner.load.prompt_fit import ENGLISH_WORDS, UNFITTED, PromptFit
+from tuner.load.prompt_fit import UNFITTED, PromptFit
 
 __all__ = [
     "ChatApi",
