@@ -74,8 +74,14 @@ def serve_command(vllm_python: Path, model_dir: Path, port: int, *extra: str) ->
 
 
 def vllm_env() -> dict[str, str]:
-    """vLLM's CPU KV space in GiB (an integer); the rest of the environment as it is."""
-    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    """vLLM's CPU KV space in GiB (an integer), and vLLM's usage reports off: a test server sends nothing off the
+    machine. The rest of the environment as it is."""
+    return {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
 
 
 def _free_port() -> int:
