@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -178,18 +179,24 @@ def main() -> None:
         tmp = Path(tmp_s)
         proc = _start(python, model, args.port, tmp / "server.log")
         try:
+            bystander = _Bystander()
             _vllm(python, model, base, args, 999, tmp / "warm-vllm.json")
             _tuner(base, args, 999, tmp / "warm-tuner.json", scrape=True)
             for i in range(args.repeats):
-                # Each tool goes first, second and third equally often: drift on a shared machine falls on all.
+                # Each tool takes every place in the order equally often: drift on a shared machine falls on all.
                 order = TOOLS[i % len(TOOLS) :] + TOOLS[: i % len(TOOLS)]
                 for tool in order:
                     out = tmp / f"{tool}-{i}.json"
                     before = _server_sums(base)
+                    bystander.reset()
+                    started = time.perf_counter()
                     if tool.startswith("vllm"):
                         m = _vllm(python, model, base, args, i, out)
                     else:
                         m = _tuner(base, args, i, out, scrape=tool == "tuner")
+                    m["stalled_ms"], m["worst_stall_ms"] = bystander.reset()
+                    # Per second of the tool's process (its start-up included: vLLM's client imports for seconds).
+                    m["stall_share"] = m["stalled_ms"] / 1000 / (time.perf_counter() - started)
                     after = _server_sums(base)
                     for key, family in SERVER_MEANS.items():
                         n = after[family + "_count"] - before[family + "_count"]
@@ -198,7 +205,9 @@ def main() -> None:
                     print(
                         f"run {i + 1} {tool:11}  output {m['output_throughput']:7.1f} tok/s  "
                         f"TTFT p50 {m['ttft_p50']:7.1f} ms  TPOT p50 {m['tpot_p50']:6.2f} ms  "
-                        f"prompt {m['input_mean']:.1f} tokens  load {os.getloadavg()[0]:.1f}",
+                        f"prompt {m['input_mean']:.1f}  load {os.getloadavg()[0]:.1f}  stalled {m['stall_share']:4.0%} "
+                        f"(worst {m['worst_stall_ms']:4.0f} ms)  TTFT mean client/server "
+                        f"{m['ttft_mean'] / m['server_ttft_mean']:.2f}",
                         flush=True,
                     )
         finally:
@@ -235,6 +244,30 @@ def main() -> None:
     for key in METRICS:
         spread = {tool: _spread(rows, key, tool) for tool in TOOLS}
         print(f"{labels[key]}: run-to-run spread (max/min) " + ", ".join(f"{t} {v:.2f}x" for t, v in spread.items()))
+
+
+class _Bystander:
+    """A thread that only sleeps 5 ms in a loop: how late it wakes is how long this machine left processes off the
+    CPU during a run (a client cannot time what happens while it is not running)."""
+
+    def __init__(self) -> None:
+        self.stalled_ms = 0.0
+        self.worst_ms = 0.0
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            t = time.perf_counter()
+            time.sleep(0.005)
+            late = (time.perf_counter() - t - 0.005) * 1000
+            if late > 20:
+                self.stalled_ms += late
+                self.worst_ms = max(self.worst_ms, late)
+
+    def reset(self) -> tuple[float, float]:
+        out = (self.stalled_ms, self.worst_ms)
+        self.stalled_ms = self.worst_ms = 0.0
+        return out
 
 
 def _server_sums(base: str) -> dict[str, float]:
