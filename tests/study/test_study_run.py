@@ -187,3 +187,22 @@ def test_a_flag_set_another_worker_is_measuring_is_waited_for_not_launched_again
         assert launcher.launches == []
     finally:
         tuning.close()
+
+
+def test_a_grid_smaller_than_the_budget_ends_when_every_point_is_measured(tmp_path: Path) -> None:
+    # Optuna's GridSampler stops optimize() with study.stop(), which raised out of our ask-and-tell loop at the
+    # last grid point (a traceback after the whole grid had been measured).
+    grid = job(
+        space={"max_num_seqs": {"choices": [16, 32]}, "max_model_len": 4096},
+        sampler={"name": "grid", "seed": 0},
+        budget={"n_trials": 10},
+    )
+    launcher = FakeLauncher()
+    tuning = TuningRun(grid, launcher, storage_url=sqlite_url(tmp_path), measure=fake_measure(), poll_s=0.1)
+    try:
+        report = tuning.run()
+    finally:
+        tuning.close()
+    assert report.stopped_by == "grid done"
+    assert states(report.study) == [TrialState.COMPLETE] * 3  # the baseline and the two grid points
+    assert sorted(t.params["max_num_seqs"] for t in report.study.trials[1:]) == [16, 32]

@@ -35,7 +35,7 @@ _SCHEMA_LOCK = "\x00tuner-schema"
 class RunReport:
     study: optuna.Study
     trials_run: int
-    stopped_by: str  # "budget", "timeout", "stopped"
+    stopped_by: str  # "budget", "timeout", "stopped", "grid done" (every grid point measured)
 
 
 class TuningRun:
@@ -195,6 +195,8 @@ class TuningRun:
             self.study.tell(trial, list(values))
             ran += 1
             self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
+            if getattr(self.study.sampler, "exhausted", False):
+                return RunReport(self.study, ran, "grid done")
 
 
 def feasible_front(study: optuna.Study) -> list[FrozenTrial]:

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
+from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import SAMPLERS as SAMPLER_NAMES
 from tuner.config import Job, SamplerSection
 from tuner.errors import ConfigError
 from tuner.space import SearchSpace
 
-__all__ = ["SAMPLERS", "SamplerFactory", "make_sampler", "sampler"]
+__all__ = ["SAMPLERS", "AskTellGridSampler", "SamplerFactory", "make_sampler", "sampler"]
 
 SamplerFactory = Callable[[SamplerSection, SearchSpace, "int | None"], optuna.samplers.BaseSampler]
 """(the job's sampler section, its search space, the seed for this worker) -> the sampler."""
@@ -68,9 +69,29 @@ def _random(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.s
     return optuna.samplers.RandomSampler(seed=seed)
 
 
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid in the study's ask-and-tell loop. Optuna ends `optimize()` on a finished grid by calling
+    `study.stop()`, which raises outside `optimize()` (a crash at the last grid point); here a finished grid is
+    remembered (`exhausted`) and the run loop ends there."""
+
+    exhausted = False
+
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
+        def finished() -> None:
+            self.exhausted = True
+
+        study.stop = finished  # type: ignore[method-assign]
+        try:
+            super().after_trial(study, trial, state, values)
+        finally:
+            del study.stop
+
+
 @sampler("grid")
 def _grid(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
-    return optuna.samplers.GridSampler(space.grid(), seed=seed)
+    return AskTellGridSampler(space.grid(), seed=seed)
 
 
 @sampler("gp")
