@@ -67,11 +67,13 @@ def _job(vllm_python: Path, tiny_model: Path, *, model_id: str | None = None) ->
             "process": process,
         },
         "space": {
-            "max_model_len": 1024,
+            "max_model_len": 4096,
             "max_num_seqs": 16,
-            # 8 < max_num_seqs: vLLM refuses to start ("max_num_batched_tokens (8) must be greater than or equal
-            # to max_num_seqs (16)"). The pre-launch filter would predict it: it is off so vLLM itself says so.
-            "max_num_batched_tokens": {"choices": [8, 512, 1024]},
+            "max_num_batched_tokens": {"choices": [512, 1024]},
+            # A flag the start-up arithmetic does not model, so the pre-launch filter lets it through and vLLM
+            # itself refuses: 16 blocks of 128 tokens cannot hold one 4,096-token request ("... the estimated
+            # maximum model length is 1920 ..."); 64 blocks can.
+            "num_gpu_blocks_override": {"choices": [16, 64]},
         },
         "workload": {"input_len": 64, "output_len": 16, "seed": 3},
         "arrival": {"concurrency": 4, "requests": 16, "warmup_requests": 2},
@@ -79,7 +81,6 @@ def _job(vllm_python: Path, tiny_model: Path, *, model_id: str | None = None) ->
         "request_timeout": "120s",
         "budget": {"n_trials": 4},
         "sampler": {"name": "grid", "seed": 0},
-        "feasibility": {"enabled": False},
     }
 
 
@@ -103,29 +104,35 @@ def _trials(job: Path) -> list[dict[str, object]]:
 
 def test_a_real_study_records_every_trial_with_kv_tokens_and_version(tuned: Path) -> None:
     trials = _trials(tuned)
-    assert len(trials) == 4
+    assert len(trials) == 4  # the baseline and three of the four grid points
     by_outcome: dict[str, list[dict[str, object]]] = {}
     for t in trials:
         by_outcome.setdefault(str(t["outcome"]), []).append(t)
     failed = by_outcome.get("launch_failed", [])
-    assert len(failed) == 1 and failed[0]["reason"] == "invalid_flags"
-    assert failed[0]["flags"]["max_num_batched_tokens"] == 8  # type: ignore[index]
+    assert failed, trials
+    assert all(t["reason"] == "kv_cache_too_small" for t in failed)
+    assert all(t["flags"]["num_gpu_blocks_override"] == 16 for t in failed)  # type: ignore[index]
     measured = by_outcome.get("measured", [])
-    assert len(measured) == 3
+    assert len(measured) + len(failed) == 4
     from tuner.vllm_pin import PINNED_VLLM
 
     for t in trials:
         assert t["vllm_version"] == PINNED_VLLM, t
+        assert t["kv_tokens"], t
     for t in measured:
-        assert t["kv_tokens"] == 524_288  # 1 GiB of 2,048-byte tokens, as the CPU build logged it
+        # As the CPU build logged it: 1 GiB of 2,048-byte tokens, or the 64 blocks of 128 tokens asked for.
+        expected = 8192 if t["flags"].get("num_gpu_blocks_override") == 64 else 524_288  # type: ignore[union-attr]
+        assert t["kv_tokens"] == expected, t
         assert t["success_rate"] == 1.0
+    # A refused start holds vLLM's own estimate: the tokens 16 blocks would have held, less the one vLLM keeps back.
+    assert all(t["kv_tokens"] == 1920 for t in failed)
 
 
 def test_the_failed_start_carries_vllms_own_line(tuned: Path) -> None:
     failed = next(t for t in _trials(tuned) if t["outcome"] == "launch_failed")
     show = _tuner("show", STUDY, str(failed["number"]), "--job", str(tuned), cwd=tuned.parent)
     assert show.returncode == 0, show.stderr
-    assert "max_num_batched_tokens (8) must be greater than or equal to max_num_seqs (16)" in show.stdout
+    assert "the estimated maximum model length is 1920" in show.stdout
     assert "Traceback" not in show.stdout
 
 
