@@ -140,6 +140,7 @@ class StoredLauncherOptions(_Lenient):
     model_id: str | None = None
     image: str | None = None
     env: list[str] = Field(default_factory=list)
+    options: dict[str, Any] = Field(default_factory=dict)  # the launcher's further keyword arguments
 
 
 class StoredTarget(_Lenient):

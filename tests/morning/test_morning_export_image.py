@@ -54,3 +54,13 @@ def test_amd_studies_follow_the_version_in_the_rocm_image() -> None:
 def test_a_study_without_versions_keeps_its_recorded_image() -> None:
     view = _view({"image": "registry.local/vllm:custom"}, None)
     assert export_image(view, view.trials[0]) == ("registry.local/vllm:custom", None)
+
+
+def test_the_export_answers_to_the_served_name_the_study_used() -> None:
+    job = {"target": {"launcher": "process", "process": {"options": {"served_model_name": "tiny"}}}}
+    view = _view({"launcher": "process", "job": job, "model": "/models/tiny"}, "0.32.0")
+    options = deploy_options(view, view.trials[0])
+    assert options.served_model_name == "tiny"
+    assert "--served-model-name tiny" in render("vllm-args", VllmFlags(max_num_seqs=64), options)
+    # A study whose servers answered to the model's own name exports none.
+    assert deploy_options(_view({}, None)).served_model_name is None

@@ -187,9 +187,12 @@ def test_the_winners_exports_start_real_vllm(tuned: Path, vllm_python: Path, tmp
 
 
 def test_verify_confirms_the_winner_on_real_vllm(tuned: Path) -> None:
-    run = _tuner("verify", STUDY, "--job", str(tuned), "--runs", "2", cwd=tuned.parent)
+    # Two cores shared with the test run: a CPU server's throughput moves 20% from run to run, so the tolerance is
+    # wide; what is proven is the loop (the stored job relaunched, the winner measured again, every SLO met).
+    run = _tuner("verify", STUDY, "--job", str(tuned), "--runs", "2", "--tolerance", "0.5", cwd=tuned.parent)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "confirmed" in run.stdout
+    assert run.stdout.count("meets the SLOs") == 2
 
 
 def test_a_wrong_model_path_stops_the_study_after_one_launch(

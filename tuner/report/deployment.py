@@ -7,6 +7,7 @@ from typing import Any
 from tuner import __version__
 from tuner.errors import ConfigError
 from tuner.export import DEFAULT_IMAGE, DeployOptions, Provenance
+from tuner.record import StoredLauncherOptions
 from tuner.report.views import StudyView, TrialView
 
 __all__ = ["IMAGE_REPOSITORY", "ROCM_REPOSITORY", "deploy_options", "export_image", "provenance"]
@@ -31,6 +32,7 @@ def deploy_options(
         raise ConfigError("the study records no model: give --model NAME")
     return DeployOptions(
         model=model_name,
+        served_model_name=_served_model_name(view),
         image=image or export_image(view, trial)[0],
         port=port,
         name=name,
@@ -61,15 +63,27 @@ def provenance(view: StudyView, t: TrialView) -> Provenance:
     )
 
 
+def _launcher_options(view: StudyView) -> list[StoredLauncherOptions]:
+    """The options sections that describe how the study's servers ran: its launcher's first."""
+    target = view.job.target
+    names = dict.fromkeys((str(view.attrs.get("launcher") or ""), "docker", "process"))
+    return [options for name in names if (options := target.section(name)) is not None]
+
+
+def _served_model_name(view: StudyView) -> str | None:
+    """The name clients asked the study's servers for (`served_model_name`), so the export answers to it too."""
+    options = _launcher_options(view)[:1]
+    name = options[0].options.get("served_model_name") if options else None
+    return str(name) if isinstance(name, str) and name else None
+
+
 def _hub_model(view: StudyView) -> str:
     """The name vLLM should load: the job's `model_id` for its launcher, else a built-in profile's Hugging Face id,
     else the model name or path as the study recorded it."""
     from tuner.catalog import BUILTIN_MODELS
 
-    target = view.job.target
-    for section in (str(view.attrs.get("launcher") or ""), "docker", "process"):
-        options = target.section(section)
-        if options is not None and options.model_id:
+    for options in _launcher_options(view):
+        if options.model_id:
             return options.model_id
     name = str(view.attrs.get("model") or "")
     profile = BUILTIN_MODELS.get(name.strip().lower())
