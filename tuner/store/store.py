@@ -66,27 +66,9 @@ class TrialDetail:
 
     @classmethod
     def _of(cls, row: TrialRow) -> TrialDetail:
-        return cls(
-            study=row.study_name,
-            number=row.trial_number,
-            flags=row.flags,
-            baseline=row.baseline,
-            outcome=row.outcome,
-            reason=row.reason,
-            message=row.message,
-            prediction=row.prediction,
-            startup_facts=row.startup_facts,
-            load_summary=row.load_summary,
-            capacity_steps=row.capacity_steps,
-            scored_step=row.scored_step,
-            server_metrics=row.server_metrics,
-            diagnosis=row.diagnosis,
-            log_tail=row.log_tail,
-            attempts=row.attempts,
-            server_seconds=row.server_seconds,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-        )
+        # The row's columns carry TrialDetail's names (TrialFields lists the written ones).
+        columns = (*TrialFields.__annotations__, "created_at", "updated_at")
+        return cls(study=row.study_name, number=row.trial_number, **{name: getattr(row, name) for name in columns})
 
 
 class TrialFields(TypedDict, total=False):
