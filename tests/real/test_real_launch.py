@@ -7,6 +7,7 @@ The logs these produce are kept in tests/launch/fixtures/, where fast tests read
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -97,11 +98,13 @@ async def test_good_start_then_the_engine_core_killed_under_load(
 
         (record,) = launch.registry.records()
         async with httpx.AsyncClient(base_url=server.base_url, timeout=120.0, trust_env=False) as client:
-            requests = [asyncio.create_task(_long_completion(client, i)) for i in range(16)]
-            await _until_running(client)
+            first_token = asyncio.Event()
+            streams = [asyncio.create_task(_long_stream(client, i, first_token)) for i in range(16)]
+            await asyncio.wait_for(first_token.wait(), EXIT_LIMIT_S)
             os.kill(_engine_core(record.pgid), signal.SIGKILL)
-            answers = await asyncio.gather(*requests)
-        assert any(a != 200 for a in answers), "the requests in flight were cut"
+            endings = await asyncio.gather(*streams)
+        # Killed a token into 800-token replies: none can have run to its end.
+        assert "whole" not in endings, endings
 
         deadline = time.monotonic() + EXIT_LIMIT_S
         while server.exit_code is None and time.monotonic() < deadline:
@@ -112,25 +115,25 @@ async def test_good_start_then_the_engine_core_killed_under_load(
         assert "after it was ready (" in str(error) and "engine core exited unexpectedly" in str(error)
 
 
-async def _long_completion(client: httpx.AsyncClient, i: int) -> int | str:
-    body = {"model": "tiny", "prompt": f"alpha beta gamma {i}", "max_tokens": 800, "min_tokens": 800}
+async def _long_stream(client: httpx.AsyncClient, i: int, first_token: asyncio.Event) -> str:
+    """How one streamed 800-token reply ended: "whole" (a finish_reason), "cut", "error event" or the client's error."""
+    body = {"model": "tiny", "prompt": f"alpha beta gamma {i}", "max_tokens": 800, "stream": True}
     try:
-        response = await client.post("/v1/completions", json={**body, "ignore_eos": True})
+        async with client.stream("POST", "/v1/completions", json={**body, "ignore_eos": True}) as response:
+            if response.status_code != 200:
+                return f"HTTP {response.status_code}"
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line.removeprefix("data: "))
+                if "error" in event:  # vLLM ends a failed stream with an error event, then [DONE]
+                    return "error event"
+                if event["choices"][0].get("finish_reason"):
+                    return "whole"
+                first_token.set()
     except httpx.HTTPError as e:
         return type(e).__name__
-    return response.status_code
-
-
-async def _until_running(client: httpx.AsyncClient) -> None:
-    """Until the server's own gauge shows requests in its batch."""
-    deadline = time.monotonic() + EXIT_LIMIT_S
-    while time.monotonic() < deadline:
-        text = (await client.get("/metrics")).text
-        running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
-        if running and float(running[0].rsplit(" ", 1)[1]) > 0:
-            return
-        await asyncio.sleep(0.1)
-    pytest.fail("no request ever ran")
+    return "cut"
 
 
 def _engine_core(pgid: int) -> int:
