@@ -48,7 +48,7 @@ from tuner.report import (
     write_png,
 )
 from tuner.report.deployment import deploy_options, provenance
-from tuner.report.storage import job_study_name
+from tuner.report.storage import job_study_name, sole_study
 from tuner.report.tables import (
     flags_table,
     flags_text,
@@ -78,7 +78,10 @@ JobOpt = Annotated[
     Path | None,
     typer.Option("--job", help="A job file: its storage (and study name, when STUDY is left out).", show_default=False),
 ]
-StudyArg = Annotated[str | None, typer.Argument(help="Study name (default: the --job file's).", show_default=False)]
+StudyArg = Annotated[
+    str | None,
+    typer.Argument(help="Study name (default: the --job file's, else the storage's only study).", show_default=False),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 _OUTCOMES = (*OUTCOMES, "running", "waiting", "fail")  # the record's outcomes, and Optuna states without one
@@ -97,11 +100,9 @@ def _quiet_optuna() -> None:
 @contextlib.contextmanager
 def _opened(study: str | None, storage: str | None, job: Path | None) -> Iterator[tuple[str, optuna.Study]]:
     _quiet_optuna()
-    if study is None:
-        if job is None:
-            raise ConfigError("name the study (STUDY) or give --job FILE; `tuner studies` lists them")
-        study = job_study_name(job)
     url = resolve_storage(storage, job)
+    if study is None:
+        study = job_study_name(job) if job is not None else sole_study(url)
     with opened_study(url, study) as s:
         yield url, s
 
@@ -412,10 +413,22 @@ def _detail(url: str, study: str, number: int) -> tuple[Any | None, list[Any]]:
         store.close()
 
 
+def _study_and_trial(first: str, second: int | None) -> tuple[str | None, int]:
+    """`show STUDY TRIAL`, or `show TRIAL` with the study left out (a positional cannot be optional before another)."""
+    if second is not None:
+        return first, second
+    try:
+        return None, int(first)
+    except ValueError:
+        raise ConfigError(f"give the trial number: tuner show {first} TRIAL (or tuner show TRIAL)") from None
+
+
 @app.command("show")
 def show_cmd(
-    study: Annotated[str, typer.Argument(help="Study name.")],
-    trial: Annotated[int, typer.Argument(help="Trial number.")],
+    study: Annotated[
+        str, typer.Argument(help="Study name; left out (`tuner show 7`), the --job file's or the storage's only one.")
+    ],
+    trial: Annotated[int | None, typer.Argument(help="Trial number.", show_default=False)] = None,
     storage: StorageOpt = None,
     job: JobOpt = None,
     as_json: JsonOpt = False,
@@ -426,7 +439,8 @@ def show_cmd(
 
     Example: [bold]tuner show night 7[/bold]
     """
-    url, view = open_view(study, storage, job)
+    name, trial = _study_and_trial(study, trial)
+    url, view = open_view(name, storage, job)
     t = view.trial(trial)
     if t is None:
         numbers = [x.number for x in view.trials]
