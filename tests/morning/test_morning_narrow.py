@@ -122,3 +122,18 @@ def test_several_studies_are_listed_not_guessed(narrow: RunCli, tmp_path: Path) 
 def test_show_with_a_name_and_no_trial_says_how(narrow: RunCli, demo_url: str) -> None:
     r = narrow("show", STUDY, "--storage", demo_url)
     assert r.code != 0 and "tuner show demo TRIAL" in r.err
+
+
+def test_tune_end_of_run_front_fits_80_columns(demo_url: str) -> None:
+    """`tuner tune`'s last table, printed where the study ran: figures whole, every front point's flags whole."""
+    from tuner.cli.tune import pareto_table
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    con = Console(width=WIDTH, record=True, highlight=False)
+    con.print(pareto_table(optuna.load_study(study_name=STUDY, storage=demo_url)))
+    text = con.export_text()
+    assert_fits(text)
+    for number in (9, 6, 4, 7):
+        flags = next(s.flags for s in SPECS if s.number == number)
+        assert f"#{number} {flags_text(flags)}" in text
+    assert "3,400.0" in text and "+70%" in text and "#0 baseline: seqs=1024" in text
