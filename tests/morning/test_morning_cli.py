@@ -43,7 +43,7 @@ def test_studies_lists_the_demo(tuner_cli: RunCli, demo_url: str) -> None:
     assert row["name"] == STUDY and row["trials"] == 13 and row["running"] == 1
     assert row["best_trial"] == 9 and row["best_throughput"] == pytest.approx(3400.0)
     assert row["state"] == "running" and row["gpu"] == "h100-80gb"
-    table = tuner_cli("studies", "--storage", demo_url)
+    table = tuner_cli("studies", "--storage", demo_url, "--wide")
     (cells,) = [c for c in table_rows(table.out) if c[0] == STUDY]
     assert cells[1:5] == ["running", "13", "1", "6"] and cells[5] == "3,400.0 (#9)"
 
@@ -105,7 +105,7 @@ def test_trials_sort_filter_json_csv(tuner_cli: RunCli, demo_url: str) -> None:
     records = list(csv.DictReader(io.StringIO(out)))
     assert len(records) == 13 and records[2]["verdict"] == "misses e2e_p95<=5s"
     assert json.loads(records[9]["flags"])["max_num_seqs"] == 256
-    table = table_rows(tuner_cli("trials", STUDY, "--storage", demo_url).out)
+    table = table_rows(tuner_cli("trials", STUDY, "--storage", demo_url, "--wide").out)
     by_number = {row[0].rstrip("ᵇ"): row for row in table if row[0].rstrip("ᵇ").isdigit()}
     assert by_number["10"][6] == "misses success_rate>=0.99" and by_number["2"][7].startswith("bottleneck: KV")
     assert by_number["0"][0] == "0ᵇ" and by_number["9"][2] == "3,400.0"
@@ -120,7 +120,7 @@ def test_trials_bad_sort_key_is_a_usage_error(tuner_cli: RunCli, demo_url: str) 
 
 def test_pareto_table_plot_html_png(tuner_cli: RunCli, demo_url: str, tmp_path: Path) -> None:
     html, png = tmp_path / "front.html", tmp_path / "front.png"
-    r = tuner_cli("pareto", STUDY, "--storage", demo_url, "--html", html, "--png", png)
+    r = tuner_cli("pareto", STUDY, "--storage", demo_url, "--html", html, "--png", png, "--wide")
     assert r.code == 0, r.err
     rows = table_rows(r.out)
     front = [row for row in rows if row[1].isdigit() and row[0] != "baseline"]

@@ -31,6 +31,7 @@ from tuner.flags import VllmFlags
 from tuner.record import OUTCOMES
 from tuner.report import (
     BEST_CHOICES,
+    StudyListing,
     StudyView,
     TrialView,
     choose,
@@ -48,12 +49,14 @@ from tuner.report import (
     write_png,
 )
 from tuner.report.deployment import deploy_options, provenance
-from tuner.report.storage import job_study_name
+from tuner.report.storage import job_study_name, sole_study
 from tuner.report.tables import (
+    flag_lines,
     flags_table,
     flags_text,
     fmt,
     front_doc,
+    front_flags,
     front_table,
     kv_table,
     ratio,
@@ -78,8 +81,14 @@ JobOpt = Annotated[
     Path | None,
     typer.Option("--job", help="A job file: its storage (and study name, when STUDY is left out).", show_default=False),
 ]
-StudyArg = Annotated[str | None, typer.Argument(help="Study name (default: the --job file's).", show_default=False)]
+StudyArg = Annotated[
+    str | None,
+    typer.Argument(help="Study name (default: the --job file's, else the storage's only study).", show_default=False),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+WideOpt = Annotated[
+    bool, typer.Option("--wide", help="Every column, the flags in the table (the default fits 80 columns).")
+]
 
 _OUTCOMES = (*OUTCOMES, "running", "waiting", "fail")  # the record's outcomes, and Optuna states without one
 _SORT_KEYS = ("number", "throughput", "latency", "ttft", "e2e", "success")
@@ -97,11 +106,9 @@ def _quiet_optuna() -> None:
 @contextlib.contextmanager
 def _opened(study: str | None, storage: str | None, job: Path | None) -> Iterator[tuple[str, optuna.Study]]:
     _quiet_optuna()
-    if study is None:
-        if job is None:
-            raise ConfigError("name the study (STUDY) or give --job FILE; `tuner studies` lists them")
-        study = job_study_name(job)
     url = resolve_storage(storage, job)
+    if study is None:
+        study = job_study_name(job) if job is not None else sole_study(url)
     with opened_study(url, study) as s:
         yield url, s
 
@@ -127,7 +134,9 @@ def _print_json(doc: Any) -> None:
 
 
 @app.command("studies")
-def studies_cmd(storage: StorageOpt = None, job: JobOpt = None, as_json: JsonOpt = False) -> None:
+def studies_cmd(
+    storage: StorageOpt = None, job: JobOpt = None, as_json: JsonOpt = False, wide: WideOpt = False
+) -> None:
     """List the studies in a storage: trials, state, best feasible throughput.
 
     Example: [bold]tuner studies --storage sqlite:///night.db[/bold]
@@ -144,23 +153,34 @@ def studies_cmd(storage: StorageOpt = None, job: JobOpt = None, as_json: JsonOpt
     if as_json:
         _print_json([r.as_dict() for r in rows])
         return
+    console_for_output().print(_studies_table(rows, url, wide=wide))
+
+
+def _studies_table(rows: list[StudyListing], url: str, *, wide: bool) -> Table:
+    """Narrow (the default) fits 80 columns: what picks a study out; --wide adds running, model and start."""
+    cols: tuple[str, ...] = ("study", "state", "trials", "running", "feasible", "best tok/s", "GPU", "model", "started")
+    if not wide:
+        cols = ("study", "state", "trials", "feasible", "best tok/s", "GPU")
+    numeric = ("trials", "running", "feasible", "best tok/s")
     table = Table(title=f"studies in {escape(safe_url(url))}")
-    for col in ("study", "state", "trials", "running", "feasible", "best tok/s", "GPU", "model", "started"):
-        table.add_column(col, justify="right" if col in ("trials", "running", "feasible", "best tok/s") else "left")
+    for col in cols:
+        # Names wrap rather than end in "…": a cut study name cannot be typed back.
+        table.add_column(col, justify="right" if col in numeric else "left", overflow="fold")
     for r in rows:
         best = f"{r.best_throughput:,.1f} (#{r.best_trial})" if r.best_throughput is not None else "—"
-        table.add_row(
-            escape(r.name),
-            r.state,
-            str(r.trials),
-            str(r.running),
-            str(r.feasible),
-            best,
-            escape(r.gpu or "—"),
-            escape(r.model or "—"),
-            r.started.strftime("%Y-%m-%d %H:%M") if r.started else "—",
-        )
-    console_for_output().print(table)
+        cells = {
+            "study": escape(r.name),
+            "state": r.state,
+            "trials": str(r.trials),
+            "running": str(r.running),
+            "feasible": str(r.feasible),
+            "best tok/s": best,
+            "GPU": escape(r.gpu or "—"),
+            "model": escape(r.model or "—"),
+            "started": r.started.strftime("%Y-%m-%d %H:%M") if r.started else "—",
+        }
+        table.add_row(*(cells[c] for c in cols))
+    return table
 
 
 # -- tuner status --------------------------------------------------------------------------------------------------
@@ -272,6 +292,7 @@ def trials_cmd(
     limit: Annotated[int | None, typer.Option("--limit", help="At most N rows.", show_default=False)] = None,
     as_json: JsonOpt = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")] = False,
+    wide: WideOpt = False,
 ) -> None:
     """One row a trial: flags, throughput, P95 TTFT and e2e, success rate, verdict or reason, bottleneck.
 
@@ -305,25 +326,42 @@ def trials_cmd(
             w.writerow(d)
         typer.echo(buf.getvalue(), nl=False)
         return
-    table = Table(title=f"{escape(view.name)}: {len(rows)} of {len(view.trials)} trials")
-    for col in ("#", "flags", "tok/s", "TTFT P95", "e2e P95", "success", "verdict", "bottleneck"):
-        table.add_column(col, justify="right" if col in ("#", "tok/s", "TTFT P95", "e2e P95", "success") else "left")
-    for t in rows:
-        num = f"{t.number}{'ᵇ' if t.baseline else ''}"
-        style = "green" if t.feasible else ("yellow" if t.measured else "red")
-        table.add_row(
-            num,
-            escape(flags_text(t.flags)),
-            fmt(t.throughput if t.measured else t.output_tok_s),
-            fmt(t.ttft_p95_s, ".3f", " s"),
-            fmt(t.e2e_p95_s, ".3f", " s"),
-            fmt(t.success_rate, ".1%"),
-            f"[{style}]{escape(t.verdict)}[/{style}]",
-            escape(t.diagnosis or "—"),
-        )
-    console_for_output().print(table)
+    con = console_for_output()
+    con.print(_trials_table(view, rows, wide=wide))
+    if not wide:
+        con.print(flag_lines([(_trial_key(t), flags_text(t.flags)) for t in rows]))
     if any(t.baseline for t in rows):
-        console_for_output().print("ᵇ baseline: vLLM's defaults on this GPU and model")
+        con.print("ᵇ baseline: vLLM's defaults on this GPU and model")
+
+
+def _trial_key(t: TrialView) -> str:
+    return f"#{t.number}{'ᵇ' if t.baseline else ''}"
+
+
+def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Table:
+    """Narrow (the default) fits 80 columns, the flags printed after it a line each; --wide: flags and bottleneck
+    in the table."""
+    cols: tuple[str, ...] = ("#", "flags", "tok/s", "TTFT P95", "e2e P95", "success", "verdict", "bottleneck")
+    if not wide:
+        cols = ("#", "tok/s", "TTFT P95", "e2e P95", "success", "verdict")
+    numeric = ("#", "tok/s", "TTFT P95", "e2e P95", "success")
+    table = Table(title=f"{escape(view.name)}: {len(rows)} of {len(view.trials)} trials")
+    for col in cols:
+        table.add_column(col, justify="right" if col in numeric else "left", no_wrap=col in numeric)
+    for t in rows:
+        style = "green" if t.feasible else ("yellow" if t.measured else "red")
+        cells = {
+            "#": f"{t.number}{'ᵇ' if t.baseline else ''}",
+            "flags": escape(flags_text(t.flags)),
+            "tok/s": fmt(t.throughput if t.measured else t.output_tok_s),
+            "TTFT P95": fmt(t.ttft_p95_s, ".3f", " s"),
+            "e2e P95": fmt(t.e2e_p95_s, ".3f", " s"),
+            "success": fmt(t.success_rate, ".1%"),
+            "verdict": f"[{style}]{escape(t.verdict)}[/{style}]",
+            "bottleneck": escape(t.diagnosis or "—"),
+        }
+        table.add_row(*(cells[c] for c in cols))
+    return table
 
 
 # -- tuner pareto --------------------------------------------------------------------------------------------------
@@ -338,12 +376,14 @@ def pareto_cmd(
         Path | None, typer.Option("--html", help="Write an interactive Plotly chart here.", show_default=False)
     ] = None,
     png: Annotated[
-        Path | None, typer.Option("--png", help="Write a static PNG here (needs tuner[png]).", show_default=False)
+        Path | None,
+        typer.Option("--png", help="Write a static PNG here (needs the extra tuner\\[png]).", show_default=False),
     ] = None,
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Draw the scatter plot in the terminal.")] = True,
     width: Annotated[int, typer.Option("--width", help="Terminal plot width (columns).")] = 80,
     height: Annotated[int, typer.Option("--height", help="Terminal plot height (rows).")] = 20,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """The feasible Pareto front (throughput against latency P95), the baseline beside it with the winners'
     ratios, and a scatter plot of every trial (x: missed an SLO, o: feasible, *: the front, B: baseline).
@@ -358,12 +398,14 @@ def pareto_cmd(
             write_html(view, front, html)
     if png is not None:
         write_png(view, front, png)
-    _show_front(view, front, as_json=as_json, plot=plot, width=width, height=height)
+    _show_front(view, front, as_json=as_json, plot=plot, width=width, height=height, wide=wide)
     if not front:
         choose(front, "throughput", study=view.name)  # raises the one-line NoFeasibleTrial
 
 
-def _show_front(view: StudyView, front: list[TrialView], *, as_json: bool, plot: bool, width: int, height: int) -> None:
+def _show_front(
+    view: StudyView, front: list[TrialView], *, as_json: bool, plot: bool, width: int, height: int, wide: bool = False
+) -> None:
     baseline = view.baseline
     if as_json:
         _print_json({"study": view.name, "latency_metric": view.latency_metric, **front_doc(front, baseline)})
@@ -374,7 +416,9 @@ def _show_front(view: StudyView, front: list[TrialView], *, as_json: bool, plot:
         f"{escape(view.name)}: feasible front, {len(front)} of {measured} measured trials "
         f"(latency = {view.latency_metric})"
     )
-    con.print(front_table(front, baseline, title))
+    con.print(front_table(front, baseline, title, wide=wide))
+    if not wide:
+        con.print(front_flags(front, baseline))
     if plot:
         scatter = terminal_scatter(view, front, width=min(width, con.width), height=height, color=con.is_terminal)
         con.print(scatter, markup=False, highlight=False, soft_wrap=True)
@@ -412,10 +456,22 @@ def _detail(url: str, study: str, number: int) -> tuple[Any | None, list[Any]]:
         store.close()
 
 
+def _study_and_trial(first: str, second: int | None) -> tuple[str | None, int]:
+    """`show STUDY TRIAL`, or `show TRIAL` with the study left out (a positional cannot be optional before another)."""
+    if second is not None:
+        return first, second
+    try:
+        return None, int(first)
+    except ValueError:
+        raise ConfigError(f"give the trial number: tuner show {first} TRIAL (or tuner show TRIAL)") from None
+
+
 @app.command("show")
 def show_cmd(
-    study: Annotated[str, typer.Argument(help="Study name.")],
-    trial: Annotated[int, typer.Argument(help="Trial number.")],
+    study: Annotated[
+        str, typer.Argument(help="Study name; left out (`tuner show 7`), the --job file's or the storage's only one.")
+    ],
+    trial: Annotated[int | None, typer.Argument(help="Trial number.", show_default=False)] = None,
     storage: StorageOpt = None,
     job: JobOpt = None,
     as_json: JsonOpt = False,
@@ -426,7 +482,8 @@ def show_cmd(
 
     Example: [bold]tuner show night 7[/bold]
     """
-    url, view = open_view(study, storage, job)
+    name, trial = _study_and_trial(study, trial)
+    url, view = open_view(name, storage, job)
     t = view.trial(trial)
     if t is None:
         numbers = [x.number for x in view.trials]

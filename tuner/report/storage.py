@@ -23,6 +23,7 @@ __all__ = [
     "job_study_name",
     "opened_study",
     "resolve_storage",
+    "sole_study",
     "study_names",
 ]
 
@@ -76,6 +77,18 @@ def study_names(url: str) -> list[str]:
         return [s.study_name for s in storage.get_all_studies()]
     finally:
         _dispose(storage)
+
+
+def sole_study(url: str) -> str:
+    """The study a command reads when none is named: the storage's only one; several are listed, never guessed."""
+    names = study_names(url)
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise StudyNotFound(f"no study in {safe_url(url)}")
+    raise StudyNotFound(
+        f"{safe_url(url)} holds {len(names)} studies ({', '.join(names)}); name one (STUDY) or give --job FILE"
+    )
 
 
 @contextlib.contextmanager

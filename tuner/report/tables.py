@@ -19,10 +19,12 @@ from tuner.scoring import LATENCY_METRICS, STATS
 __all__ = [
     "FLAG_LABELS",
     "flag_label",
+    "flag_lines",
     "flags_table",
     "flags_text",
     "fmt",
     "front_doc",
+    "front_flags",
     "front_table",
     "kv_table",
     "ratio",
@@ -67,8 +69,65 @@ def flags_text(flags: dict[str, Any]) -> str:
     return " ".join(parts) or "(vLLM defaults)"
 
 
-def front_table(front: list[TrialView], baseline: TrialView | None, title: str) -> Table:
-    picks = {how: choose(front, how).number for how in BEST_CHOICES} if front else {}
+def flag_lines(rows: list[tuple[str, str]]) -> Table:
+    """Each trial's flags on a line of their own, under a narrow table and keyed by the trial's number: in a cell
+    beside the figures, an 80-column terminal cut them to `seqs=…`. Long lines wrap between flags, never inside one."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(justify="right", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key, text in rows:
+        grid.add_row(escape(key), escape(text))
+    return grid
+
+
+def _picks(front: list[TrialView]) -> dict[str, int]:
+    return {how: choose(front, how).number for how in BEST_CHOICES} if front else {}
+
+
+def front_table(front: list[TrialView], baseline: TrialView | None, title: str, *, wide: bool = False) -> Table:
+    """The front with its ratios to the baseline. Narrow (the default) fits 80 columns: the figures a pick is made
+    on, the flags left to `front_flags`; wide adds TTFT and e2e P95 and the flags in the table."""
+    if wide:
+        return _front_table_wide(front, baseline, title)
+    picks = _picks(front)
+    table = Table(title=title)
+    for col in ("pick", "#", "tok/s", "P95", "success", "× tok/s", "× P95"):
+        table.add_column(col, justify="left" if col == "pick" else "right", no_wrap=col != "pick")
+    for t in front:
+        r = ratios(t, baseline)
+        table.add_row(
+            ", ".join(h for h, n in picks.items() if n == t.number),
+            str(t.number),
+            fmt(t.throughput),
+            fmt(t.latency_p95_s, ".3f", " s"),
+            fmt(t.success_rate, ".1%"),
+            ratio(r.throughput),
+            ratio(r.latency_p95),
+        )
+    if baseline is not None:
+        table.add_section()
+        table.add_row(
+            "baseline",
+            str(baseline.number),
+            fmt(baseline.throughput if baseline.measured else None),
+            fmt(baseline.latency_p95_s if baseline.measured else None, ".3f", " s"),
+            fmt(baseline.success_rate, ".1%"),
+            "×1.00" if baseline.measured else "—",
+            "×1.00" if baseline.measured else "—",
+        )
+    return table
+
+
+def front_flags(front: list[TrialView], baseline: TrialView | None) -> Table:
+    """The narrow front table's flags, a line each (the baseline's verdict with its own)."""
+    rows = [(f"#{t.number}", flags_text(t.flags)) for t in front]
+    if baseline is not None:
+        rows.append((f"#{baseline.number}", f"baseline, {baseline.verdict}: {flags_text(baseline.flags)}"))
+    return flag_lines(rows)
+
+
+def _front_table_wide(front: list[TrialView], baseline: TrialView | None, title: str) -> Table:
+    picks = _picks(front)
     table = Table(title=title)
     for col in ("pick", "#", "tok/s", "latency P95", "TTFT P95", "e2e P95", "success", "× tok/s", "× P95", "flags"):
         table.add_column(col, justify="left" if col in ("pick", "flags") else "right")
