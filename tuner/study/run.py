@@ -17,18 +17,22 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config import Job
 from tuner.errors import ConfigError, TunerError
 from tuner.launch import Launcher
-from tuner.record import INTERRUPTED, TrialRecord
+from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, TrialRecord
 from tuner.store import flag_key, open_store, safe_url
 from tuner.study.heartbeat import Heartbeat
 from tuner.study.measure import Measure, measure_load
 from tuner.study.objective import Objective
+from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler
 from tuner.study.storage import make_storage, study_attrs
 from tuner.study.verdict import DIRECTIONS
 
-__all__ = ["RunReport", "TuningRun", "feasible_front"]
+__all__ = ["STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front"]
 
 _SCHEMA_LOCK = "\x00tuner-schema"
+STOPPED_ATTR = "stopped"
+"""The study's attribute while its last run stopped on a workload the server refuses: {"reason", "message",
+"trial"}; None again once a trial of a later run measures."""
 
 
 @dataclass
@@ -58,6 +62,7 @@ class TuningRun:
         on_trial_start: Callable[[int], None] | None = None,
         on_trial_end: Callable[[FrozenTrial], None] | None = None,
         poll_s: float = 1.0,
+        preflight: Check | None = None,
     ) -> None:
         self.job = job
         self.launcher = launcher
@@ -96,6 +101,7 @@ class TuningRun:
             measure=measure,
             on_event=on_event,
             poll_s=poll_s,
+            preflight=preflight,
         )
         self._stop = threading.Event()
 
@@ -127,6 +133,7 @@ class TuningRun:
                 if attrs.get("n_trials") != self.job.budget.n_trials:
                     self.study.set_user_attr("n_trials", self.job.budget.n_trials)
                 self._retry_interrupted()
+                self._requeue_refused_baseline()
 
     def _retry_interrupted(self) -> None:
         trials = self.study.get_trials(deepcopy=False)
@@ -143,6 +150,21 @@ class TuningRun:
                     # The callback itself refuses a second retry of a trial that was already a retry.
                     retry(self.study, t)
                     self.on_event(f"trial {t.number} was interrupted; it will be run again")
+
+    def _requeue_refused_baseline(self) -> None:
+        """A baseline whose server refused the workload measured nothing: the next run (the job fixed) runs it."""
+        trials = self.study.get_trials(deepcopy=False)
+        records = [(t, TrialRecord.from_attrs(t.user_attrs)) for t in trials]
+        if any(r.baseline and t.state != TrialState.FAIL for t, r in records):
+            return
+        refused = [t for t, r in records if r.baseline and r.outcome == WORKLOAD_INVALID]
+        if refused:
+            self.study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
+            self.on_event(f"trial {refused[-1].number}, the baseline, was refused by the server; it will run again")
+
+    def _stopped_on(self, trial: optuna.Trial, error: WorkloadRejected) -> None:
+        stopped = {"reason": WORKLOAD_INVALID, "message": str(error), "trial": trial.number}
+        self.study.set_user_attr(STOPPED_ATTR, stopped)
 
     def _next_trial(self) -> optuna.Trial | bool | None:
         """Under the lock: a new trial, None when the budget is spent, False when others hold the rest of it."""
@@ -188,11 +210,16 @@ class TuningRun:
                 try:
                     values = self.objective(trial)
                 except BaseException as e:
+                    # A refused workload is FAIL too: it says nothing about the flags, and spends no budget.
                     self.study.tell(trial, state=TrialState.FAIL)
+                    if isinstance(e, WorkloadRejected):
+                        self._stopped_on(trial, e)
                     if not isinstance(e, KeyboardInterrupt | TunerError):
                         self.on_event(f"trial {trial.number} failed in the tuner itself: {type(e).__name__}: {e}")
                     raise
             self.study.tell(trial, list(values))
+            if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
+                self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
             ran += 1
             self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
             if getattr(self.study.sampler, "exhausted", False):
