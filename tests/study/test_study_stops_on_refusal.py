@@ -3,6 +3,7 @@ fixed, the same command runs the baseline again and goes on."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +128,35 @@ def test_a_load_refused_for_a_tuned_max_model_len_is_learned_as_today(tmp_path: 
     assert all(t.state == TrialState.COMPLETE for t in trials) and len(trials) >= 4
     short = [t for t in trials if t.user_attrs["flags"]["max_model_len"] == 512]
     assert short and all(not t.user_attrs["feasible"] for t in short)
+
+
+def tuner(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str]:
+    """`tuner ARGS...` through the real entry point (its one-line errors), the output captured."""
+    from tuner.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(sys, "argv", ["tuner", *args])
+    capsys.readouterr()
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_the_morning_commands_say_the_study_stopped_on_a_refused_workload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    with pytest.raises(WorkloadRejected):
+        run(url, FakeLauncher(), Checks("refuse"), measure=fake_measure())
+    code, out = tuner(capsys, monkeypatch, "status", "fake", "--storage", url)
+    assert code == 0
+    assert "stopped: the workload is invalid for this server: POST /v1/completions" in out
+    code, out = tuner(capsys, monkeypatch, "pareto", "fake", "--storage", url)
+    assert code == 1 and "tok/s" not in out
+    assert "study 'fake' stopped: the workload is invalid for this server" in out and "Traceback" not in out
+    code, out = tuner(capsys, monkeypatch, "studies", "--storage", url, "--json")
+    assert code == 0 and '"state": "stopped"' in out

@@ -140,7 +140,8 @@ def judge_probes(
             refusal = _refusal(job, flags, record)
             if refusal is None:
                 return PreflightResult(False, f"{_sent(job, model, spec)} failed: {record.error_message}")
-            raise WorkloadRejected(f"{_sent(job, model, spec)} {_answered(record)}; {refusal}", _reason(record))
+            detail = f"{_sent(job, model, spec)} {_answered(record)} — in the job: {refusal}"
+            raise WorkloadRejected(detail, _reason(record))
         wrong = _wrong_length(job, spec, record, fit)
         if wrong is not None:
             raise WorkloadRejected(f"{_sent(job, model, spec)} {wrong}", "prompt_length")
@@ -161,7 +162,7 @@ def workload_fault(job: Job, flags: VllmFlags, records: Sequence[RequestRecord])
     if advice is None:
         return None
     sent = f"every one of the trial's {len(records)} requests ({_sent(job, None, None)})"
-    return WorkloadRejected(f"{sent} {_answered(first)}; {advice}", _reason(first))
+    return WorkloadRejected(f"{sent} {_answered(first)} — in the job: {advice}", _reason(first))
 
 
 def _refusal(job: Job, flags: VllmFlags, record: RequestRecord) -> str | None:
