@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from optuna.trial import TrialState
 from study_fakes import FakeLauncher, FakeServer, fake_measure, job
 
@@ -160,3 +161,39 @@ def test_the_morning_commands_say_the_study_stopped_on_a_refused_workload(
     assert "study 'fake' stopped: the workload is invalid for this server" in out and "Traceback" not in out
     code, out = tuner(capsys, monkeypatch, "studies", "--storage", url, "--json")
     assert code == 0 and '"state": "stopped"' in out
+
+
+EMULATED = {
+    "study": {"name": "check"},
+    "target": {
+        "launcher": "emulator",
+        "model": "llama-3.1-8b",
+        "gpu": "h100-80gb",
+        "emulator": {"time_scale": 40},
+        "startup_timeout": "60s",
+    },
+    "space": {"max_num_seqs": {"choices": [4, 8]}, "max_model_len": 4096},
+    "workload": {"input_len": 1024, "output_len": 64},
+    "arrival": {"concurrency": 2, "requests": 4},
+    "slos": ["e2e_p95 <= 30s"],
+    "budget": {"n_trials": 2},
+}
+
+
+@pytest.mark.slow
+def test_check_probes_the_baselines_server_and_records_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNER_STATE_DIR", str(tmp_path / "state"))
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(EMULATED))
+    code, out = tuner(capsys, monkeypatch, "tune", str(good), "--check")
+    assert code == 0, out
+    assert "preflight passed: 3 probe requests answered, prompt and output lengths as meant" in out
+    # A refusal: 1,024 + 64 tokens under a fixed max_model_len of 1,040.
+    short = tmp_path / "short.yaml"
+    short.write_text(yaml.safe_dump({**EMULATED, "space": {**EMULATED["space"], "max_model_len": 1040}}))
+    code, out = tuner(capsys, monkeypatch, "tune", str(short), "--check")
+    assert code == 1 and "Traceback" not in out
+    assert "error: the workload is invalid for this server" in out and "space.max_model_len at least 1088" in out
+    assert not list(tmp_path.glob("*.db"))  # nothing recorded
