@@ -197,3 +197,10 @@ def test_check_probes_the_baselines_server_and_records_nothing(
     assert code == 1 and "Traceback" not in out
     assert "error: the workload is invalid for this server" in out and "space.max_model_len at least 1088" in out
     assert not list(tmp_path.glob("*.db"))  # nothing recorded
+    # The study itself stops in its baseline's start, with the same line in its log.
+    log = tmp_path / "tune.log"
+    code, out = tuner(capsys, monkeypatch, "tune", str(short), "--log-file", str(log))
+    assert code == 1 and "error: the workload is invalid for this server" in out
+    assert "error: the workload is invalid for this server" in log.read_text()
+    code, out = tuner(capsys, monkeypatch, "status", "--job", str(short))
+    assert code == 0 and "stopped: the workload is invalid for this server" in out

@@ -287,6 +287,9 @@ def run(job: Job, url: str, log_file: Path | None = None) -> None:
     except KeyboardInterrupt:
         say("interrupted: the running trial is recorded as interrupted and will run again; the same command continues")
         raise typer.Exit(130) from None
+    except TunerError as e:
+        log(f"error: {e}")  # the log read in the morning says why the study stopped, as the terminal did
+        raise
     finally:
         tuning.close()
         log.close()
