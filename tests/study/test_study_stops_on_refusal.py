@@ -73,7 +73,7 @@ def test_a_refusing_server_stops_the_study_in_its_first_trial_and_the_fixed_job_
     check = Checks("pass")
     study = run(url, launcher, check, measure=fake_measure()).study
     trials = study.get_trials(deepcopy=False)
-    assert [t.state for t in trials] == [TrialState.FAIL] + [TrialState.COMPLETE] * 4
+    assert trials[0].state == TrialState.FAIL and {t.state for t in trials[1:]} == {TrialState.COMPLETE}
     assert trials[1].user_attrs["baseline"] and trials[1].user_attrs["outcome"] == "measured"
     assert launcher.launches[1]["flags"] == launcher.launches[0]["flags"]
     assert len(check.probed) == 1  # once a run, on its first server
@@ -84,7 +84,7 @@ def test_an_inconclusive_preflight_is_tried_again_on_the_next_server(tmp_path: P
     check = Checks("inconclusive", "pass")
     study = run(f"sqlite:///{tmp_path / 'study.db'}", FakeLauncher(), check, measure=fake_measure()).study
     assert len(check.probed) == 2
-    assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.COMPLETE] * 4
+    assert {t.state for t in study.get_trials(deepcopy=False)} == {TrialState.COMPLETE}
 
 
 def refused_load(message: str) -> Any:

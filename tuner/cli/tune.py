@@ -258,7 +258,9 @@ def run(job: Job, url: str, log_file: Path | None = None) -> None:
         log(line)
 
     def count_done(study: optuna.Study) -> int:
-        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        # As the budget counts: a repeat of a flag set already tried is not a trial of the budget.
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        return sum(t.user_attrs.get("duplicate_of") is None for t in done)
 
     def on_start(number: int) -> None:
         r = state["run"]
@@ -281,7 +283,11 @@ def run(job: Job, url: str, log_file: Path | None = None) -> None:
             say(f"study {job.study.name!r} in {safe_url(url)}: {done}/{job.budget.n_trials} trials done")
             report = tuning.run()
         took = time.monotonic() - started
-        say(f"finished ({report.stopped_by}) after {took:.0f}s; {report.trials_run} trials run by this worker")
+        say(
+            f"finished ({report.stopped_by}) after {took:.0f}s; {report.trials_run} trials run by this worker; "
+            f"{report.distinct} distinct flag sets tried, {report.repeats} sampler repeats answered from their first "
+            "trial (not counted in the budget)"
+        )
         console.print(pareto_table(tuning.study))
         log(json.dumps([t.number for t in tuning.study.best_trials]))
     except KeyboardInterrupt:

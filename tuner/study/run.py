@@ -27,7 +27,7 @@ from tuner.study.samplers import make_sampler
 from tuner.study.storage import make_storage, study_attrs
 from tuner.study.verdict import DIRECTIONS
 
-__all__ = ["STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front"]
+__all__ = ["REPEAT_CAP", "STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front"]
 
 _SCHEMA_LOCK = "\x00tuner-schema"
 STOPPED_ATTR = "stopped"
@@ -35,18 +35,41 @@ STOPPED_ATTR = "stopped"
 "trial"}; None again once a trial of a later run measures."""
 
 
+REPEAT_CAP = 2
+"""A run ends once the study's finished trials, repeats included, reach this many times its budget: a sampler that
+proposes only flag sets already tried (a small discrete space, every point of it seen) would otherwise never end."""
+
+
 @dataclass
 class RunReport:
     study: optuna.Study
     trials_run: int
-    stopped_by: str  # "budget", "timeout", "stopped", "grid done" (every grid point measured)
+    stopped_by: str  # "budget", "timeout", "stopped", "grid done" (every grid point measured), "repeats" (REPEAT_CAP)
+
+    @property
+    def distinct(self) -> int:
+        """Finished trials that tried a flag set of their own (the budget counts these)."""
+        return len(_finished(self.study, repeats=False))
+
+    @property
+    def repeats(self) -> int:
+        """Finished trials whose flag set an earlier trial had tried: answered from its result, not launched."""
+        return len(_finished(self.study)) - self.distinct
+
+
+def _finished(study: optuna.Study, *, repeats: bool = True) -> list[FrozenTrial]:
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return done if repeats else [t for t in done if t.user_attrs.get("duplicate_of") is None]
 
 
 class TuningRun:
     """Runs a job's study to its budget: creates or loads it, enqueues the baseline, one trial at a time.
 
-    The budget (`n_trials`) counts finished trials (COMPLETE/PRUNED) of the whole study, over every worker; the decision
-    to start one more and its creation happen under a lock shared by the workers, so the count is exact. A worker
+    The budget (`n_trials`) counts finished trials (COMPLETE/PRUNED) of the whole study, over every worker, that tried
+    a flag set of their own: a sampler's repeat of a flag set already tried is answered from that trial's result and
+    does not count (a trial is a new measurement; REPEAT_CAP bounds a sampler that only repeats). The decision to start
+    one more and its creation happen under a lock shared by the workers, so the count is exact (a running trial counts
+    until it turns out a repeat). A worker
     whose remaining budget is held by other workers' running trials waits for them (a dead one's trial is failed by
     the heartbeat, retried, and run by whoever is left).
     """
@@ -104,6 +127,7 @@ class TuningRun:
             preflight=preflight,
         )
         self._stop = threading.Event()
+        self._only_repeats = False
 
     def close(self) -> None:
         self.store.close()
@@ -173,9 +197,17 @@ class TuningRun:
                 warnings.simplefilter("ignore", ExperimentalWarning)
                 fail_stale_trials(self.study)
             trials = self.study.get_trials(deepcopy=False)
-            done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+            finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+            done = sum(t.user_attrs.get("duplicate_of") is None for t in finished)
             running = sum(t.state == TrialState.RUNNING for t in trials)
             if done >= self.job.budget.n_trials:
+                return None
+            if len(finished) >= REPEAT_CAP * self.job.budget.n_trials:
+                self._only_repeats = True
+                self.on_event(
+                    f"the sampler proposed flag sets already tried {len(finished) - done} times ({REPEAT_CAP}x the "
+                    f"budget in all): the space may hold no other; stopping at {done} distinct flag sets"
+                )
                 return None
             if done + running >= self.job.budget.n_trials:
                 return False
@@ -196,7 +228,7 @@ class TuningRun:
                 return RunReport(self.study, ran, "timeout")
             trial = self._next_trial()
             if trial is None:
-                return RunReport(self.study, ran, "budget")
+                return RunReport(self.study, ran, "repeats" if self._only_repeats else "budget")
             if trial is False:
                 if not waiting_said:
                     self.on_event("the rest of the budget is running on other workers (or a dead one); waiting")
