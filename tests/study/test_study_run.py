@@ -12,6 +12,8 @@ from study_fakes import FakeLauncher, fake_measure, job
 
 from tuner.config import Job
 from tuner.flags import VllmFlags
+from tuner.report.overview import status
+from tuner.report.views import study_view
 from tuner.store import flag_key, open_store
 from tuner.study import TuningRun
 from tuner.study.run import REPEAT_CAP
@@ -232,6 +234,8 @@ def test_a_samplers_repeats_are_answered_from_the_store_and_not_counted_in_the_b
     assert report.stopped_by == "budget" and report.distinct == distinct(trials) == 3 == len(launcher.launches)
     assert report.repeats == len(trials) - 3 and report.repeats > 0
     assert {t.user_attrs["flags"]["max_num_seqs"] for t in trials} == {8, 16, 256}
+    # The morning's state counts the budget as the run did: done, though more trials than the budget finished.
+    assert status(study_view(tuning.study)).state == "done"
 
 
 def test_a_sampler_that_only_repeats_ends_the_run_at_the_cap(tmp_path: Path) -> None:

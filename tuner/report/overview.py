@@ -87,7 +87,9 @@ def _state(view: StudyView) -> str:
     if view.stopped:
         return "stopped"
     budget = view.budget
-    return "done" if budget is None or len(_finished(view)) >= budget else "stopped"
+    # As the run counts its budget: a sampler's repeat of a flag set already tried is not a trial of it.
+    distinct = [t for t in _finished(view) if t.duplicate_of is None]
+    return "done" if budget is None or len(distinct) >= budget else "stopped"
 
 
 def _best(view: StudyView) -> TrialView | None:
