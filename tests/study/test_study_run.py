@@ -251,3 +251,4 @@ def test_a_sampler_that_only_repeats_ends_the_run_at_the_cap(tmp_path: Path) -> 
     assert report.stopped_by == "repeats" and report.distinct == 3 == len(launcher.launches)
     assert len(tuning.study.trials) == REPEAT_CAP * 5
     assert any("the space may hold no other" in e for e in events)
+    assert status(study_view(tuning.study)).state == "stopped"  # 3 distinct flag sets of 5, though 10 trials ran
