@@ -21,6 +21,7 @@ __all__ = [
     "OUTCOMES",
     "RECORD_VERSION",
     "SKIPPED_INFEASIBLE",
+    "WORKLOAD_INVALID",
     "StoredJob",
     "TrialRecord",
 ]
@@ -30,7 +31,9 @@ LAUNCH_FAILED: Final = "launch_failed"
 CRASHED: Final = "crashed"
 SKIPPED_INFEASIBLE: Final = "skipped_infeasible"
 INTERRUPTED: Final = "interrupted"
-OUTCOMES = (MEASURED, LAUNCH_FAILED, CRASHED, SKIPPED_INFEASIBLE, INTERRUPTED)
+# The server refused the job's requests whatever the flags (tuner.study.preflight): the study stopped on it.
+WORKLOAD_INVALID: Final = "workload_invalid"
+OUTCOMES = (MEASURED, LAUNCH_FAILED, CRASHED, SKIPPED_INFEASIBLE, INTERRUPTED, WORKLOAD_INVALID)
 
 RECORD_VERSION: Final = 1
 """1: the record as a model (adds `record_version`, `vllm_version`); 0: tuner 0.1.0's attributes, the same names."""

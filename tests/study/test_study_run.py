@@ -12,8 +12,11 @@ from study_fakes import FakeLauncher, fake_measure, job
 
 from tuner.config import Job
 from tuner.flags import VllmFlags
+from tuner.report.overview import status
+from tuner.report.views import study_view
 from tuner.store import flag_key, open_store
 from tuner.study import TuningRun
+from tuner.study.run import REPEAT_CAP
 
 STUDY_ATTRS = {
     "tuner_version",
@@ -48,12 +51,17 @@ def states(study: optuna.Study) -> list[TrialState]:
     return [t.state for t in study.get_trials(deepcopy=False)]
 
 
+def distinct(trials: list[FrozenTrial]) -> int:
+    """Finished trials of a flag set of their own: what the budget counts (a sampler's repeat is not a trial)."""
+    return sum(t.state == TrialState.COMPLETE and t.user_attrs.get("duplicate_of") is None for t in trials)
+
+
 def test_study_runs_to_budget_with_the_baseline_first_and_continues(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path)
     launcher = FakeLauncher()
     study = run_job(job(), url, launcher)
     trials = study.get_trials(deepcopy=False)
-    assert states(study) == [TrialState.COMPLETE] * 4
+    assert set(states(study)) == {TrialState.COMPLETE} and distinct(trials) == 4
     t0 = trials[0]
     assert t0.user_attrs["baseline"] is True and not any(t.user_attrs["baseline"] for t in trials[1:])
     assert t0.user_attrs["flags"]["max_num_seqs"] == 256 and launcher.launches[0]["trial"] == 0
@@ -74,11 +82,11 @@ def test_study_runs_to_budget_with_the_baseline_first_and_continues(tmp_path: Pa
     # The same command again, with a bigger budget, continues the study; the baseline is not enqueued again.
     bigger = job(budget={"n_trials": 6})
     study = run_job(bigger, url)
-    assert states(study) == [TrialState.COMPLETE] * 6
+    assert set(states(study)) == {TrialState.COMPLETE} and distinct(study.trials) == 6
     assert sum(bool(t.user_attrs["baseline"]) for t in study.trials) == 1
     assert study.user_attrs["n_trials"] == 6
     # ... and at its budget, runs nothing.
-    assert len(run_job(bigger, url).trials) == 6
+    assert len(run_job(bigger, url).trials) == len(study.trials)
 
 
 def test_ctrl_c_records_interrupted_and_the_next_run_retries_it(tmp_path: Path) -> None:
@@ -95,7 +103,7 @@ def test_ctrl_c_records_interrupted_and_the_next_run_retries_it(tmp_path: Path) 
         run_job(job(), url, launcher)
     study = run_job(job(), url)
     trials = study.get_trials(deepcopy=False)
-    assert [t.state for t in trials].count(TrialState.COMPLETE) == 4
+    assert distinct(trials) == 4
     failed = [t for t in trials if t.state == TrialState.FAIL]
     assert len(failed) == 1 and failed[0].number == 1 and failed[0].user_attrs["outcome"] == "interrupted"
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == 1]
@@ -120,23 +128,27 @@ def test_trial_left_running_by_a_dead_worker_is_failed_by_the_heartbeat_and_retr
     assert trials[0].state == TrialState.FAIL
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == 0]
     assert len(retry) == 1 and retry[0].state == TrialState.COMPLETE and retry[0].user_attrs["baseline"] is True
-    assert [t.state for t in trials].count(TrialState.COMPLETE) == 3
+    assert distinct(trials) == 3
     assert time.monotonic() - started >= 1.0  # it waited for the grace period rather than count the dead trial
 
 
 def threaded_workers(url: str, n_workers: int, n_trials: int) -> tuple[list[FrozenTrial], list[FakeLauncher]]:
-    space = {"max_num_seqs": {"choices": [8, 16, 32]}, "gpu_memory_utilization": {"choices": [0.85, 0.9]}}
-    j = job(space=space, budget={"n_trials": n_trials})
+    # 15 points: workers' random proposals still coincide (the claims are exercised), and the budget's distinct flag
+    # sets are found long before the repeat cap.
+    seqs = {"choices": [8, 16, 32, 64, 128]}
+    space = {"max_num_seqs": seqs, "gpu_memory_utilization": {"choices": [0.85, 0.9, 0.95]}, "max_model_len": 4096}
     launchers = [FakeLauncher() for _ in range(n_workers)]
     errors: list[BaseException] = []
 
-    def worker(launcher: FakeLauncher) -> None:
+    def worker(launcher: FakeLauncher, seed: int) -> None:
+        # Threads share a pid, so the study's per-process seed offset does not part them: seeds of their own do.
+        j = job(space=space, budget={"n_trials": n_trials}, sampler={"name": "random", "seed": seed})
         try:
             run_job(j, url, launcher)
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(launcher,)) for launcher in launchers]
+    threads = [threading.Thread(target=worker, args=(launcher, i)) for i, launcher in enumerate(launchers)]
     for t in threads:
         t.start()
     for t in threads:
@@ -151,10 +163,10 @@ def threaded_workers(url: str, n_workers: int, n_trials: int) -> tuple[list[Froz
 
 @pytest.mark.postgres
 def test_two_workers_share_one_budget_and_never_launch_the_same_flags(postgres_url: str) -> None:
-    trials, launchers = threaded_workers(postgres_url, 2, 8)
-    assert [t.state for t in trials] == [TrialState.COMPLETE] * 8
+    trials, launchers = threaded_workers(postgres_url, 2, 6)
+    assert {t.state for t in trials} == {TrialState.COMPLETE} and distinct(trials) == 6
     launched = [flag_key(x["flags"]) for launcher in launchers for x in launcher.launches]
-    assert len(launched) == len(set(launched))
+    assert len(launched) == len(set(launched)) == 6  # every trial of the budget a launch of its own
     assert sum(bool(t.user_attrs["baseline"]) for t in trials) == 1
 
 
@@ -206,3 +218,37 @@ def test_a_grid_smaller_than_the_budget_ends_when_every_point_is_measured(tmp_pa
     assert report.stopped_by == "grid done"
     assert states(report.study) == [TrialState.COMPLETE] * 3  # the baseline and the two grid points
     assert sorted(t.params["max_num_seqs"] for t in report.study.trials[1:]) == [16, 32]
+
+
+def test_a_samplers_repeats_are_answered_from_the_store_and_not_counted_in_the_budget(tmp_path: Path) -> None:
+    # Two points and the baseline: the random sampler repeats itself long before it has seen both.
+    space = {"max_num_seqs": {"choices": [8, 16]}, "max_model_len": 4096}
+    launcher = FakeLauncher()
+    tuning = TuningRun(job(space=space, budget={"n_trials": 3}), launcher, storage_url=sqlite_url(tmp_path),
+                       measure=fake_measure())  # fmt: skip
+    try:
+        report = tuning.run()
+    finally:
+        tuning.close()
+    trials = tuning.study.get_trials(deepcopy=False)
+    assert report.stopped_by == "budget" and report.distinct == distinct(trials) == 3 == len(launcher.launches)
+    assert report.repeats == len(trials) - 3 and report.repeats > 0
+    assert {t.user_attrs["flags"]["max_num_seqs"] for t in trials} == {8, 16, 256}
+    # The morning's state counts the budget as the run did: done, though more trials than the budget finished.
+    assert status(study_view(tuning.study)).state == "done"
+
+
+def test_a_sampler_that_only_repeats_ends_the_run_at_the_cap(tmp_path: Path) -> None:
+    space = {"max_num_seqs": {"choices": [8, 16]}, "max_model_len": 4096}
+    launcher = FakeLauncher()
+    events: list[str] = []
+    tuning = TuningRun(job(space=space, budget={"n_trials": 5}), launcher, storage_url=sqlite_url(tmp_path),
+                       measure=fake_measure(), on_event=events.append)  # fmt: skip
+    try:
+        report = tuning.run()
+    finally:
+        tuning.close()
+    assert report.stopped_by == "repeats" and report.distinct == 3 == len(launcher.launches)
+    assert len(tuning.study.trials) == REPEAT_CAP * 5
+    assert any("the space may hold no other" in e for e in events)
+    assert status(study_view(tuning.study)).state == "stopped"  # 3 distinct flag sets of 5, though 10 trials ran

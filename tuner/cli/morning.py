@@ -209,6 +209,8 @@ def status_cmd(
     )
     if view.slos:
         con.print("SLOs: " + escape(", ".join(view.slos)))
+    if st.stopped:
+        con.print(f"[bold red]stopped:[/bold red] {escape(st.stopped)}")
     if st.budget:
         done = min(st.finished, st.budget)
         bar = "█" * round(30 * done / st.budget) + "░" * (30 - round(30 * done / st.budget))
@@ -398,6 +400,9 @@ def pareto_cmd(
             write_html(view, front, html)
     if png is not None:
         write_png(view, front, png)
+    if view.stopped and not front and not as_json:
+        # Not an empty front of 0 tok/s: the study measured nothing, and says why.
+        raise TunerError(f"study {view.name!r} stopped: {view.stopped}")
     _show_front(view, front, as_json=as_json, plot=plot, width=width, height=height, wide=wide)
     if not front:
         choose(front, "throughput", study=view.name)  # raises the one-line NoFeasibleTrial

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import time
@@ -18,7 +19,7 @@ from rich.table import Table
 
 from tuner.cli import app
 from tuner.config import Job, job_schema, load_job
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TunerError
 from tuner.feasibility import FeasibilityModel
 from tuner.record import MEASURED, TrialRecord
 from tuner.report.tables import flag_label
@@ -137,7 +138,7 @@ def _best_text(study: optuna.Study) -> str:
     return f"best feasible: #{best.number} {best.values[0]:.1f} tok/s"
 
 
-def dry_run(job: Job, url: str) -> None:
+def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     """Check the job, show the space, the baseline and what the feasibility filter predicts, launch nothing."""
     space = job.search_space()
     gpu = job.gpu_profile()
@@ -174,7 +175,26 @@ def dry_run(job: Job, url: str) -> None:
         reasons[key] = reasons.get(key, 0) + 1
         probe.tell(trial, state=TrialState.PRUNED)
     console.print(f"of {n} random flag sets: " + ", ".join(f"{v} {k}" for k, v in sorted(reasons.items())))
-    console.print("[green]job file is valid[/green]; nothing was launched")
+    console.print("[green]job file is valid[/green]" + ("" if launching else "; nothing was launched"))
+
+
+def preflight_check(job: Job) -> None:
+    """Start the baseline's server, send it the preflight's probe requests, stop it; record nothing."""
+    from tuner.launch.factory import build_launcher
+    from tuner.study.preflight import PreflightResult, check_workload
+
+    launcher = build_launcher(job)
+    flags = job.search_space().baseline()
+    console.print(f"preflight: starting the baseline's server ({job.target.launcher}) and probing it ...")
+
+    async def probe() -> PreflightResult:
+        async with launcher.start(flags, study=job.study.name) as server:
+            return await check_workload(server, job, flags)
+
+    result = asyncio.run(probe())  # a refusal raises WorkloadRejected: one line and exit 1, as `tuner tune` would
+    if not result.passed:
+        raise TunerError(f"preflight inconclusive: {result.note}")
+    console.print(f"[green]preflight passed[/green]: {result.note}; the server is stopped, nothing was recorded")
 
 
 @app.command(
@@ -195,6 +215,14 @@ def tune(
     dry_run_: Annotated[
         bool, typer.Option("--dry-run", help="check the job and show predictions; launch nothing")
     ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="the dry run, then start the baseline's server and send it a few requests of the workload (the "
+            "preflight every study runs first); record nothing. Run it before leaving a study overnight.",
+        ),
+    ] = False,
     log_file: Annotated[Path | None, typer.Option(help="also write a plain-text log here")] = None,
     n_trials: Annotated[int | None, typer.Option(help="override the job's budget.n_trials")] = None,
 ) -> None:
@@ -203,8 +231,10 @@ def tune(
     if n_trials is not None:
         job = job.model_copy(update={"budget": job.budget.model_copy(update={"n_trials": n_trials})})
     url = storage or job.storage_url()
-    if dry_run_:
-        dry_run(job, url)
+    if dry_run_ or check:
+        dry_run(job, url, launching=check)
+        if check:
+            preflight_check(job)
         return
     run(job, url, log_file)
 
@@ -238,7 +268,9 @@ def run(job: Job, url: str, log_file: Path | None = None) -> None:
         log(line)
 
     def count_done(study: optuna.Study) -> int:
-        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        # As the budget counts: a repeat of a flag set already tried is not a trial of the budget.
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        return sum(t.user_attrs.get("duplicate_of") is None for t in done)
 
     def on_start(number: int) -> None:
         r = state["run"]
@@ -261,12 +293,19 @@ def run(job: Job, url: str, log_file: Path | None = None) -> None:
             say(f"study {job.study.name!r} in {safe_url(url)}: {done}/{job.budget.n_trials} trials done")
             report = tuning.run()
         took = time.monotonic() - started
-        say(f"finished ({report.stopped_by}) after {took:.0f}s; {report.trials_run} trials run by this worker")
+        say(
+            f"finished ({report.stopped_by}) after {took:.0f}s; {report.trials_run} trials run by this worker; "
+            f"{report.distinct} distinct flag sets tried, {report.repeats} sampler repeats answered from their first "
+            "trial (not counted in the budget)"
+        )
         console.print(pareto_table(tuning.study))
         log(json.dumps([t.number for t in tuning.study.best_trials]))
     except KeyboardInterrupt:
         say("interrupted: the running trial is recorded as interrupted and will run again; the same command continues")
         raise typer.Exit(130) from None
+    except TunerError as e:
+        log(f"error: {e}")  # the log read in the morning says why the study stopped, as the terminal did
+        raise
     finally:
         tuning.close()
         log.close()

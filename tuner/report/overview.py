@@ -50,6 +50,7 @@ class StudyStatus:
     server_minutes: float = 0.0
     server_minutes_saved: float | None = None
     state: str = "empty"
+    stopped: str | None = None  # the server refused the workload: the run's message (StudyView.stopped)
 
     @property
     def skipped_total(self) -> int:
@@ -70,6 +71,7 @@ class StudyStatus:
             "skipped_total": self.skipped_total,
             "server_minutes": self.server_minutes,
             "server_minutes_saved": self.server_minutes_saved,
+            "stopped": self.stopped,
         }
 
 
@@ -82,8 +84,12 @@ def _state(view: StudyView) -> str:
         return "empty"
     if any(t.state == "RUNNING" for t in view.trials):
         return "running"
+    if view.stopped:
+        return "stopped"
     budget = view.budget
-    return "done" if budget is None or len(_finished(view)) >= budget else "stopped"
+    # As the run counts its budget: a sampler's repeat of a flag set already tried is not a trial of it.
+    distinct = [t for t in _finished(view) if t.duplicate_of is None]
+    return "done" if budget is None or len(distinct) >= budget else "stopped"
 
 
 def _best(view: StudyView) -> TrialView | None:
@@ -130,6 +136,7 @@ def status(view: StudyView) -> StudyStatus:
         server_minutes=sum(t.server_seconds for t in view.trials) / 60,
         server_minutes_saved=saved if skipped else 0.0,
         state=_state(view),
+        stopped=view.stopped,
     )
 
 

@@ -78,6 +78,7 @@ class TrialView:
             "crashed": "crashed",
             "skipped_infeasible": "skipped",
             "interrupted": "interrupted",
+            "workload_invalid": "workload refused",
         }.get(self.outcome or "", (self.outcome or self.state).lower())
         return f"{label}: {self.reason}" if self.reason else label
 
@@ -129,6 +130,14 @@ class StudyView:
             if slo is not None and slo.is_latency:
                 return slo.metric
         return "e2e_p95"
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the study's last run stopped before its budget when the server refused its workload (the run's
+        one-line message, "the workload is invalid for this server: ..."); None otherwise."""
+        stopped = self.attrs.get("stopped")
+        message = stopped.get("message") if isinstance(stopped, dict) else None
+        return str(message) if message else None
 
     def trial(self, number: int) -> TrialView | None:
         return next((t for t in self.trials if t.number == number), None)

@@ -21,6 +21,7 @@ from tuner.launch import Launcher
 from tuner.launch.failures import MODEL_NOT_FOUND
 from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED
 from tuner.study.measure import Measure, Measurement
+from tuner.study.preflight import Preflight
 from tuner.study.trial import TrialResult
 
 __all__ = ["FATAL_REASONS", "LOG_TAIL_LINES", "TRANSIENT_REASONS", "Attempt", "launch_and_measure"]
@@ -42,6 +43,7 @@ class Attempt:
     study_name: str
     number: int
     on_event: Callable[[str], None]
+    preflight: Preflight | None = None
 
 
 def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -105,6 +107,9 @@ async def _one_start(attempt: Attempt, flags: VllmFlags) -> tuple[Measurement, d
     async with attempt.launcher.start(flags, study=attempt.study_name, trial=attempt.number) as server:
         # The facts whole, as the launcher reports them: a field it learns to read flows through to the record.
         facts = server.facts.model_dump()
+        if attempt.preflight is not None:
+            # On this trial's own server, before its load: a workload the server refuses stops the study here.
+            await attempt.preflight.run(server, attempt.job, flags, attempt.number)
         measurement = await attempt.measure(server, attempt.job, flags)
         crash = server.failure()
         log_tail = tail(server.logs())

@@ -13,13 +13,22 @@ from tuner.feasibility import FeasibilityModel
 from tuner.flags import VllmFlags
 from tuner.launch import Launcher
 from tuner.load import RequestRecord
-from tuner.record import CRASHED, INTERRUPTED, LAUNCH_FAILED, MEASURED, SKIPPED_INFEASIBLE, TrialRecord
+from tuner.record import (
+    CRASHED,
+    INTERRUPTED,
+    LAUNCH_FAILED,
+    MEASURED,
+    SKIPPED_INFEASIBLE,
+    WORKLOAD_INVALID,
+    TrialRecord,
+)
 from tuner.scoring import Slo
 from tuner.space import SearchSpace
 from tuner.store import Store, flag_key
 from tuner.study.claims import Claims
 from tuner.study.launching import Attempt, launch_and_measure
 from tuner.study.measure import Measure, measure_load
+from tuner.study.preflight import Check, Preflight, WorkloadRejected, check_workload, workload_fault
 from tuner.study.trial import TrialLike, TrialResult
 from tuner.study.verdict import Scorer, Values
 
@@ -44,6 +53,7 @@ class Objective:
         feasibility: FeasibilityModel | None = None,
         on_event: Callable[[str], None] | None = None,
         poll_s: float = 1.0,
+        preflight: Check | None = None,
     ) -> None:
         self.job = job
         self.launcher = launcher
@@ -64,6 +74,10 @@ class Objective:
             self.slos, self.latency_metric, float(job.request_timeout), job.gpu_profile(), job.model_profile()
         )
         self.claims = Claims(store, self.study_name, self.on_event, poll_s)
+        # The real load is preceded by the real probes; a load of one's own (a test's fake) has no server to probe
+        # unless it brings its own check.
+        check = preflight or (check_workload if measure is measure_load else None)
+        self.preflight = Preflight(check, self.on_event) if check is not None else None
         self._local_observations: list[tuple[int, int]] = []
 
     def __call__(self, trial: TrialLike) -> Values:
@@ -89,6 +103,10 @@ class Objective:
         except KeyboardInterrupt:
             self._record_interrupted(trial, flags, baseline)
             raise
+        except WorkloadRejected as e:
+            self._record_rejected(trial, flags, baseline, e)
+            self.claims.release(trial, key)
+            raise
         except BaseException:
             self.claims.release(trial, key)
             raise
@@ -111,8 +129,16 @@ class Objective:
         if self.job.feasibility.enabled and not prediction.ok:
             self.on_event(f"trial {trial.number}: predicted not to start ({prediction.reason}); not launched")
             return TrialResult(SKIPPED_INFEASIBLE, flags, prediction.reason, prediction.message, prediction), known
-        attempt = Attempt(self.launcher, self.job, self.measure, self.study_name, trial.number, self.on_event)
-        return launch_and_measure(attempt, flags, prediction), known
+        attempt = Attempt(
+            self.launcher, self.job, self.measure, self.study_name, trial.number, self.on_event, self.preflight
+        )
+        result = launch_and_measure(attempt, flags, prediction)
+        loaded = result.measurement.result if result.measurement is not None else None
+        if result.outcome == MEASURED and loaded is not None:
+            fault = workload_fault(self.job, flags, loaded.records)
+            if fault is not None:
+                raise fault  # every request refused alike: nothing about these flags was measured
+        return result, known
 
     def _finish(self, trial: TrialLike, result: TrialResult, known: TrialRecord, key: str) -> Values:
         values, constraints = self.scorer.values_and_constraints(result)
@@ -158,6 +184,21 @@ class Objective:
         if self.store is not None and isinstance(trial, optuna.Trial):
             self.store.save_trial(
                 self.study_name, trial.number, flags=flags.as_dict(), baseline=baseline, outcome=INTERRUPTED
+            )
+
+    def _record_rejected(self, trial: TrialLike, flags: VllmFlags, baseline: bool, error: WorkloadRejected) -> None:
+        """The trial's record: no measurement, the server's refusal and what to change (the study stops on it)."""
+        message = str(error)[:1000]
+        _write(trial, {"outcome": WORKLOAD_INVALID, "reason": error.reason, "message": message, "feasible": False})
+        if self.store is not None and isinstance(trial, optuna.Trial):
+            self.store.save_trial(
+                self.study_name,
+                trial.number,
+                flags=flags.as_dict(),
+                baseline=baseline,
+                outcome=WORKLOAD_INVALID,
+                reason=error.reason,
+                message=message,
             )
 
     def _calibrate(self, trial: TrialLike) -> None:

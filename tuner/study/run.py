@@ -17,32 +17,59 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config import Job
 from tuner.errors import ConfigError, TunerError
 from tuner.launch import Launcher
-from tuner.record import INTERRUPTED, TrialRecord
+from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, TrialRecord
 from tuner.store import flag_key, open_store, safe_url
 from tuner.study.heartbeat import Heartbeat
 from tuner.study.measure import Measure, measure_load
 from tuner.study.objective import Objective
+from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler
 from tuner.study.storage import make_storage, study_attrs
 from tuner.study.verdict import DIRECTIONS
 
-__all__ = ["RunReport", "TuningRun", "feasible_front"]
+__all__ = ["REPEAT_CAP", "STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front"]
 
 _SCHEMA_LOCK = "\x00tuner-schema"
+STOPPED_ATTR = "stopped"
+"""The study's attribute while its last run stopped on a workload the server refuses: {"reason", "message",
+"trial"}; None again once a trial of a later run measures."""
+
+
+REPEAT_CAP = 2
+"""A run ends once the study's finished trials, repeats included, reach this many times its budget: a sampler that
+proposes only flag sets already tried (a small discrete space, every point of it seen) would otherwise never end."""
 
 
 @dataclass
 class RunReport:
     study: optuna.Study
     trials_run: int
-    stopped_by: str  # "budget", "timeout", "stopped", "grid done" (every grid point measured)
+    stopped_by: str  # "budget", "timeout", "stopped", "grid done" (every grid point measured), "repeats" (REPEAT_CAP)
+
+    @property
+    def distinct(self) -> int:
+        """Finished trials that tried a flag set of their own (the budget counts these)."""
+        return len(_finished(self.study, repeats=False))
+
+    @property
+    def repeats(self) -> int:
+        """Finished trials whose flag set an earlier trial had tried: answered from its result, not launched."""
+        return len(_finished(self.study)) - self.distinct
+
+
+def _finished(study: optuna.Study, *, repeats: bool = True) -> list[FrozenTrial]:
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return done if repeats else [t for t in done if t.user_attrs.get("duplicate_of") is None]
 
 
 class TuningRun:
     """Runs a job's study to its budget: creates or loads it, enqueues the baseline, one trial at a time.
 
-    The budget (`n_trials`) counts finished trials (COMPLETE/PRUNED) of the whole study, over every worker; the decision
-    to start one more and its creation happen under a lock shared by the workers, so the count is exact. A worker
+    The budget (`n_trials`) counts finished trials (COMPLETE/PRUNED) of the whole study, over every worker, that tried
+    a flag set of their own: a sampler's repeat of a flag set already tried is answered from that trial's result and
+    does not count (a trial is a new measurement; REPEAT_CAP bounds a sampler that only repeats). The decision to start
+    one more and its creation happen under a lock shared by the workers, so the count is exact (a running trial counts
+    until it turns out a repeat). A worker
     whose remaining budget is held by other workers' running trials waits for them (a dead one's trial is failed by
     the heartbeat, retried, and run by whoever is left).
     """
@@ -58,6 +85,7 @@ class TuningRun:
         on_trial_start: Callable[[int], None] | None = None,
         on_trial_end: Callable[[FrozenTrial], None] | None = None,
         poll_s: float = 1.0,
+        preflight: Check | None = None,
     ) -> None:
         self.job = job
         self.launcher = launcher
@@ -96,8 +124,10 @@ class TuningRun:
             measure=measure,
             on_event=on_event,
             poll_s=poll_s,
+            preflight=preflight,
         )
         self._stop = threading.Event()
+        self._only_repeats = False
 
     def close(self) -> None:
         self.store.close()
@@ -127,6 +157,7 @@ class TuningRun:
                 if attrs.get("n_trials") != self.job.budget.n_trials:
                     self.study.set_user_attr("n_trials", self.job.budget.n_trials)
                 self._retry_interrupted()
+                self._requeue_refused_baseline()
 
     def _retry_interrupted(self) -> None:
         trials = self.study.get_trials(deepcopy=False)
@@ -144,6 +175,21 @@ class TuningRun:
                     retry(self.study, t)
                     self.on_event(f"trial {t.number} was interrupted; it will be run again")
 
+    def _requeue_refused_baseline(self) -> None:
+        """A baseline whose server refused the workload measured nothing: the next run (the job fixed) runs it."""
+        trials = self.study.get_trials(deepcopy=False)
+        records = [(t, TrialRecord.from_attrs(t.user_attrs)) for t in trials]
+        if any(r.baseline and t.state != TrialState.FAIL for t, r in records):
+            return
+        refused = [t for t, r in records if r.baseline and r.outcome == WORKLOAD_INVALID]
+        if refused:
+            self.study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
+            self.on_event(f"trial {refused[-1].number}, the baseline, was refused by the server; it will run again")
+
+    def _stopped_on(self, trial: optuna.Trial, error: WorkloadRejected) -> None:
+        stopped = {"reason": WORKLOAD_INVALID, "message": str(error), "trial": trial.number}
+        self.study.set_user_attr(STOPPED_ATTR, stopped)
+
     def _next_trial(self) -> optuna.Trial | bool | None:
         """Under the lock: a new trial, None when the budget is spent, False when others hold the rest of it."""
         with self.store.exclusive(self.job.study.name):
@@ -151,9 +197,17 @@ class TuningRun:
                 warnings.simplefilter("ignore", ExperimentalWarning)
                 fail_stale_trials(self.study)
             trials = self.study.get_trials(deepcopy=False)
-            done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+            finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+            done = sum(t.user_attrs.get("duplicate_of") is None for t in finished)
             running = sum(t.state == TrialState.RUNNING for t in trials)
             if done >= self.job.budget.n_trials:
+                return None
+            if len(finished) >= REPEAT_CAP * self.job.budget.n_trials:
+                self._only_repeats = True
+                self.on_event(
+                    f"the sampler proposed flag sets already tried {len(finished) - done} times ({REPEAT_CAP}x the "
+                    f"budget in all): the space may hold no other; stopping at {done} distinct flag sets"
+                )
                 return None
             if done + running >= self.job.budget.n_trials:
                 return False
@@ -174,7 +228,7 @@ class TuningRun:
                 return RunReport(self.study, ran, "timeout")
             trial = self._next_trial()
             if trial is None:
-                return RunReport(self.study, ran, "budget")
+                return RunReport(self.study, ran, "repeats" if self._only_repeats else "budget")
             if trial is False:
                 if not waiting_said:
                     self.on_event("the rest of the budget is running on other workers (or a dead one); waiting")
@@ -188,11 +242,16 @@ class TuningRun:
                 try:
                     values = self.objective(trial)
                 except BaseException as e:
+                    # A refused workload is FAIL too: it says nothing about the flags, and spends no budget.
                     self.study.tell(trial, state=TrialState.FAIL)
+                    if isinstance(e, WorkloadRejected):
+                        self._stopped_on(trial, e)
                     if not isinstance(e, KeyboardInterrupt | TunerError):
                         self.on_event(f"trial {trial.number} failed in the tuner itself: {type(e).__name__}: {e}")
                     raise
             self.study.tell(trial, list(values))
+            if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
+                self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
             ran += 1
             self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
             if getattr(self.study.sampler, "exhausted", False):

@@ -1,0 +1,150 @@
+"""A study that cannot measure stops at once, on real vLLM (the CPU build, the tiny model), as a user runs it.
+
+Three jobs the server refuses whatever the flags, each stopped in the baseline's server start with one message, a
+non-zero exit and no measurement recorded:
+
+- a chat workload for a model without a chat template (vLLM answers 400 "... you must provide a chat template ...");
+  the load asks for the name the server serves (read from /v1/models), so the realistic "wrong model" is the next:
+- an API key in the server's environment (`VLLM_API_KEY`, passed by name): vLLM answers 401 to every /v1 request;
+- prompt + output longer than a fixed max_model_len: vLLM 0.32 shortens the output and answers 200.
+
+And the same job fixed runs normally, the preflight in its first trial's server: one start per trial.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.real.conftest import START_LIMIT_S, vllm_env
+
+pytestmark = pytest.mark.real_vllm
+
+
+def _job(vllm_python: Path, model: Path, name: str, **changes: Any) -> dict[str, Any]:
+    process: dict[str, Any] = {
+        "command": [
+            str(vllm_python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "{model}",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+        ],
+        "extra_args": ["--enforce-eager"],
+        "env": ["VLLM_CPU_KVCACHE_SPACE"],
+        "options": {"served_model_name": "tiny"},
+    }
+    doc: dict[str, Any] = {
+        "study": {"name": name},
+        "target": {
+            "launcher": "process",
+            "model": str(model),
+            "gpu": "cpu",
+            "startup_timeout": f"{START_LIMIT_S:.0f}s",
+            "process": process,
+        },
+        "space": {"max_model_len": 1024, "max_num_seqs": {"choices": [4, 8]}},
+        "workload": {"input_len": 64, "output_len": 16, "seed": 3},
+        "arrival": {"concurrency": 2, "requests": 4},
+        "slos": ["e2e_p95 <= 120s", "success_rate >= 0.99"],
+        "request_timeout": "120s",
+        "budget": {"n_trials": 2},
+        "sampler": {"name": "random", "seed": 0},
+    }
+    doc.update(changes)
+    return doc
+
+
+def _tune(doc: dict[str, Any], folder: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    job = folder / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    run = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(job), "--log-file", str(folder / "tune.log")],
+        cwd=folder,
+        env={**vllm_env(), "COLUMNS": "400", **env},
+        capture_output=True,
+        text=True,
+        timeout=3600,  # a bound on a hung run, not an assertion on speed
+    )
+    return run, job
+
+
+def _trials(job: Path) -> list[dict[str, Any]]:
+    run = subprocess.run(
+        [sys.executable, "-m", "tuner", "trials", "--job", str(job), "--json"],
+        cwd=job.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    return list(doc["trials"] if isinstance(doc, dict) else doc)
+
+
+def _stopped_in_the_first_start(run: subprocess.CompletedProcess[str], job: Path, *said: str) -> str:
+    """The run's one message; asserts the stop: non-zero, no traceback, one trial (the baseline), nothing measured."""
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out[-3000:]
+    assert "Traceback" not in out
+    error = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert "the workload is invalid for this server" in error, out[-3000:]
+    for text in said:
+        assert text in error, error
+    (trial,) = _trials(job)  # one server start: the baseline's
+    assert trial["baseline"] and trial["outcome"] == "workload_invalid" and trial["throughput"] is None, trial
+    return error
+
+
+def test_a_chat_workload_for_a_model_without_a_chat_template_stops_the_study(
+    vllm_python: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    base_model = tmp_path / "tiny-base"
+    shutil.copytree(tiny_model, base_model, ignore=shutil.ignore_patterns("chat_template.jinja"))
+    doc = _job(vllm_python, base_model, "no-template", workload={"input_len": 64, "output_len": 16, "api": "chat"})
+    run, job = _tune(doc, tmp_path)
+    said = ("POST /v1/chat/completions", "HTTP 400", "chat template", "workload.api: completions")
+    _stopped_in_the_first_start(run, job, *said)
+
+
+def test_an_api_key_the_server_wants_stops_the_study(vllm_python: Path, tiny_model: Path, tmp_path: Path) -> None:
+    doc = _job(vllm_python, tiny_model, "api-key")
+    doc["target"]["process"]["env"] = ["VLLM_CPU_KVCACHE_SPACE", "VLLM_API_KEY"]
+    run, job = _tune(doc, tmp_path, VLLM_API_KEY="sk-preflight-test")
+    _stopped_in_the_first_start(run, job, "HTTP 401", "VLLM_API_KEY")
+    assert "sk-preflight-test" not in run.stdout + run.stderr
+
+
+def test_an_output_the_server_shortens_stops_the_study(vllm_python: Path, tiny_model: Path, tmp_path: Path) -> None:
+    # 200 + 100 tokens under max_model_len 256: vLLM 0.32 answers 200 with 56 output tokens.
+    doc = _job(vllm_python, tiny_model, "shortened", workload={"input_len": 200, "output_len": 100, "seed": 3})
+    doc["space"]["max_model_len"] = 256
+    run, job = _tune(doc, tmp_path)
+    _stopped_in_the_first_start(run, job, "asked 100 output tokens, got 56", "space.max_model_len at least 300")
+
+
+def test_the_jobs_fixed_run_with_the_preflight_in_the_first_trials_server(
+    vllm_python: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    # The two refused jobs above, fixed: a model with a chat template, and max_model_len room for 200 + 100 tokens.
+    workload = {"input_len": 200, "output_len": 100, "api": "chat", "seed": 3}
+    doc = _job(vllm_python, tiny_model, "fixed", workload=workload, budget={"n_trials": 1})
+    doc["space"]["max_model_len"] = 512
+    run, job = _tune(doc, tmp_path)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    log = (tmp_path / "tune.log").read_text()
+    assert "trial 0: preflight passed: 3 probe requests answered, prompt and output lengths as meant" in log, log
+    (trial,) = _trials(job)
+    assert trial["outcome"] == "measured" and trial["success_rate"] == 1.0, trial
+    assert "retrying" not in log  # the preflight used the trial's own server: one start
