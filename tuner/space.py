@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, Protocol
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PlainValidator, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PlainValidator, Tag, WithJsonSchema, model_validator
 
 from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
@@ -54,7 +54,12 @@ Bound = Annotated[
         _one_of((int, float, str), "a number (or a length such as 8k)"), json_schema_input_type=int | float | str
     ),
 ]
-Step = Annotated[int | float, PlainValidator(_one_of((int, float), "a number > 0"), json_schema_input_type=int | float)]
+# The schema says > 0 by hand: pydantic cannot attach `gt` to a plain validator's schema (Range checks it).
+Step = Annotated[
+    int | float,
+    PlainValidator(_one_of((int, float), "a number > 0")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0}),
+]
 
 INT_FLAGS = ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "tensor_parallel_size", "block_size")
 FLOAT_FLAGS = ("gpu_memory_utilization",)
@@ -76,7 +81,7 @@ class Range(BaseModel):
 
     low: Bound
     high: Bound
-    step: Step | None = Field(default=None, gt=0)
+    step: Step | None = None
     log: bool = False
 
     @model_validator(mode="after")
