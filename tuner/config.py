@@ -604,8 +604,12 @@ def _decode(p: Path, raw: bytes) -> str:
         ) from None
 
 
-def _duplicates(node: Any, path: tuple[int | str, ...] = ()) -> Iterator[str]:
+def _duplicates(node: Any, path: tuple[int | str, ...] = (), walked: set[int] | None = None) -> Iterator[str]:
     """`path: duplicate key` for every key given twice in one mapping: YAML would keep the last without a word."""
+    walked = set() if walked is None else walked
+    if id(node) in walked:
+        return  # an alias of a node already walked (or of its own parent: `&a [*a]` would never end)
+    walked.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}
         for key, value in node.value:
@@ -616,10 +620,10 @@ def _duplicates(node: Any, path: tuple[int | str, ...] = ()) -> Iterator[str]:
                     f"{seen[name]}); give each key once"
                 )
             seen.setdefault(name, key.start_mark.line + 1)
-            yield from _duplicates(value, (*path, name))
+            yield from _duplicates(value, (*path, name), walked)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            yield from _duplicates(item, (*path, i))
+            yield from _duplicates(item, (*path, i), walked)
 
 
 def _read_yaml(p: Path, text: str) -> Any:

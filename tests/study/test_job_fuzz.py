@@ -105,6 +105,7 @@ CASES = [
     Case("tab indent", DEMO, text("  name: emulator-demo", "\tname: emulator-demo"), ("not valid YAML",)),
     Case("two documents", DEMO, raw(lambda s: (s + "\n---\nstudy: {name: x}\n").encode()), ("not valid YAML",)),
     Case("nul byte", DEMO, raw(lambda s: s.replace("demo", "de\0mo").encode()), ("not valid YAML",)),
+    Case("recursive alias", DEMO, text("slos: [", "extra: &a [*a]\nslos: ["), ("extra: unknown field",)),
     Case("a list", DEMO, raw(lambda s: b"- study\n- target\n"), ("a job file is a mapping",)),
     Case("empty file", DEMO, raw(lambda s: b""), ("a job file is a mapping",)),
     # types and ranges
