@@ -424,9 +424,9 @@ def _allowed_keys(loc: tuple[int | str, ...]) -> list[str] | None:
 
 
 def did_you_mean(name: str, known: Any) -> str:
-    """` (did you mean X?)` when a known name is close to `name`, else nothing."""
+    """`; did you mean X?` when a known name is close to `name`, else nothing."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _message(err: Any) -> str:
@@ -434,7 +434,7 @@ def _message(err: Any) -> str:
     if err["type"] == "extra_forbidden":
         allowed = _allowed_keys(loc) or []
         listed = f"; allowed: {', '.join(allowed)}" if allowed else ""
-        return "unknown field" + did_you_mean(str(loc[-1]), allowed) + listed
+        return "unknown field" + listed + did_you_mean(str(loc[-1]), allowed)
     if err["type"] == "missing":
         return "required field is missing"
     if err["type"] == "too_short" and loc and loc[-1] == "choices":
