@@ -560,6 +560,10 @@ def _check(job: Job) -> list[str]:
         job.model_profile()
     except ConfigError as e:
         return [f"target.model: {e}"]
+    try:
+        job.workload.max_request_tokens()  # reads a dataset: a missing or broken one is the workload's problem
+    except ConfigError as e:
+        return [f"workload.dataset: {e}"]
     problems = list(_flag_problems(job))
     try:
         space = job.search_space()

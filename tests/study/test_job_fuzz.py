@@ -141,6 +141,7 @@ CASES = [
         edit(("workload.input_len", {"dist": "uniform", "low": 900, "high": 100})),
         ("workload.input_len: uniform length: high (100) must be >= low (900)",),
     ),
+    Case("dataset missing", DEMO, edit(("workload.dataset", "nope.jsonl")), ("nope.jsonl: cannot read it",)),
     Case("prefix negative", DEMO, edit(("workload.prefix_len", -1)), ("workload.prefix_len:",)),
     Case("api grpc", DEMO, edit(("workload.api", "grpc")), ("workload.api: Input should be 'completions' or 'chat'",)),
     Case("slo unit", DEMO, edit(("slos", ["e2e_p95 <= 20 parsecs"])), ("slos[0]: SLO 'e2e_p95 <= 20 parsecs'",)),
