@@ -14,11 +14,13 @@ name the file, the field path and what is allowed, never a traceback.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, cast, get_args
+from typing import Annotated, Any, Literal, TypeVar, Union, cast, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -37,8 +39,11 @@ from tuner.catalog.gpus import GpuProfile, resolve_gpu
 from tuner.catalog.models import ModelProfile
 from tuner.errors import ConfigError
 from tuner.load import Arrival, Workload
+from tuner.load.workload import FixedLength, LengthDist, UniformLength
 from tuner.scoring import Slo, parse_slo
-from tuner.space import ParamSpec, SearchSpace
+from tuner.space import KNOWN_FLAGS, Choices, ParamSpec, Range, SearchSpace
+from tuner.vllm_args import vllm_args
+from tuner.vllm_pin import PINNED_VLLM
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
 _UNIT_SECONDS = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -213,6 +218,17 @@ class FeasibilitySection(_Model):
     margin: float = Field(default=0.03, ge=0, le=1, description="launch flag sets predicted short by less than this")
 
 
+# A length of at least one token: `Workload` itself takes any integer and fails on a zero only deep in a trial.
+PositiveLength = Annotated[int, Field(ge=1, description="tokens")]
+
+
+class WorkloadSection(Workload):
+    """The workload as a job file gives it, with the lengths' bounds in the schema."""
+
+    input_len: PositiveLength | LengthDist = 512
+    output_len: PositiveLength | LengthDist = 128
+
+
 class Job(_Model):
     """A tuning job: what to tune, on what, under which load and SLOs, with which budget."""
 
@@ -221,7 +237,7 @@ class Job(_Model):
     space: dict[str, ParamSpec] = Field(
         description="per vLLM flag: {low, high, step?, log?}, {choices: [...]}, a value"
     )
-    workload: Workload = Field(default_factory=Workload)
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
     arrival: Arrival
     slos: list[Annotated[str, AfterValidator(_check_slo)]] = Field(
         default_factory=lambda: ["e2e_p95 <= 10s", "success_rate >= 0.99"]
@@ -325,85 +341,318 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def _allowed_keys(loc: tuple[int | str, ...]) -> list[str] | None:
-    """The field names allowed where an unknown key was found, by walking the models along the path."""
-    model: Any = Job
-    for part in loc[:-1]:
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return None
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return None
-        model = field.annotation
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        return [k for k in model.model_fields if k != "source"]
+def _user_path(loc: tuple[int | str, ...], data: Any, missing: bool) -> tuple[int | str, ...]:
+    """The part of pydantic's error location that is in the job file: the keys and indexes found in `data`.
+
+    The rest are union members and tags (`int`, `range`, `tagged-union[...]`), which say nothing to a user and
+    would split one mistake into several lines."""
+    path: list[int | str] = []
+    node = data
+    for i, part in enumerate(loc):
+        in_file = isinstance(node, dict) and part in node
+        in_file = in_file or (isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node))
+        if in_file:
+            node = node[part]
+        elif not (missing and i == len(loc) - 1):
+            continue
+        path.append(part)
+    return tuple(path)
+
+
+def _unwrap(tp: Any) -> Any:
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    return tp
+
+
+def _members(tp: Any) -> list[Any]:
+    """A union's members, nested unions (a discriminated LengthDist inside `int | LengthDist`) flattened."""
+    out: list[Any] = []
+    for m in get_args(tp):
+        if get_origin(_unwrap(m)) in (Union, types.UnionType):
+            out += _members(_unwrap(m))
+        elif m is not type(None):
+            out.append(m)
+    return out
+
+
+def _member_matches(member: Any, part: int | str) -> bool:
+    if get_origin(member) is Annotated and any(getattr(m, "tag", None) == part for m in get_args(member)[1:]):
+        return True
+    inner = _unwrap(member)
+    if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+        return False
+    return inner.__name__ == part or any(f.default == part for f in inner.model_fields.values())
+
+
+def _descend(tp: Any, part: int | str) -> Any:
+    """The type found at `part` of pydantic's location inside `tp` (a model, dict, list or union)."""
+    tp = _unwrap(tp)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        field = tp.model_fields.get(str(part))
+        return None if field is None else field.annotation
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is dict:
+        return args[1]
+    if origin is list:
+        return args[0]
+    if origin in (Union, types.UnionType):
+        members = _members(tp)
+        matched = [m for m in members if _member_matches(m, part)]
+        if matched:
+            return matched[0]
+        # Not a member's name: a field of the union's only model, or pydantic's name of an inner union.
+        models = [m for m in members if isinstance(_unwrap(m), type) and issubclass(_unwrap(m), BaseModel)]
+        return _descend(models[0], part) if len(models) == 1 and str(part) in _unwrap(models[0]).model_fields else tp
     return None
 
 
-def format_validation_error(e: ValidationError, where: str) -> str:
-    lines = []
+def _allowed_keys(loc: tuple[int | str, ...]) -> list[str] | None:
+    """The field names allowed where an unknown key was found, by walking the models along the path."""
+    tp: Any = Job
+    for part in loc[:-1]:
+        tp = _descend(tp, part)
+        if tp is None:
+            return None
+    tp = _unwrap(tp)
+    if get_origin(tp) in (Union, types.UnionType):
+        models = [_unwrap(m) for m in _members(tp) if isinstance(_unwrap(m), type)]
+        tp = next((m for m in models if issubclass(m, BaseModel)), None)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [k for k in tp.model_fields if k != "source"]
+    return None
+
+
+def did_you_mean(name: str, known: Any) -> str:
+    """`; did you mean X?` when a known name is close to `name`, else nothing."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _message(err: Any) -> str:
+    loc = tuple(err["loc"])
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(loc) or []
+        listed = f"; allowed: {', '.join(allowed)}" if allowed else ""
+        return "unknown field" + listed + did_you_mean(str(loc[-1]), allowed)
+    if err["type"] == "missing":
+        return "required field is missing"
+    if err["type"] == "too_short" and loc and loc[-1] == "choices":
+        return "choices must list at least one value"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+def _is_type_error(err: Any) -> bool:
+    return str(err["type"]).endswith(("_type", "_parsing")) or "union" in str(err["type"])
+
+
+def _prune(groups: dict[tuple[int | str, ...], list[Any]]) -> None:
+    """Drop what a union's other member explains better: `not an integer` beside the errors of the mapping given
+    instead, and `high: missing` beside `hgih: unknown field` (the same typo, said once)."""
+    for path in list(groups):
+        deeper = any(p[: len(path)] == path and p != path for p in groups)
+        if deeper and all(_is_type_error(x) for x in groups[path]):
+            del groups[path]
+    unknown = {p for p, errs in groups.items() if any(x["type"] == "extra_forbidden" for x in errs)}
+    for path in list(groups):
+        if path and all(x["type"] == "missing" for x in groups[path]):
+            typos = [
+                u for u in unknown if u[:-1] == path[:-1] and difflib.get_close_matches(str(u[-1]), [str(path[-1])])
+            ]
+            if typos:
+                del groups[path]
+
+
+def format_validation_error(e: ValidationError, where: str, data: Any = None) -> str:
+    """One line per mistake: pydantic's errors grouped by the path in the file, unions' members merged."""
+    groups: dict[tuple[int | str, ...], list[Any]] = {}
     for err in e.errors(include_url=False):
         loc = tuple(err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            allowed = _allowed_keys(loc)
-            msg = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        lines.append(f"{where}: {_loc(loc)}: {msg}")
+        path = _user_path(loc, data, err["type"] == "missing") if data is not None else loc
+        groups.setdefault(path, []).append(err)
+    _prune(groups)
+    lines = []
+    for path, errs in groups.items():
+        # Of a union's errors, one that is not "wrong type" says what is wrong with the value given (0 < 1).
+        specific = [x for x in errs if not _is_type_error(x)]
+        chosen = specific or errs
+        msgs = list(dict.fromkeys(_message(x) for x in chosen))
+        if len(msgs) > 1 and not specific:
+            kinds = " or ".join(m.lower().removeprefix("input should be ") for m in msgs)
+            msgs = [f"{chosen[0]['input']!r} is not allowed; expected {kinds}"]
+        lines.append(f"{where}: {_loc(path)}: {'; '.join(msgs)}")
     return "\n".join(lines)
 
 
+def _flag_problems(job: Job) -> Iterator[str]:
+    """Space keys that are not arguments of the vLLM that runs, and switches given values (or the reverse)."""
+    known = vllm_args()
+    for name, spec in job.space.items():
+        arg = known.get(name)
+        if arg is None:
+            dashed = "--" + name.replace("_", "-")
+            yield (
+                f"space.{name}: not an argument of vLLM {PINNED_VLLM}{did_you_mean(name, known)} (a flag it does "
+                f"not list goes in target.{job.target.launcher}.extra_args, e.g. [{dashed}, VALUE])"
+            )
+            continue
+        if name in KNOWN_FLAGS:
+            continue  # the space checks their values itself, with what each allows
+        values = (
+            spec.choices if isinstance(spec, Choices) else [spec.low, spec.high] if isinstance(spec, Range) else [spec]
+        )
+        switch = arg.kind in ("switch", "switch_on")
+        if switch and (isinstance(spec, Range) or not all(isinstance(v, bool) for v in values)):
+            yield f"space.{name}: --{name.replace('_', '-')} is a switch; give true, false or choices: [true, false]"
+        elif arg.kind == "switch_on" and False in values:
+            yield f"space.{name}: vLLM {PINNED_VLLM} has no --no-{name.replace('_', '-')}; leave the flag out for false"
+        elif not switch and any(isinstance(v, bool) for v in values):
+            yield f"space.{name}: --{name.replace('_', '-')} takes a value, not true/false"
+
+
+def _lower(length: int | LengthDist) -> int:
+    if isinstance(length, int):
+        return length
+    if isinstance(length, FixedLength):
+        return length.value
+    return length.low if isinstance(length, UniformLength) else length.min
+
+
+def _largest_model_len(space: SearchSpace) -> tuple[int, str] | None:
+    """The longest max_model_len any trial gets, and how the job gives it (None when left to vLLM)."""
+    fixed = space.fixed.get("max_model_len")
+    if isinstance(fixed, int):
+        return fixed, f"max_model_len {fixed}"
+    dist = space.distributions.get("max_model_len")
+    if dist is None:
+        return None
+    values = [int(c) for c in getattr(dist, "choices", ()) if isinstance(c, int | float)]
+    high = max(values) if values else int(getattr(dist, "high", 0))
+    return high, f"every max_model_len of the space (the largest is {high})"
+
+
+def _length_problems(job: Job, space: SearchSpace) -> Iterator[str]:
+    """A max_model_len that no request of the workload fits in: every trial fails every request."""
+    w = job.workload
+    largest = _largest_model_len(space)
+    if w.dataset is not None or largest is None:
+        return  # a dataset's lengths are estimated, and vLLM's own default is the model's limit (checked there)
+    shortest = max(_lower(w.input_len), w.prefix_len + 1) + _lower(w.output_len)
+    limit, said = largest
+    if shortest <= limit:
+        return
+    slo = next((s for s in job.slos if parse_slo(s).metric == "success_rate"), None)
+    verdict = f"no trial can meet {slo!r}" if slo else "no request can succeed"
+    yield (
+        f"space.max_model_len: {said} is shorter than every request of the workload (at least {shortest} tokens: "
+        f"input_len + output_len): vLLM refuses or cuts them all and {verdict}; raise max_model_len to at least "
+        f"{w.max_request_tokens()} or shorten workload.input_len/output_len"
+    )
+
+
+def _check(job: Job) -> list[str]:
+    """Everything pydantic cannot see alone: the catalog, the space against the model, vLLM and the workload."""
+    try:
+        job.gpu_profile()
+    except ConfigError as e:
+        return [f"target.gpu: {e}"]
+    try:
+        job.model_profile()
+    except ConfigError as e:
+        return [f"target.model: {e}"]
+    try:
+        job.workload.max_request_tokens()  # reads a dataset: a missing or broken one is the workload's problem
+    except ConfigError as e:
+        return [f"workload.dataset: {e}"]
+    problems = list(_flag_problems(job))
+    try:
+        space = job.search_space()
+    except ConfigError as e:
+        return [*problems, *str(e).splitlines()]
+    problems += _length_problems(job, space)
+    if job.sampler.name == "grid" and not problems:
+        try:
+            space.grid()
+        except ConfigError as e:
+            problems.append(str(e))
+    return problems
+
+
 def parse_job(data: Any, *, where: str = "job", source: Path | None = None) -> Job:
-    """A Job from already-parsed YAML/JSON; ConfigError naming `where`, the field path and what is allowed."""
+    """A Job from already-parsed YAML/JSON; ConfigError naming `where`, the field path and what is allowed, one
+    line per problem."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: a job file is a mapping with study, target, space, arrival, ...")
     try:
         job = Job.model_validate({**data, "source": source})
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, where)) from None
+        raise ConfigError(format_validation_error(e, where, data)) from None
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
-    # Things that need the catalog: a GPU, a model, a space that fits them.
-    try:
-        job.gpu_profile()
-    except ConfigError as e:
-        raise ConfigError(f"{where}: target.gpu: {e}") from None
-    try:
-        job.model_profile()
-    except ConfigError as e:
-        raise ConfigError(f"{where}: target.model: {e}") from None
     if job.workload.dataset is not None and source is not None and not job.workload.dataset.is_absolute():
         dataset = source.parent / job.workload.dataset
         job = job.model_copy(update={"workload": job.workload.model_copy(update={"dataset": dataset})})
-    try:
-        job.search_space()
-    except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
-    if job.sampler.name == "grid":
-        try:
-            job.search_space().grid()
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from None
+    problems = _check(job)
+    if problems:
+        raise ConfigError("\n".join(f"{where}: {line}" for line in problems))
     return job
+
+
+def _decode(p: Path, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{p}: line {line}: byte 0x{raw[e.start]:02x} is not UTF-8; save the job file as UTF-8"
+        ) from None
+
+
+def _duplicates(node: Any, path: tuple[int | str, ...] = (), walked: set[int] | None = None) -> Iterator[str]:
+    """`path: duplicate key` for every key given twice in one mapping: YAML would keep the last without a word."""
+    walked = set() if walked is None else walked
+    if id(node) in walked:
+        return  # an alias of a node already walked (or of its own parent: `&a [*a]` would never end)
+    walked.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else str(key.value)
+            if name in seen and name != "<<":
+                yield (
+                    f"{_loc((*path, name))}: duplicate key at line {key.start_mark.line + 1} (first at line "
+                    f"{seen[name]}); give each key once"
+                )
+            seen.setdefault(name, key.start_mark.line + 1)
+            yield from _duplicates(value, (*path, name), walked)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _duplicates(item, (*path, i), walked)
+
+
+def _read_yaml(p: Path, text: str) -> Any:
+    try:
+        duplicates = list(_duplicates(yaml.compose(text, Loader=yaml.SafeLoader)))
+        if duplicates:
+            raise ConfigError("\n".join(f"{p}: {line}" for line in duplicates))
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).replace("\n", " ")
+        raise ConfigError(f"{p}: not valid YAML{at}: {problem}") from None
 
 
 def load_job(path: str | Path) -> Job:
     """Read and validate a job file (YAML or JSON)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = p.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"job file {p}: no such file") from None
     except OSError as e:
         raise ConfigError(f"job file {p}: cannot read it ({e.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"{p}: not valid YAML{at}: {problem}") from None
+    data = _read_yaml(p, _decode(p, raw))
     return parse_job(data, where=str(p), source=p.resolve())
 
 
@@ -420,6 +669,8 @@ __all__ = [
     "SamplerSection",
     "StudySection",
     "TargetSection",
+    "WorkloadSection",
+    "did_you_mean",
     "format_validation_error",
     "job_schema",
     "load_job",

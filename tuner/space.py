@@ -14,14 +14,15 @@ Two proposals that repair to the same flags are the same flag set: the study lau
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PlainValidator, Tag, WithJsonSchema, model_validator
 
 from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
@@ -29,6 +30,36 @@ from tuner.errors import ConfigError
 from tuner.flags import BLOCK_SIZES, KV_CACHE_DTYPES, VllmFlags, default_flags, parse_model_len, resolve
 
 Scalar = bool | int | float | str
+
+
+def _one_of(kinds: tuple[type, ...], allowed: str) -> Any:
+    """A plain check for a union of plain types: one error line ("... is not allowed; use ...") instead of one
+    per member of the union, which is what pydantic reports for `bool | int | float | str`."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, kinds):
+            return value
+        raise ValueError(f"{value!r} is not allowed; use {allowed}")
+
+    return check
+
+
+ScalarValue = Annotated[
+    Scalar,
+    PlainValidator(_one_of((bool, int, float, str), "a string, number or true/false"), json_schema_input_type=Scalar),
+]
+Bound = Annotated[
+    int | float | str,
+    PlainValidator(
+        _one_of((int, float, str), "a number (or a length such as 8k)"), json_schema_input_type=int | float | str
+    ),
+]
+# The schema says > 0 by hand: pydantic cannot attach `gt` to a plain validator's schema (Range checks it).
+Step = Annotated[
+    int | float,
+    PlainValidator(_one_of((int, float), "a number > 0")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0}),
+]
 
 INT_FLAGS = ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "tensor_parallel_size", "block_size")
 FLOAT_FLAGS = ("gpu_memory_utilization",)
@@ -48,16 +79,16 @@ class Range(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    low: int | float | str
-    high: int | float | str
-    step: int | float | None = None
+    low: Bound
+    high: Bound
+    step: Step | None = None
     log: bool = False
 
     @model_validator(mode="after")
     def _step_or_log(self) -> Range:
         if self.step is not None and self.log:
             raise ValueError("a range takes `step` or `log: true`, not both")
-        if self.step is not None and not self.step > 0:
+        if isinstance(self.step, bool) or (self.step is not None and not self.step > 0):
             raise ValueError(f"step must be > 0, got {self.step}")
         return self
 
@@ -67,17 +98,39 @@ class Choices(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    choices: list[Scalar]
-
-    @model_validator(mode="after")
-    def _not_empty(self) -> Choices:
-        if not self.choices:
-            raise ValueError("choices must list at least one value")
-        return self
+    choices: list[ScalarValue] = Field(min_length=1)
 
 
-ParamSpec = Range | Choices | Scalar
+def _spec_kind(value: Any) -> str:
+    """Which form a flag's value takes, told by its keys, so a mistake is reported against that form only."""
+    if isinstance(value, Range | Choices):
+        return "range" if isinstance(value, Range) else "choices"
+    if not isinstance(value, dict):
+        return "value"
+    if "choices" in value:
+        return "choices"
+    return "range" if "low" in value or "high" in value else "form"
+
+
+def _no_form(value: Any) -> Any:
+    keys = ", ".join(map(str, value)) or "none"
+    hints = {h for k in value for h in difflib.get_close_matches(str(k), ("low", "high", "step", "log", "choices"), 1)}
+    hint = f" (did you mean {', '.join(sorted(hints))}?)" if hints else ""
+    raise ValueError(
+        f"a flag takes {{low, high, step?, log?}}, {{choices: [...]}} or one value; this mapping has keys {keys}{hint}"
+    )
+
+
+ParamSpec = Annotated[
+    Annotated[Range, Tag("range")]
+    | Annotated[Choices, Tag("choices")]
+    | Annotated[ScalarValue, Tag("value")]
+    | Annotated[dict[str, Any], PlainValidator(_no_form), Tag("form")],
+    Discriminator(_spec_kind),
+]
 """What a job file gives for one flag: a range, choices, or a fixed value."""
+# The tags above appear in pydantic's error locations; the job's error messages leave them out of the field path.
+PARAM_SPEC_TAGS = ("range", "choices", "value", "form")
 
 
 class _Trial(Protocol):
@@ -127,21 +180,16 @@ class SearchSpace:
         distributions: dict[str, BaseDistribution] = {}
         fixed: dict[str, Scalar] = {}
         notes: list[str] = []
+        problems: list[str] = []
         for name in sorted(spec, key=lambda n: (_ORDER.get(n, len(_ORDER)), n)):
             path = f"{where}.{name}"
-            if name not in KNOWN_FLAGS and not _EXTRA_NAME.match(name):
-                raise ConfigError(f"{path}: not a vLLM flag name; write it with underscores, e.g. swap_space")
-            value = spec[name]
-            if isinstance(value, Range):
-                distributions[name] = _range_distribution(name, value, path, model, notes)
-            elif isinstance(value, Choices):
-                choices = [_check_value(name, v, path, model) for v in value.choices]
-                if len(choices) == 1:
-                    fixed[name] = choices[0]
-                else:
-                    distributions[name] = CategoricalDistribution(choices)
-            else:
-                fixed[name] = _check_value(name, value, path, model)
+            # Every flag is checked, so a file with three mistakes says all three at once, one line each.
+            try:
+                _compile_one(name, spec[name], path, model, distributions, fixed, notes)
+            except ConfigError as e:
+                problems.append(str(e))
+        if problems:
+            raise ConfigError("\n".join(problems))
         if not distributions:
             raise ConfigError(f"{where}: nothing to tune; give at least one flag a range or choices")
         space = cls(distributions, fixed, gpu, model, longest_request, ())
@@ -252,6 +300,29 @@ class SearchSpace:
                 f"({self.longest_request} tokens); trials with them will see HTTP 400 for the longer requests"
             ]
         return []
+
+
+def _compile_one(
+    name: str,
+    value: ParamSpec,
+    path: str,
+    model: ModelProfile,
+    distributions: dict[str, BaseDistribution],
+    fixed: dict[str, Scalar],
+    notes: list[str],
+) -> None:
+    if name not in KNOWN_FLAGS and not _EXTRA_NAME.match(name):
+        raise ConfigError(f"{path}: not a vLLM flag name; write it with underscores, e.g. max_num_seqs")
+    if isinstance(value, Range):
+        distributions[name] = _range_distribution(name, value, path, model, notes)
+    elif isinstance(value, Choices):
+        choices = [_check_value(name, v, path, model) for v in value.choices]
+        if len(choices) == 1:
+            fixed[name] = choices[0]
+        else:
+            distributions[name] = CategoricalDistribution(choices)
+    else:
+        fixed[name] = _check_value(name, value, path, model)
 
 
 def _suggest_one(trial: _Trial, name: str, dist: BaseDistribution) -> Any:

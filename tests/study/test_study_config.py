@@ -50,7 +50,7 @@ def error_of(tmp_path: Path, text: str) -> str:
     [
         (
             ("budget: {n_trials: 5, timeout: 30m}", "budget: {n_trials: 5, timout: 30m}"),
-            "budget.timout: unknown field; allowed: n_trials, timeout",
+            "budget.timout: unknown field; allowed: n_trials, timeout; did you mean timeout?",
         ),
         (("slos: [", "sampler: {name: cmaes}\nslos: ["), "sampler.name: Input should be 'tpe', 'gp', 'nsga2'"),
         (("gpu: l4", "gpu: v100"), "target.gpu: unknown GPU 'v100'; known GPUs: rtx4090"),
@@ -145,3 +145,42 @@ def test_shipped_job_files_validate() -> None:
     for f in files:
         job = load_job(f)
         job.search_space().baseline()
+
+
+def test_a_range_partly_below_the_longest_request_is_a_note_not_an_error(tmp_path: Path) -> None:
+    text = GOOD.replace("max_model_len: 4k", "max_model_len: {low: 256, high: 2048}")
+    notes = load_job(write(tmp_path, text)).search_space().notes
+    assert any("values from 256 are below the workload's longest request (320 tokens)" in n for n in notes)
+
+
+def test_a_length_no_request_fits_names_the_requests_and_the_change(tmp_path: Path) -> None:
+    message = error_of(tmp_path, GOOD.replace("max_model_len: 4k", "max_model_len: 100"))
+    assert message.count("\n") == 0
+    assert (
+        "space.max_model_len: max_model_len 100 is shorter than every request of the workload (at least 320" in message
+    )
+    assert "no trial can meet 'success_rate >= 0.99'; raise max_model_len to at least 320" in message
+
+
+def test_schema_shows_the_constraints_the_loader_applies() -> None:
+    defs = job_schema()["$defs"]
+    assert {"minimum": 1}.items() <= defs["WorkloadSection"]["properties"]["input_len"]["anyOf"][0].items()
+    assert defs["Choices"]["properties"]["choices"]["minItems"] == 1
+    assert defs["Range"]["properties"]["step"]["anyOf"][0]["exclusiveMinimum"] == 0
+
+
+def test_recorded_vllm_arguments_are_the_pinned_versions_and_know_switches() -> None:
+    from tuner.vllm_args import vllm_args
+    from tuner.vllm_pin import PINNED_VLLM
+
+    args = vllm_args(PINNED_VLLM)
+    assert args["max_num_seqs"].kind == "int" and args["enable_prefix_caching"].kind == "switch"
+    assert {"max_model_len", "gpu_memory_utilization", "max_num_batched_tokens", "kv_cache_dtype"} <= set(args)
+    assert "max_num_sequences" not in args
+
+
+def test_shipped_job_files_pass_the_vllm_flag_check() -> None:
+    from tuner.vllm_args import vllm_args
+
+    for f in sorted((Path(__file__).resolve().parents[2] / "search_spaces").glob("*.yaml")):
+        assert set(load_job(f).space) <= set(vllm_args()), f

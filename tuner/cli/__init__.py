@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tuner.errors import ConfigError, TunerError
 
@@ -42,8 +43,9 @@ def main() -> None:
     try:
         app(standalone_mode=True)
     except ConfigError as e:
-        err_console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        # escaped: a message's own brackets (`choices: [true, false]`) are not Rich markup to swallow
+        err_console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)
         sys.exit(2)
     except TunerError as e:
-        err_console.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        err_console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)
         sys.exit(1)
