@@ -77,8 +77,9 @@ def _tokens(detail: Any) -> float | None:
     """Output tokens a successful request brought in the winner's measurement (the store's load summary)."""
     summary = getattr(detail, "load_summary", None) or {}
     done, tokens = summary.get("requests_succeeded"), summary.get("completion_tokens")
-    ok = isinstance(done, int) and done > 0 and isinstance(tokens, int) and tokens > 0
-    return tokens / done if ok else None
+    if isinstance(done, int) and done > 0 and isinstance(tokens, int) and tokens > 0:
+        return tokens / done
+    return None
 
 
 def _queue_at_capacity(detail: Any, flags: dict[str, Any]) -> float:

@@ -101,7 +101,7 @@ def make_plan(
     basis = (
         "its highest SLO-meeting rate, measured by the study"
         if objective == "max_rate"
-        else "the rate it held under the job's fixed load, a floor of its capacity; measure it: " + measure_hint(view, t)
+        else "the rate it held under the job's fixed load, a floor of its capacity; measure: " + measure_hint(view, t)
     )
     usable = t.request_rate * headroom
     tokens = tokens_per_request or (t.output_tok_s / t.request_rate if t.output_tok_s else None)
