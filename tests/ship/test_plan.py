@@ -11,6 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
 from tuner.store import open_store
 
@@ -77,3 +78,22 @@ def test_bad_input_is_one_line(max_rate_job: Path, args: tuple[str, ...], says: 
     assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1
     if says != "no trial 99":
         assert done.returncode == 2
+
+
+def test_the_manifest_holds_the_plan_and_secrets_by_reference(max_rate_job: Path, tmp_path: Path) -> None:
+    out = tmp_path / "vllm.yaml"
+    done = plan(max_rate_job, "--rate", "40", "--peak", "70", "--manifest", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    text = out.read_text()
+    docs = {d["kind"]: d for d in yaml.safe_load_all(text)}
+    assert list(docs) == ["Deployment", "Service", "HorizontalPodAutoscaler", "PrometheusRule"]
+    assert docs["Deployment"]["spec"]["replicas"] == got["replicas"]
+    hpa = docs["HorizontalPodAutoscaler"]["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (got["replicas"], got["max_replicas"])
+    assert hpa["metrics"][0]["pods"]["metric"]["name"] == "vllm_num_requests_waiting"
+    assert hpa["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
+    alerts = {r["alert"] for g in docs["PrometheusRule"]["spec"]["groups"] for r in g["rules"]}
+    assert {"VllmSloE2EP95", "VllmSloTtftP95", "VllmErrorRate", "VllmDown"} <= alerts
+    for env in docs["Deployment"]["spec"]["template"]["spec"]["containers"][0].get("env", []):
+        assert "value" not in env and "secretKeyRef" in env["valueFrom"]

@@ -10,10 +10,13 @@ import typer
 import yaml
 
 from tuner.cli import app
-from tuner.cli.morning import JobOpt, StorageOpt, StudyArg, _detail, measured_trial, open_view
+from tuner.cli.morning import JobOpt, StorageOpt, StudyArg, _detail, measured_trial, open_view, trial_flags
 from tuner.errors import ConfigError, TunerError
+from tuner.export import kubernetes_with
 from tuner.report import BEST_CHOICES
+from tuner.report.deployment import deploy_options, provenance
 from tuner.ship.alerts import alert_rules, prometheus_rule, rules_file
+from tuner.ship.hpa import autoscaler
 from tuner.ship.plan import make_plan
 
 __all__ = ["plan_cmd"]
@@ -39,6 +42,15 @@ def plan_cmd(
         Path | None, typer.Option("--rules", help="Write Prometheus alert rules here.", show_default=False)
     ] = None,
     operator: Annotated[bool, typer.Option("--operator", help="--rules as a PrometheusRule object.")] = False,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(
+            "--manifest",
+            help="Write the Kubernetes export with the plan: Deployment at the replicas, Service, HPA on the queue "
+            "between replicas and peak replicas, PrometheusRule.",
+            show_default=False,
+        ),
+    ] = None,
     name: Annotated[str, typer.Option("--name", help="The Prometheus job / Kubernetes name.")] = "vllm",
     storage: StorageOpt = None,
     job: JobOpt = None,
@@ -57,15 +69,18 @@ def plan_cmd(
     plan = make_plan(
         view, t, rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price, tokens_per_request=_tokens(detail)
     )
+    queue = _queue_at_capacity(detail, t.flags)
+    listed = alert_rules(view.slos, queue_at_capacity=queue, name=name)
     if rules is not None:
-        queue = _queue_at_capacity(detail, t.flags)
-        listed = alert_rules(view.slos, queue_at_capacity=queue, name=name)
-        text = _yaml(prometheus_rule(listed, name=name)) if operator else rules_file(listed)
-        try:
-            rules.write_text(text)
-        except OSError as e:
-            raise TunerError(f"cannot write {rules}: {e.strerror or e}") from None
+        _write(rules, _yaml(prometheus_rule(listed, name=name)) if operator else rules_file(listed))
         typer.echo(f"wrote {rules} ({len(listed)} rules)", err=True)
+    if manifest is not None:
+        options = deploy_options(view, t, name=name)
+        bounds = {"min_replicas": plan.replicas, "max_replicas": plan.max_replicas}
+        extra = [autoscaler(options.dns_name, **bounds, queue_target=queue), prometheus_rule(listed, name=name)]
+        prov = provenance(view, t)
+        _write(manifest, kubernetes_with(trial_flags(t), options, prov, replicas=plan.replicas, extra=extra))
+        typer.echo(f"wrote {manifest} (Deployment, Service, HorizontalPodAutoscaler, PrometheusRule)", err=True)
     if as_json:
         typer.echo(json.dumps(plan.as_dict(), indent=2))
         return
@@ -92,6 +107,13 @@ def _queue_at_capacity(detail: Any, flags: dict[str, Any]) -> float:
         return max(float(waiting), 1.0)
     seqs = flags.get("max_num_seqs")
     return float(seqs) if isinstance(seqs, int | float) else 256.0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise TunerError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _yaml(doc: dict[str, Any]) -> str:
