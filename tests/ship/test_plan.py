@@ -97,3 +97,17 @@ def test_the_manifest_holds_the_plan_and_secrets_by_reference(max_rate_job: Path
     assert {"VllmSloE2EP95", "VllmSloTtftP95", "VllmErrorRate", "VllmDown"} <= alerts
     for env in docs["Deployment"]["spec"]["template"]["spec"]["containers"][0].get("env", []):
         assert "value" not in env and "secretKeyRef" in env["valueFrom"]
+
+
+def test_the_dashboard_draws_the_slos(max_rate_job: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dashboard.json"
+    assert plan(max_rate_job, "--rate", "10", "--dashboard", str(out)).returncode == 0
+    panels = {p["title"]: p for p in json.loads(out.read_text())["panels"]}
+    assert {"Throughput", "TTFT percentiles", "TPOT percentiles", "KV cache usage", "Preemptions / s"} <= set(panels)
+
+    def bound(title: str) -> float:
+        return float(panels[title]["fieldConfig"]["defaults"]["thresholds"]["steps"][-1]["value"])
+
+    # the job's SLOs: e2e_p95 <= 10s, ttft_p95 <= 2s
+    assert (bound("End-to-end latency percentiles"), bound("TTFT percentiles"), bound("KV cache usage")) == (10, 2, 0.9)
+    assert any(t["legendFormat"] == "P95" for t in panels["TTFT percentiles"]["targets"])

@@ -16,6 +16,7 @@ from tuner.export import kubernetes_with
 from tuner.report import BEST_CHOICES
 from tuner.report.deployment import deploy_options, provenance
 from tuner.ship.alerts import alert_rules, prometheus_rule, rules_file
+from tuner.ship.dashboard import dashboard
 from tuner.ship.hpa import autoscaler
 from tuner.ship.plan import make_plan
 
@@ -51,6 +52,10 @@ def plan_cmd(
             show_default=False,
         ),
     ] = None,
+    grafana: Annotated[
+        Path | None,
+        typer.Option("--dashboard", help="Write a Grafana dashboard JSON here (SLO bounds drawn).", show_default=False),
+    ] = None,
     name: Annotated[str, typer.Option("--name", help="The Prometheus job / Kubernetes name.")] = "vllm",
     storage: StorageOpt = None,
     job: JobOpt = None,
@@ -74,6 +79,9 @@ def plan_cmd(
     if rules is not None:
         _write(rules, _yaml(prometheus_rule(listed, name=name)) if operator else rules_file(listed))
         typer.echo(f"wrote {rules} ({len(listed)} rules)", err=True)
+    if grafana is not None:
+        _write(grafana, json.dumps(dashboard(name, view.slos, queue_at_capacity=queue), indent=2) + "\n")
+        typer.echo(f"wrote {grafana} (Grafana dashboard)", err=True)
     if manifest is not None:
         options = deploy_options(view, t, name=name)
         bounds = {"min_replicas": plan.replicas, "max_replicas": plan.max_replicas}
