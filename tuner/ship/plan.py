@@ -95,6 +95,8 @@ def make_plan(
         raise ConfigError("--rate must be above 0 and --peak at least --rate")
     if not 0 < headroom <= 1:
         raise ConfigError(f"--headroom {headroom:g}: give a fraction in (0, 1], e.g. 0.7")
+    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+        raise ConfigError(f"--price-per-gpu-hour {price_per_gpu_hour:g}: give a price of 0 or more")
     if t.request_rate is None or t.request_rate <= 0:
         raise TunerError(f"trial {t.number} recorded no request rate; measure it: {measure_hint(view, t)}")
     objective = str(view.attrs.get("objective") or "throughput")
