@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "DeployOptions",
     "Provenance",
     "container_args",
+    "kubernetes_with",
     "render",
     "serve_args",
 ]
@@ -297,7 +299,27 @@ def _compose(flags: VllmFlags, options: DeployOptions, provenance: Provenance | 
     return _comments(provenance) + f"# {usage}\n" + _yaml(doc)
 
 
-def _kubernetes(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
+def kubernetes_with(
+    flags: VllmFlags,
+    options: DeployOptions,
+    provenance: Provenance | None,
+    *,
+    replicas: int,
+    extra: Sequence[dict[str, Any]],
+) -> str:
+    """The kubernetes format for a capacity plan: the Deployment at `replicas`, then `extra` objects (the
+    autoscaler, the alert rules) in the same stream."""
+    return _kubernetes(flags, options, provenance, replicas=replicas, extra=extra)
+
+
+def _kubernetes(
+    flags: VllmFlags,
+    options: DeployOptions,
+    provenance: Provenance | None,
+    *,
+    replicas: int = 1,
+    extra: Sequence[dict[str, Any]] = (),
+) -> str:
     name = options.dns_name
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tuner"}
     annotations = {}
@@ -337,7 +359,7 @@ def _kubernetes(flags: VllmFlags, options: DeployOptions, provenance: Provenance
         "kind": "Deployment",
         "metadata": {"name": name, "labels": labels, **({"annotations": annotations} if annotations else {})},
         "spec": {
-            "replicas": 1,
+            "replicas": replicas,
             "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
             "template": {
                 "metadata": {"labels": labels},
@@ -368,7 +390,7 @@ def _kubernetes(flags: VllmFlags, options: DeployOptions, provenance: Provenance
     return (
         _comments(provenance)
         + secret_hint
-        + yaml.dump_all([deployment, service], Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+        + yaml.dump_all([deployment, service, *extra], Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
     )
 
 

@@ -31,6 +31,7 @@ _COMMAND_MODULES: list[str] = [
     "tuner.cli.emulate",
     "tuner.cli.launch",
     "tuner.cli.morning",
+    "tuner.cli.plan",
     "tuner.cli.tune",
     "tuner.cli.verify",
 ]

@@ -1,0 +1,52 @@
+"""Fixtures of the ship commands: a short max_rate study run by `tuner tune` on the emulator, and promtool."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import missing_service
+from tuner.launch.owner import pid_alive
+from tuner.launch.registry import ProcessRegistry
+
+JOB = Path(__file__).resolve().parents[2] / "search_spaces" / "emulator-demo-max-rate.yaml"
+
+
+@pytest.fixture(scope="session")
+def max_rate_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The README's max_rate job, run whole (two trials, seconds on the emulator) in its own directory."""
+    d = tmp_path_factory.mktemp("ship")
+    job = d / JOB.name
+    shutil.copy(JOB, job)
+    state = d / "state"
+    env = {**os.environ, "TUNER_STATE_DIR": str(state), "COLUMNS": "200"}
+    env.pop("TUNER_STORAGE_URL", None)
+    env.pop("TUNER_STORAGE", None)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tuner", "tune", str(job)], capture_output=True, text=True, env=env, timeout=600
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        yield job
+    finally:
+        # Whatever happened, no emulator of ours outlives the study.
+        for record in ProcessRegistry(state / "processes").records():
+            if pid_alive(record.pid):
+                os.killpg(record.pgid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """promtool, from Debian's prometheus package (TUNER_TEST_PROMTOOL, else on PATH)."""
+    path = os.environ.get("TUNER_TEST_PROMTOOL") or shutil.which("promtool")
+    if not path:
+        missing_service("promtool", "TUNER_TEST_PROMTOOL is not set and no promtool is on PATH (scripts/services)")
+    assert path is not None
+    return path

@@ -1,0 +1,113 @@
+"""`tuner plan` on a max_rate study the emulator ran: the replica arithmetic checked against the stored records."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from tuner.store import open_store
+
+pytestmark = pytest.mark.slow
+
+
+def plan(job: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNER_STORAGE_URL", "TUNER_STORAGE")}
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", "plan", "--job", str(job), *args],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "200"},
+    )
+
+
+def winner(job: Path) -> tuple[optuna.trial.FrozenTrial, str]:
+    url = f"sqlite:///{job.with_suffix('.db')}"
+    study = optuna.load_study(study_name="emulator-demo-max-rate", storage=url)
+    feasible = [t for t in study.trials if t.user_attrs.get("feasible")]
+    return max(feasible, key=lambda t: t.values[0]), url
+
+
+def test_replicas_follow_from_the_winners_measured_rate(max_rate_job: Path) -> None:
+    done = plan(max_rate_job, "--rate", "40", "--peak", "70", "--price-per-gpu-hour", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    t, url = winner(max_rate_job)
+    rate = t.user_attrs["request_rate"]  # the highest SLO-meeting rate the study measured for it
+    with open_store(url) as store:
+        detail = store.trial_detail("emulator-demo-max-rate", t.number)
+    assert detail is not None and detail.load_summary is not None
+    tokens = detail.load_summary["completion_tokens"] / detail.load_summary["requests_succeeded"]
+    assert got["trial"] == t.number and got["objective"] == "max_rate"
+    assert got["capacity_rps"] == pytest.approx(rate)
+    assert got["replicas"] == math.ceil(40 / (rate * 0.7))
+    assert got["max_replicas"] == math.ceil(70 / (rate * 0.7))
+    assert got["gpus"] == got["replicas"]  # one GPU a replica: the job has no tensor parallelism
+    assert got["cost_per_hour"] == pytest.approx(3 * got["gpus"])
+    assert got["cost_per_million_tokens"] == pytest.approx(got["cost_per_hour"] / (40 * tokens * 3600 / 1e6))
+
+
+def test_the_arithmetic_is_printed(max_rate_job: Path) -> None:
+    done = plan(max_rate_job, "--rate", "40", "--headroom", "0.5")
+    assert done.returncode == 0, done.stderr
+    t, _ = winner(max_rate_job)
+    usable = t.user_attrs["request_rate"] * 0.5
+    assert f"replicas = ceil(40 / {usable:.3f}) = {math.ceil(40 / usable)}" in done.stdout
+    assert "highest SLO-meeting rate" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--rate", "0"), "--rate"),
+        (("--rate", "10", "--peak", "5"), "--peak"),
+        (("--rate", "10", "--headroom", "1.5"), "--headroom"),
+        (("--rate", "10", "--trial", "99"), "no trial 99"),
+    ],
+)
+def test_bad_input_is_one_line(max_rate_job: Path, args: tuple[str, ...], says: str) -> None:
+    done = plan(max_rate_job, *args)
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr
+    assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    if says != "no trial 99":
+        assert done.returncode == 2
+
+
+def test_the_manifest_holds_the_plan_and_secrets_by_reference(max_rate_job: Path, tmp_path: Path) -> None:
+    out = tmp_path / "vllm.yaml"
+    done = plan(max_rate_job, "--rate", "40", "--peak", "70", "--manifest", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    text = out.read_text()
+    docs = {d["kind"]: d for d in yaml.safe_load_all(text)}
+    assert list(docs) == ["Deployment", "Service", "HorizontalPodAutoscaler", "PrometheusRule"]
+    assert docs["Deployment"]["spec"]["replicas"] == got["replicas"]
+    hpa = docs["HorizontalPodAutoscaler"]["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (got["replicas"], got["max_replicas"])
+    assert hpa["metrics"][0]["pods"]["metric"]["name"] == "vllm_num_requests_waiting"
+    assert hpa["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
+    alerts = {r["alert"] for g in docs["PrometheusRule"]["spec"]["groups"] for r in g["rules"]}
+    assert {"VllmSloE2EP95", "VllmSloTtftP95", "VllmErrorRate", "VllmDown"} <= alerts
+    for env in docs["Deployment"]["spec"]["template"]["spec"]["containers"][0].get("env", []):
+        assert "value" not in env and "secretKeyRef" in env["valueFrom"]
+
+
+def test_the_dashboard_draws_the_slos(max_rate_job: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dashboard.json"
+    assert plan(max_rate_job, "--rate", "10", "--dashboard", str(out)).returncode == 0
+    panels = {p["title"]: p for p in json.loads(out.read_text())["panels"]}
+    assert {"Throughput", "TTFT percentiles", "TPOT percentiles", "KV cache usage", "Preemptions / s"} <= set(panels)
+
+    def bound(title: str) -> float:
+        return float(panels[title]["fieldConfig"]["defaults"]["thresholds"]["steps"][-1]["value"])
+
+    # the job's SLOs: e2e_p95 <= 10s, ttft_p95 <= 2s
+    assert (bound("End-to-end latency percentiles"), bound("TTFT percentiles"), bound("KV cache usage")) == (10, 2, 0.9)
+    assert any(t["legendFormat"] == "P95" for t in panels["TTFT percentiles"]["targets"])

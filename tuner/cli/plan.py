@@ -1,0 +1,128 @@
+"""`tuner plan`: the replicas, GPUs and cost a rate needs on the winner's flags, and the alert rules to ship them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from tuner.cli import app
+from tuner.cli.morning import JobOpt, StorageOpt, StudyArg, _detail, measured_trial, open_view, trial_flags
+from tuner.errors import ConfigError, TunerError
+from tuner.export import kubernetes_with
+from tuner.report import BEST_CHOICES
+from tuner.report.deployment import deploy_options, provenance
+from tuner.ship.alerts import alert_rules, prometheus_rule, rules_file
+from tuner.ship.dashboard import dashboard
+from tuner.ship.hpa import autoscaler
+from tuner.ship.plan import make_plan
+
+__all__ = ["plan_cmd"]
+
+
+@app.command("plan")
+def plan_cmd(
+    study: StudyArg = None,
+    rate: Annotated[float, typer.Option("--rate", help="Requests per second to serve.", show_default=False)] = 0.0,
+    peak: Annotated[
+        float | None, typer.Option("--peak", help="Peak requests per second: the autoscaler's max.", show_default=False)
+    ] = None,
+    headroom: Annotated[float, typer.Option("--headroom", help="Fraction of measured capacity to plan on.")] = 0.7,
+    price: Annotated[
+        float | None,
+        typer.Option("--price-per-gpu-hour", help="Price of one GPU-hour: adds the cost lines.", show_default=False),
+    ] = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="Plan this trial.", show_default=False)] = None,
+    best: Annotated[
+        str, typer.Option("--best", help=f"Pick from the feasible front: {', '.join(BEST_CHOICES)}.")
+    ] = "throughput",
+    rules: Annotated[
+        Path | None, typer.Option("--rules", help="Write Prometheus alert rules here.", show_default=False)
+    ] = None,
+    operator: Annotated[bool, typer.Option("--operator", help="--rules as a PrometheusRule object.")] = False,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(
+            "--manifest",
+            help="Write the Kubernetes export with the plan: Deployment at the replicas, Service, HPA on the queue "
+            "between replicas and peak replicas, PrometheusRule.",
+            show_default=False,
+        ),
+    ] = None,
+    grafana: Annotated[
+        Path | None,
+        typer.Option("--dashboard", help="Write a Grafana dashboard JSON here (SLO bounds drawn).", show_default=False),
+    ] = None,
+    name: Annotated[str, typer.Option("--name", help="The Prometheus job / Kubernetes name.")] = "vllm",
+    storage: StorageOpt = None,
+    job: JobOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of the arithmetic.")] = False,
+) -> None:
+    """Replicas, GPUs and cost for --rate req/s (and --peak), from the winner's measured SLO-meeting rate per
+    server, with the arithmetic shown; --rules writes alert rules from the study's SLOs.
+
+    Example: [bold]tuner plan night --rate 20 --peak 35 --price-per-gpu-hour 2.5 --rules vllm-rules.yaml[/bold]
+    """
+    if rate <= 0:
+        raise ConfigError("give --rate R, the requests per second to serve, e.g. --rate 20")
+    url, view = open_view(study, storage, job)
+    t = measured_trial(view, trial, best)
+    detail, _ = _detail(url, view.name, t.number)
+    plan = make_plan(
+        view, t, rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price, tokens_per_request=_tokens(detail)
+    )
+    queue = _queue_at_capacity(detail, t.flags)
+    listed = alert_rules(view.slos, queue_at_capacity=queue, name=name)
+    if rules is not None:
+        _write(rules, _yaml(prometheus_rule(listed, name=name)) if operator else rules_file(listed))
+        typer.echo(f"wrote {rules} ({len(listed)} rules)", err=True)
+    if grafana is not None:
+        _write(grafana, json.dumps(dashboard(name, view.slos, queue_at_capacity=queue), indent=2) + "\n")
+        typer.echo(f"wrote {grafana} (Grafana dashboard)", err=True)
+    if manifest is not None:
+        options = deploy_options(view, t, name=name)
+        bounds = {"min_replicas": plan.replicas, "max_replicas": plan.max_replicas}
+        extra = [autoscaler(options.dns_name, **bounds, queue_target=queue), prometheus_rule(listed, name=name)]
+        prov = provenance(view, t)
+        _write(manifest, kubernetes_with(trial_flags(t), options, prov, replicas=plan.replicas, extra=extra))
+        typer.echo(f"wrote {manifest} (Deployment, Service, HorizontalPodAutoscaler, PrometheusRule)", err=True)
+    if as_json:
+        typer.echo(json.dumps(plan.as_dict(), indent=2))
+        return
+    for line in plan.lines():
+        typer.echo(line)
+
+
+def _tokens(detail: Any) -> float | None:
+    """Output tokens a successful request brought in the winner's measurement (the store's load summary)."""
+    summary = getattr(detail, "load_summary", None) or {}
+    done, tokens = summary.get("requests_succeeded"), summary.get("completion_tokens")
+    if isinstance(done, int) and done > 0 and isinstance(tokens, int) and tokens > 0:
+        return tokens / done
+    return None
+
+
+def _queue_at_capacity(detail: Any, flags: dict[str, Any]) -> float:
+    """The most requests the winner kept waiting at its measured capacity (the store's server metrics), at least 1 so
+    a winner that held no queue does not page on one waiting request; else a full batch of max_num_seqs, the queue a
+    server past its batch builds first."""
+    metrics = getattr(detail, "server_metrics", None) or {}
+    waiting = metrics.get("waiting_max")
+    if isinstance(waiting, int | float):
+        return max(float(waiting), 1.0)
+    seqs = flags.get("max_num_seqs")
+    return float(seqs) if isinstance(seqs, int | float) else 256.0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise TunerError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _yaml(doc: dict[str, Any]) -> str:
+    return str(yaml.safe_dump(doc, sort_keys=False, width=120))
