@@ -3,6 +3,7 @@ fixed, the same command runs the baseline again and goes on."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -190,12 +191,24 @@ def test_check_probes_the_baselines_server_and_records_nothing(
     code, out = tuner(capsys, monkeypatch, "tune", str(good), "--check")
     assert code == 0, out
     assert "preflight passed: 3 probe requests answered, prompt and output lengths as meant" in out
-    # A refusal: 1,024 + 64 tokens under a fixed max_model_len of 1,040.
+    # 1,024 + 64 tokens under a fixed max_model_len of 1,040: the job check sees it before any server starts.
     short = tmp_path / "short.yaml"
     short.write_text(yaml.safe_dump({**EMULATED, "space": {**EMULATED["space"], "max_model_len": 1040}}))
     code, out = tuner(capsys, monkeypatch, "tune", str(short), "--check")
+    assert code == 2 and "space.max_model_len: max_model_len 1040 is shorter than every request" in out
+    assert "preflight" not in out
+    # A dataset's lengths are only estimated before a launch: the server's refusal is what stops it.
+    dataset = tmp_path / "long.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": "hello " * 1000, "output_len": 64}) + "\n" for _ in range(4)))
+    short.write_text(
+        yaml.safe_dump(
+            {**EMULATED, "space": {**EMULATED["space"], "max_model_len": 1040}, "workload": {"dataset": dataset.name}}
+        )
+    )
+    code, out = tuner(capsys, monkeypatch, "tune", str(short), "--check")
     assert code == 1 and "Traceback" not in out
-    assert "error: the workload is invalid for this server" in out and "space.max_model_len at least 1088" in out
+    assert "error: the workload is invalid for this server" in out and "HTTP 400" in out
+    assert "space.max_model_len at least" in out
     assert not list(tmp_path.glob("*.db"))  # nothing recorded
     # The study itself stops in its baseline's start, with the same line in its log.
     log = tmp_path / "tune.log"
