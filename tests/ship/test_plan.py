@@ -18,10 +18,10 @@ from tuner.store import open_store
 pytestmark = pytest.mark.slow
 
 
-def plan(job: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def plan(job: Path, *args: str, command: str = "plan") -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TUNER_STORAGE_URL", "TUNER_STORAGE")}
     return subprocess.run(
-        [sys.executable, "-m", "tuner", "plan", "--job", str(job), *args],
+        [sys.executable, "-m", "tuner", command, "--job", str(job), *args],
         capture_output=True,
         text=True,
         env={**env, "COLUMNS": "200"},
@@ -111,3 +111,30 @@ def test_the_dashboard_draws_the_slos(max_rate_job: Path, tmp_path: Path) -> Non
     # the job's SLOs: e2e_p95 <= 10s, ttft_p95 <= 2s
     assert (bound("End-to-end latency percentiles"), bound("TTFT percentiles"), bound("KV cache usage")) == (10, 2, 0.9)
     assert any(t["legendFormat"] == "P95" for t in panels["TTFT percentiles"]["targets"])
+
+
+def test_export_with_a_plan_writes_the_same_objects_as_plan_manifest(max_rate_job: Path, tmp_path: Path) -> None:
+    """`tuner export -f kubernetes --plan R` is the plan's manifest: the same stream as `tuner plan --manifest`."""
+    by_plan = tmp_path / "plan.yaml"
+    assert plan(max_rate_job, "--rate", "40", "--peak", "70", "--manifest", str(by_plan)).returncode == 0
+    done = plan(max_rate_job, "-f", "kubernetes", "--plan", "40", "--peak", "70", command="export")
+    assert done.returncode == 0, done.stderr
+    docs = list(yaml.safe_load_all(done.stdout))
+    assert [d["kind"] for d in docs] == ["Deployment", "Service", "HorizontalPodAutoscaler", "PrometheusRule"]
+    assert docs[1:] == list(yaml.safe_load_all(by_plan.read_text()))[1:]
+    assert docs[0]["spec"] == next(yaml.safe_load_all(by_plan.read_text()))["spec"]
+    assert "replicas for 40 req/s" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-f", "docker", "--plan", "40"], "--plan and --peak go with --format kubernetes, not 'docker'"),
+        (["-f", "kubernetes", "--peak", "70"], "--peak needs --plan R"),
+        (["-f", "kubernetes", "--plan", "40", "--peak", "10"], "--peak at least --plan"),
+    ],
+)
+def test_export_plan_mistakes_are_one_line(max_rate_job: Path, args: list[str], said: str) -> None:
+    done = plan(max_rate_job, *args, command="export")
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

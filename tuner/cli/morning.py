@@ -63,6 +63,7 @@ from tuner.report.tables import (
     steps_table,
     summary_table,
 )
+from tuner.ship.manifest import PlanInputs, planned_kubernetes
 from tuner.store import safe_url
 
 __all__ = ["export_cmd", "pareto_cmd", "rescore_cmd", "show_cmd", "status_cmd", "studies_cmd", "trials_cmd"]
@@ -594,14 +595,32 @@ def export_cmd(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.", show_default=False)
     ] = None,
+    plan_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--plan",
+            help="With --format kubernetes: plan for this many req/s (see tuner plan): the Deployment at the plan's "
+            "replicas, an HPA on vLLM's queue, the PrometheusRule.",
+            show_default=False,
+        ),
+    ] = None,
+    peak: Annotated[
+        float | None, typer.Option("--peak", help="With --plan: peak req/s, the HPA's maximum.", show_default=False)
+    ] = None,
 ) -> None:
     """The winning flags, ready to paste: `vllm serve` flags, a --config YAML, `docker run`, a compose service, a
     Kubernetes Deployment + Service, JSON or `LLM(**kwargs)`, with provenance comments. Secrets by name only.
 
-    Example: [bold]tuner export night --best balanced --format kubernetes -o vllm.yaml[/bold]
+    Example: [bold]tuner export night --best balanced --format kubernetes --plan 20 --peak 35 -o vllm.yaml[/bold]
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    if (plan_rate is not None or peak is not None) and fmt != "kubernetes":
+        raise ConfigError(f"--plan and --peak go with --format kubernetes, not {fmt!r}")
+    if peak is not None and plan_rate is None:
+        raise ConfigError("--peak needs --plan R, the requests per second to serve")
+    if plan_rate is not None and (plan_rate <= 0 or (peak is not None and peak < plan_rate)):
+        raise ConfigError("--plan must be above 0 and --peak at least --plan")
     url, view = open_view(study, storage, job)
     t = measured_trial(view, trial, best)
     if trial is not None and not t.feasible:
@@ -617,7 +636,21 @@ def export_cmd(
     )
     again = f"tuner verify {shlex.quote(view.name)} --trial {t.number} --storage {shlex.quote(safe_url(url))}"
     prov = dataclasses.replace(provenance(view, t), verify_command=again)
-    text = render(fmt, trial_flags(t), options, prov)
+    if plan_rate is None:
+        text = render(fmt, trial_flags(t), options, prov)
+    else:
+        detail, _ = _detail(url, view.name, t.number)
+        plan, text = planned_kubernetes(
+            view,
+            t,
+            detail,
+            PlanInputs(rate=plan_rate, peak=peak),
+            flags=trial_flags(t),
+            options=options,
+            provenance=prov,
+            name=name,
+        )
+        typer.echo(f"plan: {plan.replicas} replicas for {plan_rate:g} req/s, up to {plan.max_replicas}", err=True)
     if output is None:
         typer.echo(text, nl=False)
         return

@@ -12,13 +12,11 @@ import yaml
 from tuner.cli import app
 from tuner.cli.morning import JobOpt, StorageOpt, StudyArg, _detail, measured_trial, open_view, trial_flags
 from tuner.errors import ConfigError, TunerError
-from tuner.export import kubernetes_with
 from tuner.report import BEST_CHOICES
 from tuner.report.deployment import deploy_options, provenance
 from tuner.ship.alerts import alert_rules, prometheus_rule, rules_file
 from tuner.ship.dashboard import dashboard
-from tuner.ship.hpa import autoscaler
-from tuner.ship.plan import make_plan
+from tuner.ship.manifest import PlanInputs, planned_kubernetes, queue_at_capacity
 
 __all__ = ["plan_cmd"]
 
@@ -71,10 +69,9 @@ def plan_cmd(
     url, view = open_view(study, storage, job)
     t = measured_trial(view, trial, best)
     detail, _ = _detail(url, view.name, t.number)
-    plan = make_plan(
-        view, t, rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price, tokens_per_request=_tokens(detail)
-    )
-    queue = _queue_at_capacity(detail, t.flags)
+    inputs = PlanInputs(rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price)
+    plan = inputs.plan(view, t, detail)
+    queue = queue_at_capacity(detail, t.flags)
     listed = alert_rules(view.slos, queue_at_capacity=queue, name=name)
     if rules is not None:
         _write(rules, _yaml(prometheus_rule(listed, name=name)) if operator else rules_file(listed))
@@ -84,37 +81,16 @@ def plan_cmd(
         typer.echo(f"wrote {grafana} (Grafana dashboard)", err=True)
     if manifest is not None:
         options = deploy_options(view, t, name=name)
-        bounds = {"min_replicas": plan.replicas, "max_replicas": plan.max_replicas}
-        extra = [autoscaler(options.dns_name, **bounds, queue_target=queue), prometheus_rule(listed, name=name)]
-        prov = provenance(view, t)
-        _write(manifest, kubernetes_with(trial_flags(t), options, prov, replicas=plan.replicas, extra=extra))
+        _, text = planned_kubernetes(
+            view, t, detail, inputs, flags=trial_flags(t), options=options, provenance=provenance(view, t), name=name
+        )
+        _write(manifest, text)
         typer.echo(f"wrote {manifest} (Deployment, Service, HorizontalPodAutoscaler, PrometheusRule)", err=True)
     if as_json:
         typer.echo(json.dumps(plan.as_dict(), indent=2))
         return
     for line in plan.lines():
         typer.echo(line)
-
-
-def _tokens(detail: Any) -> float | None:
-    """Output tokens a successful request brought in the winner's measurement (the store's load summary)."""
-    summary = getattr(detail, "load_summary", None) or {}
-    done, tokens = summary.get("requests_succeeded"), summary.get("completion_tokens")
-    if isinstance(done, int) and done > 0 and isinstance(tokens, int) and tokens > 0:
-        return tokens / done
-    return None
-
-
-def _queue_at_capacity(detail: Any, flags: dict[str, Any]) -> float:
-    """The most requests the winner kept waiting at its measured capacity (the store's server metrics), at least 1 so
-    a winner that held no queue does not page on one waiting request; else a full batch of max_num_seqs, the queue a
-    server past its batch builds first."""
-    metrics = getattr(detail, "server_metrics", None) or {}
-    waiting = metrics.get("waiting_max")
-    if isinstance(waiting, int | float):
-        return max(float(waiting), 1.0)
-    seqs = flags.get("max_num_seqs")
-    return float(seqs) if isinstance(seqs, int | float) else 256.0
 
 
 def _write(path: Path, text: str) -> None:
