@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli import app
+from tuner.config import Job, load_job, parse_job
 from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.export import DEFAULT_IMAGE, FORMATS, render
 from tuner.flags import VllmFlags
@@ -659,6 +660,16 @@ def export_cmd(
     except OSError as e:
         raise TunerError(f"cannot write {output}: {e.strerror or e}") from None
     typer.echo(f"wrote {output} (trial {t.number}, {fmt})", err=True)
+
+
+def stored_job(view: StudyView, path: Path | None) -> Job:
+    """The job a command that launches acts with: --job FILE, else the one stored with the study."""
+    if path is not None:
+        return load_job(path)
+    stored = view.attrs.get("job")
+    if not isinstance(stored, dict):
+        raise ConfigError(f"study {view.name!r} holds no job; give the job file with --job FILE")
+    return parse_job(stored, where=f"the job stored with study {view.name!r} (or give --job FILE)")
 
 
 def measured_trial(view: StudyView, trial: int | None, best: str) -> TrialView:

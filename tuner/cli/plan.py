@@ -10,13 +10,24 @@ import typer
 import yaml
 
 from tuner.cli import app
-from tuner.cli.morning import JobOpt, StorageOpt, StudyArg, _detail, measured_trial, open_view, trial_flags
+from tuner.cli.morning import (
+    JobOpt,
+    StorageOpt,
+    StudyArg,
+    _detail,
+    console_for_output,
+    measured_trial,
+    open_view,
+    stored_job,
+    trial_flags,
+)
 from tuner.errors import ConfigError, TunerError
-from tuner.report import BEST_CHOICES
+from tuner.report import BEST_CHOICES, StudyView, TrialView
 from tuner.report.deployment import deploy_options, provenance
 from tuner.ship.alerts import alert_rules, prometheus_rule, rules_file
 from tuner.ship.dashboard import dashboard
 from tuner.ship.manifest import PlanInputs, planned_kubernetes, queue_at_capacity
+from tuner.ship.measure import MeasuredCapacity, measure_capacity
 
 __all__ = ["plan_cmd"]
 
@@ -57,6 +68,14 @@ def plan_cmd(
     name: Annotated[str, typer.Option("--name", help="The Prometheus job / Kubernetes name.")] = "vllm",
     storage: StorageOpt = None,
     job: JobOpt = None,
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure",
+            help="Measure the trial's highest SLO-meeting rate now (the study's launcher starts one server) instead "
+            "of the stored rate: for a throughput study, whose stored rate is a floor.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of the arithmetic.")] = False,
 ) -> None:
     """Replicas, GPUs and cost for --rate req/s (and --peak), from the winner's measured SLO-meeting rate per
@@ -69,7 +88,8 @@ def plan_cmd(
     url, view = open_view(study, storage, job)
     t = measured_trial(view, trial, best)
     detail, _ = _detail(url, view.name, t.number)
-    inputs = PlanInputs(rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price)
+    measured = _measured(view, t, job) if measure else None
+    inputs = PlanInputs(rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price, measured=measured)
     plan = inputs.plan(view, t, detail)
     queue = queue_at_capacity(detail, t.flags)
     listed = alert_rules(view.slos, queue_at_capacity=queue, name=name)
@@ -91,6 +111,12 @@ def plan_cmd(
         return
     for line in plan.lines():
         typer.echo(line)
+
+
+def _measured(view: StudyView, t: TrialView, job_file: Path | None) -> MeasuredCapacity:
+    the_job = stored_job(view, job_file)
+    with console_for_output().status(f"measuring trial {t.number}'s capacity ({the_job.target.launcher}) ..."):
+        return measure_capacity(the_job, trial_flags(t), study=view.name, trial=t.number)
 
 
 def _write(path: Path, text: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -21,9 +20,10 @@ from tuner.cli.morning import (
     console_for_output,
     measured_trial,
     open_view,
+    stored_job,
     trial_flags,
 )
-from tuner.config import Job, load_job, parse_job
+from tuner.config import Job
 from tuner.errors import ConfigError, LaunchError, TunerError
 from tuner.launch.factory import build_launcher
 from tuner.report import BEST_CHOICES, StudyView, TrialView, choose, pareto_front
@@ -71,7 +71,7 @@ def verify_cmd(
     if top is not None and trial is not None:
         raise ConfigError("give --trial N or --top K, not both")
     candidates = _candidates(view, trial, best, top)
-    the_job = _job_of(view, job)
+    the_job = stored_job(view, job)
     con = console_for_output()
     results: list[tuple[TrialView, Verification | None, str | None]] = []
     for t in candidates:
@@ -161,15 +161,6 @@ def _ranking(
             f"[{style}]{escape(verdict)}[/{style}]",
         )  # fmt: skip
     return table
-
-
-def _job_of(view: StudyView, path: Path | None) -> Job:
-    if path is not None:
-        return load_job(path)
-    stored = view.attrs.get("job")
-    if not isinstance(stored, dict):
-        raise ConfigError(f"study {view.name!r} holds no job; give the job file with --job FILE")
-    return parse_job(stored, where=f"the job stored with study {view.name!r} (or give --job FILE)")
 
 
 def _run_text(run: VerifyRun, metric: str) -> str:

@@ -13,6 +13,7 @@ from tuner.flags import VllmFlags
 from tuner.report.views import StudyView, TrialView
 from tuner.ship.alerts import alert_rules, prometheus_rule
 from tuner.ship.hpa import autoscaler
+from tuner.ship.measure import MeasuredCapacity
 from tuner.ship.plan import Plan, make_plan
 
 __all__ = ["PlanInputs", "planned_kubernetes", "queue_at_capacity", "tokens_per_request"]
@@ -26,8 +27,10 @@ class PlanInputs:
     peak: float | None = None
     headroom: float = 0.7
     price_per_gpu_hour: float | None = None
+    measured: MeasuredCapacity | None = None  # `--measure`: the rate searched now, not the stored one
 
     def plan(self, view: StudyView, t: TrialView, detail: Any) -> Plan:
+        m = self.measured
         return make_plan(
             view,
             t,
@@ -35,7 +38,8 @@ class PlanInputs:
             peak=self.peak,
             headroom=self.headroom,
             price_per_gpu_hour=self.price_per_gpu_hour,
-            tokens_per_request=tokens_per_request(detail),
+            tokens_per_request=(m.tokens_per_request if m else None) or tokens_per_request(detail),
+            measured=(m.rate, m.basis) if m else None,
         )
 
 

@@ -88,29 +88,36 @@ def make_plan(
     headroom: float = 0.7,
     price_per_gpu_hour: float | None = None,
     tokens_per_request: float | None = None,
+    measured: tuple[float, str] | None = None,
 ) -> Plan:
     """The plan for `t`; `tokens_per_request` is the output tokens a request brought in its measurement (the
-    store's load summary), else read as output tok/s over request rate."""
+    store's load summary), else read as output tok/s over request rate. `measured` (req/s, where it comes from)
+    replaces the stored rate with one measured now (`tuner plan --measure`)."""
     if rate <= 0 or (peak is not None and peak < rate):
         raise ConfigError("--rate must be above 0 and --peak at least --rate")
     if not 0 < headroom <= 1:
         raise ConfigError(f"--headroom {headroom:g}: give a fraction in (0, 1], e.g. 0.7")
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise ConfigError(f"--price-per-gpu-hour {price_per_gpu_hour:g}: give a price of 0 or more")
-    if t.request_rate is None or t.request_rate <= 0:
-        raise TunerError(f"trial {t.number} recorded no request rate; measure it: {measure_hint(view, t)}")
     objective = str(view.attrs.get("objective") or "throughput")
-    basis = (
-        "its highest SLO-meeting rate, measured by the study"
-        if objective == "max_rate"
-        else "the rate it held under the job's fixed load, a floor of its capacity; measure: " + measure_hint(view, t)
-    )
-    usable = t.request_rate * headroom
-    tokens = tokens_per_request or (t.output_tok_s / t.request_rate if t.output_tok_s else None)
+    if measured is not None:
+        capacity, basis = measured
+    elif t.request_rate is None or t.request_rate <= 0:
+        raise TunerError(f"trial {t.number} recorded no request rate; measure it: {measure_hint(view, t)}")
+    else:
+        capacity = t.request_rate
+        basis = (
+            "its highest SLO-meeting rate, measured by the study"
+            if objective == "max_rate"
+            else "the rate it held under the job's fixed load, a floor of its capacity; measure: "
+            + measure_hint(view, t)
+        )
+    usable = capacity * headroom
+    tokens = tokens_per_request or (t.output_tok_s / t.request_rate if t.output_tok_s and t.request_rate else None)
     return Plan(
         trial=t.number,
         objective=objective,
-        capacity_rps=t.request_rate,
+        capacity_rps=capacity,
         basis=basis,
         headroom=headroom,
         rate=rate,
@@ -127,7 +134,8 @@ def measure_hint(view: StudyView, t: TrialView) -> str:
     """The commands that measure a winner's capacity when the study did not (objective throughput)."""
     slos = " ".join(f"--slo '{s}'" for s in view.slos)
     return (
-        f"`tuner verify {view.name} --trial {t.number}` (serve it), then `tuner bench --url URL {slos} --find-max-rate`"
+        f"`tuner plan {view.name} --trial {t.number} --measure`, or serve it (`tuner verify {view.name} --trial "
+        f"{t.number}`) and run `tuner bench --url URL {slos} --find-max-rate`"
     )
 
 
