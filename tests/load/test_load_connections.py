@@ -1,4 +1,5 @@
-"""Connections of the load client: kept alive across requests, one per request in flight, given back on failure."""
+"""Connections of the load client (aiohttp's, under httpx): kept alive across requests, one per request in flight,
+and its errors told apart (refused, cut, timed out)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from load_fakes import BrokenServer, free_port
 from tuner.clock import Clock
 from tuner.load import RequestRecord
 from tuner.load.client import send_request
-from tuner.load.connections import OneConnectionPerRequest
 from tuner.load.runner import new_client
 
 BODY = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stream": True}
@@ -28,12 +28,6 @@ async def _send(client: object, base: str, index: int = 0) -> RequestRecord:
     )
 
 
-def _transport(client: object) -> OneConnectionPerRequest:
-    transport = client._transport  # type: ignore[attr-defined]
-    assert isinstance(transport, OneConnectionPerRequest)
-    return transport
-
-
 async def test_sequential_requests_reuse_one_connection() -> None:
     # vLLM's replies are chunked: the terminator after [DONE] must be read, or each request reconnects.
     server = BrokenServer(["ok"])
@@ -41,7 +35,6 @@ async def test_sequential_requests_reuse_one_connection() -> None:
         records = [await _send(client, base, i) for i in range(5)]
         assert all(r.ok for r in records)
         assert server.connections == 1
-        assert _transport(client).connections == 1
 
 
 async def test_concurrent_requests_get_one_connection_each_and_keep_them() -> None:
@@ -50,8 +43,7 @@ async def test_concurrent_requests_get_one_connection_each_and_keep_them() -> No
         for _ in range(3):
             records = await asyncio.gather(*(_send(client, base, i) for i in range(6)))
             assert all(r.ok for r in records)
-        assert server.connections == _transport(client).connections
-        assert 1 <= server.connections <= 6
+        assert 1 <= server.connections <= 6  # three rounds of six: kept alive, not reconnected
 
 
 async def test_a_stream_held_open_after_done_is_a_success_timed_at_done() -> None:
@@ -68,9 +60,11 @@ async def test_a_stream_held_open_after_done_is_a_success_timed_at_done() -> Non
         assert server.connections == 2  # the held connection was dropped, not reused
 
 
-async def test_failed_requests_give_their_connection_back() -> None:
+async def test_a_refused_connection_is_told_from_a_timeout() -> None:
+    # httpx-aiohttp maps every aiohttp connection error to ConnectTimeout; tuner.load.connections maps them again.
     async with new_client() as client:
         base = f"http://127.0.0.1:{free_port()}"
         records = [await _send(client, base, i) for i in range(4)]
         assert [r.error_class for r in records] == ["connection_refused"] * 4
-        assert _transport(client).connections == 1
+        assert all("Connect call failed" in (r.error_message or "") or "refused" in (r.error_message or "")
+                   for r in records), records[0].error_message  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -26,7 +26,6 @@ _SLICE = 32
 _decode = json.JSONDecoder().decode
 _MAX_MESSAGE = 300
 _DRAIN_WALL_S = 0.5
-_SENT_EVENTS = frozenset({"connection.connect_tcp.started", "http11.send_request_headers.started"})
 
 
 class _Failure(Exception):
@@ -58,9 +57,7 @@ async def send_request(
     state = _StreamState(chat)
     try:
         # Built before the clock starts: encoding the body is the client's work, not the server's latency.
-        request = client.build_request(
-            "POST", url, json=body, timeout=httpx.Timeout(wall_timeout), extensions={"trace": state.tracer(clock)}
-        )
+        request = client.build_request("POST", url, json=body, timeout=httpx.Timeout(wall_timeout))
     except Exception as e:
         now = clock.now()
         return _record(index, now, origin, now, state, warmup, "other", f"{type(e).__name__}: {e}")
@@ -99,7 +96,7 @@ def _short(state: _StreamState, expect_output: int | None) -> str | None:
 
 
 class _StreamState:
-    __slots__ = ("chat", "done", "end", "events", "finish_reason", "first", "gaps", "headers", "last", "sent", "usage")
+    __slots__ = ("chat", "done", "end", "events", "finish_reason", "first", "gaps", "headers", "last", "usage")
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat
@@ -111,17 +108,7 @@ class _StreamState:
         self.usage: dict[str, Any] | None = None
         self.done = False
         self.end: float | None = None  # when [DONE] was read: the drain after it is not the server's latency
-        self.sent: float | None = None  # when the connect or the request's first byte began
         self.finish_reason: str | None = None
-
-    def tracer(self, clock: Clock) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
-        """httpcore's trace hook, noting when the request goes on the wire."""
-
-        async def trace(event: str, info: dict[str, Any]) -> None:
-            if self.sent is None and event in _SENT_EVENTS:
-                self.sent = clock.now()
-
-        return trace
 
 
 async def _stream(client: httpx.AsyncClient, request: httpx.Request, clock: Clock, state: _StreamState) -> None:
@@ -265,9 +252,6 @@ def _record(
     cls: FailureClass | None,
     message: str | None,
 ) -> RequestRecord:
-    # Timed from when the request leaves (a TCP connect, if one is needed, counts): httpx's own bookkeeping before
-    # that is the client's time, not the server's.
-    start = state.sent if state.sent is not None else start
     usage = state.usage or {}
     prompt_tokens = usage.get("prompt_tokens")
     completion_tokens = usage.get("completion_tokens")

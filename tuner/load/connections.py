@@ -1,73 +1,84 @@
-"""One HTTP connection per request in flight, without httpcore's pool scan.
+"""The load client's transport: httpx's API over aiohttp's connections (`httpx-aiohttp`).
 
-httpcore's pool walks every connection it holds — polling each idle socket — whenever a request is queued or
-released, and counts the idle ones once per idle connection: work quadratic in the connections, on every
-request. At a few dozen streams the scan costs more CPU than the streams (a load client measuring 32 users
-against an instant server spent half its time there). Here each connection is its own one-connection transport,
-lent to one request at a time from a free list, so the scan is always over one connection.
+Measured against real vLLM (the CPU build, 2 cores; benchmarks/README.md): with httpx's own transport (httpcore
+on anyio) the same client code got about half the output tok/s `vllm bench serve` gets from the same server, a TTFT
+two to eight times higher, and replies read in bursts (a TPOT near 0 in some runs); with aiohttp's connections
+under the same httpx client and request code, the figures match vLLM's client, which uses aiohttp too. The code
+that builds requests and reads the stream stays on httpx (and `httpx.MockTransport` fakes keep working); only the
+connections change.
+
+aiohttp's connector is unbounded here (`limit=0`): the load's arrival schedule, not a pool, decides how many
+requests are in flight. `httpx-aiohttp` maps aiohttp's errors to httpx's, but maps every connection error -- a
+refused connect, a reset, a server that hung up -- to `ConnectTimeout`; the load client needs those apart (a
+refused connection is a server that is not there, a hang-up one that died, a timeout one that is slow), so they are
+mapped again from their cause.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator
 
+import aiohttp
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
-__all__ = ["OneConnectionPerRequest"]
+__all__ = ["load_transport"]
 
 
-class OneConnectionPerRequest(httpx.AsyncBaseTransport):
-    """An httpx transport lending one keep-alive connection to each request in flight; unbounded, as the
-    load's arrival schedule (not a pool) decides how many requests are in flight."""
+def load_transport() -> httpx.AsyncBaseTransport:
+    """A transport for the load: aiohttp connections, no cap on how many, no proxies from the environment."""
+    ssl = httpx.create_ssl_context(trust_env=False)
 
-    def __init__(self) -> None:
-        # One SSL context for all: building one per connection costs milliseconds (it loads the CA bundle).
-        self._ssl = httpx.create_ssl_context(trust_env=False)
-        self._free: list[httpx.AsyncHTTPTransport] = []
-        self._all: list[httpx.AsyncHTTPTransport] = []
+    def session() -> aiohttp.ClientSession:
+        # Built at the first request, inside the running event loop, as aiohttp requires.
+        connector = aiohttp.TCPConnector(limit=0, ssl=ssl)
+        return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None), trust_env=False)
 
-    @property
-    def connections(self) -> int:
-        return len(self._all)
+    return _Remapped(AiohttpTransport(client=session, trust_env=False))
+
+
+class _Remapped(httpx.AsyncBaseTransport):
+    def __init__(self, inner: AiohttpTransport) -> None:
+        self._inner = inner
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        transport = self._free.pop() if self._free else self._new()
         try:
-            response = await transport.handle_async_request(request)
-        except BaseException:
-            self._free.append(transport)
-            raise
+            response = await self._inner.handle_async_request(request)
+        except httpx.TransportError as e:
+            raise _remapped(e) from e.__cause__
         assert isinstance(response.stream, httpx.AsyncByteStream)
-        response.stream = _Returning(response.stream, lambda: self._free.append(transport))
+        response.stream = _RemappedStream(response.stream)
         return response
 
     async def aclose(self) -> None:
-        for transport in self._all:
-            await transport.aclose()
-        self._all.clear()
-        self._free.clear()
-
-    def _new(self) -> httpx.AsyncHTTPTransport:
-        transport = httpx.AsyncHTTPTransport(verify=self._ssl, limits=httpx.Limits(max_connections=1))
-        self._all.append(transport)
-        return transport
+        await self._inner.aclose()
 
 
-class _Returning(httpx.AsyncByteStream):
-    """A response body that gives its connection back to the free list once closed."""
-
-    def __init__(self, stream: httpx.AsyncByteStream, give_back: Callable[[], None]) -> None:
+class _RemappedStream(httpx.AsyncByteStream):
+    def __init__(self, stream: httpx.AsyncByteStream) -> None:
         self._stream = stream
-        self._give_back: Callable[[], None] | None = give_back
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for part in self._stream:
-            yield part
+        try:
+            async for part in self._stream:
+                yield part
+        except httpx.TransportError as e:
+            raise _remapped(e) from e.__cause__
 
     async def aclose(self) -> None:
-        try:
-            await self._stream.aclose()
-        finally:
-            if self._give_back is not None:
-                give_back, self._give_back = self._give_back, None
-                give_back()
+        await self._stream.aclose()
+
+
+def _remapped(e: httpx.TransportError) -> httpx.TransportError:
+    """The httpx error an aiohttp error stands for, by its cause."""
+    cause = e.__cause__
+    if isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
+        return e
+    if isinstance(cause, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(str(cause))
+    if isinstance(cause, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return httpx.RemoteProtocolError(str(cause) or type(cause).__name__)
+    if isinstance(cause, aiohttp.ClientConnectionError):  # a reset or a broken pipe
+        return httpx.ReadError(str(cause) or type(cause).__name__)
+    return e

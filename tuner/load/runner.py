@@ -13,7 +13,7 @@ import httpx
 from tuner.clock import REAL_TIME, Clock
 from tuner.load.arrival import Arrival, interarrival_gaps
 from tuner.load.client import send_request
-from tuner.load.connections import OneConnectionPerRequest
+from tuner.load.connections import load_transport
 from tuner.load.prompt_fit import PromptFit, fit_prompts
 from tuner.load.results import LoadResult, RequestRecord
 from tuner.load.server_metrics import MetricsScraper, diagnose
@@ -42,9 +42,9 @@ class LoadProgress:
 
 
 def new_client() -> httpx.AsyncClient:
-    """A client with no connection cap (the arrival schedule, not a pool, decides how many are in flight) and one
-    keep-alive connection per request in flight."""
-    return httpx.AsyncClient(transport=OneConnectionPerRequest(), trust_env=False)
+    """A client with no connection cap (the arrival schedule, not a pool, decides how many are in flight) over
+    aiohttp's connections (see tuner.load.connections for why)."""
+    return httpx.AsyncClient(transport=load_transport(), trust_env=False)
 
 
 @dataclass(frozen=True)
