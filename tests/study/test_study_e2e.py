@@ -103,7 +103,9 @@ def assert_complete_and_stored(url: str, trials: list[FrozenTrial], n: int) -> N
             detail = store.trial_detail("e2e", t.number)
             assert detail is not None, f"trial {t.number} has no stored detail"
             if t in originals and t.user_attrs["outcome"] == "measured":
-                assert len(store.request_records("e2e", t.number)) == 12
+                stored = len(store.request_records("e2e", t.number))
+                # A load stopped at a certain SLO miss (how soon depends on the machine's load) stores what it sent.
+                assert stored == 12 if t.user_attrs.get("slo_stop") is None else 1 <= stored < 12, t.user_attrs
                 assert detail.load_summary is not None and detail.startup_facts is not None
 
 
