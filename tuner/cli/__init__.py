@@ -34,6 +34,7 @@ _COMMAND_MODULES: list[str] = [
     "tuner.cli.plan",
     "tuner.cli.tune",
     "tuner.cli.verify",
+    "tuner.cli.workers",
 ]
 
 for _name in _COMMAND_MODULES:

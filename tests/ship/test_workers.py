@@ -1,0 +1,74 @@
+"""`tuner export-workers`: one study tuned on many GPU nodes by an Indexed Job of workers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+JOB: dict[str, Any] = {
+    "study": {"name": "night qwen"},
+    "target": {
+        "launcher": "process",
+        "model": "llama-3.1-8b",
+        "gpu": "h100-80gb",
+        "process": {"command": ["vllm", "serve", "{model}", "--port", "{port}"], "env": ["HF_TOKEN"]},
+    },
+    "space": {"max_num_seqs": {"low": 8, "high": 128}, "tensor_parallel_size": {"choices": [1, 2]}},
+    "workload": {"input_len": 512, "output_len": 64},
+    "arrival": {"concurrency": 8, "requests": 64},
+}
+
+
+def export_workers(tmp_path: Path, doc: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    cmd = [sys.executable, "-m", "tuner", "export-workers", str(job), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_the_manifest_names_the_study_the_secret_and_the_gpus_a_trial_needs(tmp_path: Path) -> None:
+    done = export_workers(tmp_path, JOB, "--nodes", "4", "--secret", "pg", "--secret-env", "HF_TOKEN")
+    assert done.returncode == 0, done.stderr
+    config_map, job = list(yaml.safe_load_all(done.stdout))
+    assert config_map["kind"] == "ConfigMap" and yaml.safe_load(config_map["data"]["job.yaml"]) == JOB
+    assert job["kind"] == "Job" and job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
+    pod = job["spec"]["template"]["spec"]
+    (worker,) = pod["containers"]
+    assert worker["command"] == ["tuner", "tune", "/etc/tuner/job.yaml"]
+    assert worker["resources"]["limits"] == {"nvidia.com/gpu": 2}  # the largest tensor_parallel_size of the space
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["TUNER_STORAGE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "pg", "key": "url"}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "pg", "key": "HF_TOKEN"}
+    assert all("value" not in e for e in worker["env"])  # secrets by reference only
+    assert job["metadata"]["labels"]["tuner/study"] == "night-qwen"  # a label value may hold no space
+    assert pod["volumes"][0]["configMap"]["name"] == config_map["metadata"]["name"] == "tuner-night-qwen"
+    spread = pod["topologySpreadConstraints"][0]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "DoNotSchedule"
+
+
+def test_one_gpu_a_pod_when_the_space_does_not_parallelise(tmp_path: Path) -> None:
+    doc = {**JOB, "space": {"max_num_seqs": {"low": 8, "high": 128}}}
+    done = export_workers(tmp_path, doc)
+    assert done.returncode == 0, done.stderr
+    job = list(yaml.safe_load_all(done.stdout))[1]
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+
+
+@pytest.mark.parametrize(
+    ("change", "args", "said"),
+    [
+        ({"target": {**JOB["target"], "launcher": "docker"}}, [], "target.launcher: 'docker'; the cluster's workers"),
+        ({}, ["--nodes", "0"], "--nodes 0: give 1 or more"),
+    ],
+)
+def test_mistakes_are_one_line(tmp_path: Path, change: dict[str, Any], args: list[str], said: str) -> None:
+    done = export_workers(tmp_path, {**JOB, **change}, *args)
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

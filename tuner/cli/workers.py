@@ -1,0 +1,68 @@
+"""`tuner export-workers`: the Kubernetes manifest that tunes one study on many GPU nodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from tuner.cli import app
+from tuner.config import load_job
+from tuner.errors import ConfigError, TunerError
+from tuner.ship.workers import worker_manifest
+
+__all__ = ["export_workers_cmd"]
+
+
+@app.command("export-workers")
+def export_workers_cmd(
+    job_file: Annotated[Path, typer.Argument(help="The job file the workers run (target.launcher: process).")],
+    nodes: Annotated[int, typer.Option("--nodes", help="Workers to run at once: one a GPU node.")] = 2,
+    image: Annotated[
+        str,
+        typer.Option("--image", help="An image with vLLM and tuner, e.g. FROM vllm/vllm-openai + pip install tuner."),
+    ] = "tuner-vllm:latest",
+    secret: Annotated[
+        str, typer.Option("--secret", help="The Secret whose key --secret-key holds the PostgreSQL storage URL.")
+    ] = "tuner-storage",
+    secret_key: Annotated[str, typer.Option("--secret-key", help="The key of the storage URL in --secret.")] = "url",
+    secret_env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--secret-env",
+            help="A variable the workers get from the same Secret's key of that name.",
+            show_default=False,
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.", show_default=False)
+    ] = None,
+) -> None:
+    """A Kubernetes Indexed Job of --nodes `tuner tune` workers, one a GPU node, on one PostgreSQL study (its URL
+    from a Secret by reference), and the ConfigMap holding the job file. Each pod asks for the GPUs a trial can
+    need (tensor x pipeline parallel size, the largest the space allows).
+
+    Example: [bold]tuner export-workers job.yaml --nodes 8 --image registry/tuner-vllm:0.32 --secret-env HF_TOKEN
+    -o workers.yaml[/bold]
+    """
+    job = load_job(job_file)
+    try:
+        text = job_file.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TunerError(f"cannot read {job_file}: {e.strerror or e}") from None
+    if job.workload.dataset is not None:
+        raise ConfigError("workload.dataset: a dataset file does not travel in the manifest; bake it into --image")
+    docs = worker_manifest(
+        job, text, nodes=nodes, image=image, secret=secret, secret_key=secret_key, secret_env=tuple(secret_env or ())
+    )
+    manifest = "---\n".join(yaml.safe_dump(d, sort_keys=False, width=120) for d in docs)
+    if output is None:
+        typer.echo(manifest, nl=False)
+        return
+    try:
+        output.write_text(manifest)
+    except OSError as e:
+        raise TunerError(f"cannot write {output}: {e.strerror or e}") from None
+    typer.echo(f"wrote {output} (ConfigMap, Indexed Job of {nodes} workers)", err=True)

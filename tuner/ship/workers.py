@@ -1,0 +1,106 @@
+"""A fleet of GPU nodes tuning one study: a Kubernetes Indexed Job of `tuner tune` workers on one PostgreSQL study.
+
+Each pod runs `tuner tune` with the process launcher (vLLM runs inside the worker's own pod, on the GPUs the pod was
+given) against the study's PostgreSQL storage, whose URL comes from a Secret by reference; Optuna's own distributed
+mode and tuner's claims share the trials out. A worker that dies is restarted and the study goes on.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tuner.config import Job
+from tuner.errors import ConfigError
+from tuner.space import Range
+
+__all__ = ["gpus_per_worker", "worker_manifest"]
+
+JOB_PATH = "/etc/tuner/job.yaml"
+_DNS = re.compile(r"[^a-z0-9-]+")
+_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def gpus_per_worker(job: Job) -> int:
+    """The GPUs one trial can need: tensor x pipeline parallel size, the largest value each may take in the space."""
+    n = 1
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        spec = job.space.get(name)
+        if spec is None:
+            continue
+        values = getattr(spec, "choices", None) or ([spec.high] if isinstance(spec, Range) else [spec])
+        n *= max(int(v) for v in values)
+    return n
+
+
+def worker_manifest(
+    job: Job,
+    job_text: str,
+    *,
+    nodes: int,
+    image: str,
+    secret: str,
+    secret_key: str = "url",
+    secret_env: tuple[str, ...] = (),
+    gpu_resource: str = "nvidia.com/gpu",
+) -> list[dict[str, Any]]:
+    """The ConfigMap holding the job file and the Indexed Job running `nodes` workers, one a pod."""
+    if job.target.launcher != "process":
+        raise ConfigError(
+            f"target.launcher: {job.target.launcher!r}; the cluster's workers start vLLM inside their own pod, so the "
+            "job needs launcher: process (with target.process.command as the image runs vLLM)"
+        )
+    if nodes < 1:
+        raise ConfigError(f"--nodes {nodes}: give 1 or more")
+    name = _DNS.sub("-", f"tuner-{job.study.name}".lower()).strip("-")[:52]
+    gpus = gpus_per_worker(job)
+    labels = {"app.kubernetes.io/name": "tuner", "tuner/study": _LABEL.sub("-", job.study.name)[:63].strip("-._")}
+    env: list[dict[str, Any]] = [_from_secret("TUNER_STORAGE_URL", secret, secret_key)]
+    env += [_from_secret(var, secret, var) for var in secret_env]  # HF_TOKEN & co.: keys of the same Secret
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels},
+        "data": {"job.yaml": job_text},
+    }
+    container = {
+        "name": "worker",
+        "image": image,
+        "command": ["tuner", "tune", JOB_PATH],
+        "env": env,
+        "resources": {"limits": {gpu_resource: gpus}},
+        "volumeMounts": [{"name": "job", "mountPath": "/etc/tuner", "readOnly": True}],
+    }
+    indexed = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": nodes,
+            "parallelism": nodes,
+            "backoffLimitPerIndex": 3,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container],
+                    "volumes": [{"name": "job", "configMap": {"name": name}}],
+                    # One worker a node: its GPUs are the pod's, no two workers share a node's.
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "DoNotSchedule",
+                            "labelSelector": {"matchLabels": labels},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    return [config_map, indexed]
+
+
+def _from_secret(var: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
