@@ -145,7 +145,7 @@ class EmulatorOptions(_Model):
 
 
 class DockerOptions(_Model):
-    image: str = Field(default="vllm/vllm-openai:v0.11.0", description="the vLLM image to run")
+    image: str = Field(default=f"vllm/vllm-openai:v{PINNED_VLLM}", description="the vLLM image to run")
     model_id: str | None = Field(default=None, description="Hugging Face id passed as --model (default: the model's)")
     env: Annotated[list[str], BeforeValidator(_env_names)] = Field(
         default_factory=list, description="names of environment variables passed through (HF_TOKEN, ...)"

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from morning_demo import RunCli
 
-from tuner.config import DockerOptions
+from tuner.emulator.server import VLLM_VERSION as EMULATED_VLLM
 from tuner.flags import VllmFlags
 from tuner.store import open_store
 
@@ -115,7 +115,8 @@ def test_export_round_trips_to_the_winners_flags(tuner_cli: RunCli, tuned: tuple
     assert words[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
     assert words[3:] == stored.to_args()
     docker = tuner_cli("export", NAME, "--storage", url, "-f", "docker").out
-    assert f"{DockerOptions().image} \\\n" in docker  # the job's pinned vLLM image: the emulator ran none
+    # vLLM's image of the version the trial measured: the one the emulator imitates (it says so on /version)
+    assert f"vllm/vllm-openai:v{EMULATED_VLLM} \\\n" in docker
     deployment, _ = yaml.safe_load_all(tuner_cli("export", NAME, "--storage", url, "-f", "kubernetes").out)
     assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][2:] == stored.to_args()
 

@@ -32,10 +32,11 @@ from tuner.launch.owner import owner_alive, owner_token
 from tuner.launch.ports import free_port
 from tuner.launch.redact import Redactor
 from tuner.launch.serving import ready_server
+from tuner.vllm_pin import PINNED_VLLM
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IMAGE = "vllm/vllm-openai:v0.11.0"
+DEFAULT_IMAGE = f"vllm/vllm-openai:v{PINNED_VLLM}"  # the vLLM the tuner is tested against (tuner.vllm_pin)
 CONTAINER_PORT = 8000
 LABEL_LAUNCHER = "tuner.launcher"
 LABEL_STUDY = "tuner.study"
