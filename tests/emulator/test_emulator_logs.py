@@ -50,9 +50,10 @@ async def test_a_refused_start_names_the_engine_core_as_the_failed_process() -> 
     assert _writer(errors[-1]) == "APIServer" and "Engine core initialization failed" in errors[-1]
 
 
-def test_the_emulated_vllm_version_is_the_default_images() -> None:
-    # The log shape and metric names served are v0.11's; a job's default image must be the same vLLM.
+def test_the_default_image_is_the_pinned_vllms() -> None:
+    # A job's default image is the vLLM the real tier tests (tuner.vllm_pin), not the emulator's older surface
+    # (issue 12 moves the emulator to the pin; until then its /version says which vLLM it imitates).
     from tuner.config import DockerOptions
-    from tuner.emulator.server import VLLM_VERSION
+    from tuner.vllm_pin import PINNED_VLLM
 
-    assert DockerOptions().image == f"vllm/vllm-openai:v{VLLM_VERSION}"
+    assert DockerOptions().image == f"vllm/vllm-openai:v{PINNED_VLLM}"
