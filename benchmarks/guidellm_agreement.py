@@ -175,6 +175,7 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--prompt-words", type=int, default=128)
     ap.add_argument("--quiet-load", type=float, default=1.5, help="wait before each run for a lower load average")
+    ap.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most; then run anyway")
     args = ap.parse_args()
     counts = args.requests or [32 if c == 1 else min(8 * c, 256) for c in args.concurrency]
     exe = _guidellm_bin()
@@ -194,7 +195,7 @@ def main() -> None:
                 for i in range(args.repeats):
                     order = TOOLS if i % 2 == 0 else TOOLS[::-1]
                     for tool in order:
-                        load = _wait_quiet(args.quiet_load, 600)
+                        load = _wait_quiet(args.quiet_load, args.max_wait)
                         out = tmp / f"{tool}-{users}-{i}.json"
                         if tool == "guidellm":
                             m = _guidellm(exe, base, data, users, n, out)

@@ -168,6 +168,7 @@ def main() -> None:
     ap.add_argument("--api", choices=("completions", "chat"), default="completions")
     ap.add_argument("--port", type=int, default=18150)
     ap.add_argument("--quiet-load", type=float, default=1.5, help="wait before each run for a lower load average")
+    ap.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most; then run anyway")
     ap.add_argument("--vllm-python", help="default: $TUNER_TEST_VLLM_PYTHON, else scripts/real-vllm")
     ap.add_argument("--model-dir", help="default: $TUNER_TEST_VLLM_MODEL, else scripts/real-vllm")
     args = ap.parse_args()
@@ -188,7 +189,7 @@ def main() -> None:
                 order = TOOLS[i % len(TOOLS) :] + TOOLS[: i % len(TOOLS)]
                 for tool in order:
                     out = tmp / f"{tool}-{i}.json"
-                    m_load = _wait_quiet(args.quiet_load, 600)
+                    m_load = _wait_quiet(args.quiet_load, args.max_wait)
                     before = _server_sums(base)
                     bystander.reset()
                     started = time.perf_counter()
