@@ -167,6 +167,8 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--api", choices=("completions", "chat"), default="completions")
     ap.add_argument("--port", type=int, default=18150)
+    ap.add_argument("--quiet-load", type=float, default=1.5, help="wait before each run for a lower load average")
+    ap.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most; then run anyway")
     ap.add_argument("--vllm-python", help="default: $TUNER_TEST_VLLM_PYTHON, else scripts/real-vllm")
     ap.add_argument("--model-dir", help="default: $TUNER_TEST_VLLM_MODEL, else scripts/real-vllm")
     args = ap.parse_args()
@@ -187,6 +189,7 @@ def main() -> None:
                 order = TOOLS[i % len(TOOLS) :] + TOOLS[: i % len(TOOLS)]
                 for tool in order:
                     out = tmp / f"{tool}-{i}.json"
+                    m_load = _wait_quiet(args.quiet_load, args.max_wait)
                     before = _server_sums(base)
                     bystander.reset()
                     started = time.perf_counter()
@@ -195,6 +198,7 @@ def main() -> None:
                     else:
                         m = _tuner(base, args, i, out, scrape=tool == "tuner")
                     m["stalled_ms"], m["worst_stall_ms"] = bystander.reset()
+                    m["load"] = m_load
                     # Per second of the tool's process (its start-up included: vLLM's client imports for seconds).
                     m["stall_share"] = m["stalled_ms"] / 1000 / (time.perf_counter() - started)
                     after = _server_sums(base)
@@ -205,13 +209,15 @@ def main() -> None:
                     print(
                         f"run {i + 1} {tool:11}  output {m['output_throughput']:7.1f} tok/s  "
                         f"TTFT p50 {m['ttft_p50']:7.1f} ms  TPOT p50 {m['tpot_p50']:6.2f} ms  "
-                        f"prompt {m['input_mean']:.1f}  load {os.getloadavg()[0]:.1f}  stalled {m['stall_share']:4.0%} "
+                        f"prompt {m['input_mean']:.1f}  load {m['load']:.2f}  stalled {m['stall_share']:4.0%} "
                         f"(worst {m['worst_stall_ms']:4.0f} ms)  TTFT mean client/server "
                         f"{m['ttft_mean'] / m['server_ttft_mean']:.2f}",
                         flush=True,
                     )
         finally:
             _stop(proc)
+    loads = [m["load"] for *_, m in rows]
+    print(f"\nload average {min(loads):.2f}-{max(loads):.2f} at the runs' starts (waited for < {args.quiet_load:g})")
     print(
         f"\n{args.api}, {args.input_len} in / {args.output_len} out, {args.requests} requests, "
         f"concurrency {args.concurrency}, {args.repeats} alternating repeats; medians over the repeats\n"
@@ -268,6 +274,14 @@ class _Bystander:
         out = (self.stalled_ms, self.worst_ms)
         self.stalled_ms = self.worst_ms = 0.0
         return out
+
+
+def _wait_quiet(limit: float, max_wait_s: float) -> float:
+    """Wait (up to max_wait_s) for the 1-minute load average to fall below `limit`; the load measured at."""
+    deadline = time.monotonic() + max_wait_s
+    while os.getloadavg()[0] >= limit and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
 
 
 def _server_sums(base: str) -> dict[str, float]:

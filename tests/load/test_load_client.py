@@ -14,6 +14,7 @@ from load_fakes import DONE, BrokenServer, chunk, free_port, sse, usage_chunk
 from tuner.clock import Clock
 from tuner.load import RequestRecord
 from tuner.load.client import send_request
+from tuner.load.runner import new_client
 
 BODY = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stream": True}
 
@@ -144,10 +145,12 @@ async def test_transport_errors_are_classified() -> None:
     assert (r.error_class, r.error_message) == ("other", "RuntimeError: transport bug")
 
 
-async def test_real_broken_server_every_class() -> None:
+@pytest.mark.parametrize("wire", ["httpx", "load client"])
+async def test_real_broken_server_every_class(wire: str) -> None:
+    # The same classes through httpx's own transport and through the load client's (aiohttp's connections).
     modes = ["ok", "http_500", "http_400", "cut", "garbage", "reset", "stall"]
     server = BrokenServer(modes, stall_s=10.0)
-    async with server.serve() as base, httpx.AsyncClient() as client:
+    async with server.serve() as base, httpx.AsyncClient() if wire == "httpx" else new_client() as client:
         got = []
         for i in range(len(modes)):
             r = await send_request(

@@ -68,3 +68,11 @@ async def test_a_refused_connection_is_told_from_a_timeout() -> None:
         assert [r.error_class for r in records] == ["connection_refused"] * 4
         assert all("Connect call failed" in (r.error_message or "") or "refused" in (r.error_message or "")
                    for r in records), records[0].error_message  # fmt: skip
+
+
+async def test_a_cut_or_reset_connection_is_dropped_and_the_next_request_gets_a_new_one() -> None:
+    server = BrokenServer(["cut", "ok", "reset", "ok"])
+    async with server.serve() as base, new_client() as client:
+        records = [await _send(client, base, i) for i in range(4)]
+    assert [r.error_class for r in records] == ["stream_cut", None, "connection_reset", None]
+    assert server.connections == 3  # cut | ok, then reset on the kept connection | ok
