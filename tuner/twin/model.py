@@ -11,6 +11,7 @@ the best.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -23,6 +24,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from tuner.capacity import runtime_need_bytes
 from tuner.config import Job
 from tuner.flags import VllmFlags, resolve
+from tuner.scoring import LoadSummary, Slo
 from tuner.space import SearchSpace
 from tuner.store import flag_key
 from tuner.twin.simulate import GIB, Coefficients, SimPoint, simulate
@@ -66,6 +68,25 @@ class Predicted:
     @property
     def feasible(self) -> bool:
         return self.started and not self.crashed and self.violation <= 0
+
+
+@functools.lru_cache(maxsize=64)
+def _scaled(slos: tuple[Slo, ...], scale: float) -> tuple[Slo, ...]:
+    """SLOs that judge an unscaled summary as the original ones judge it with every duration times `scale`:
+    a latency's bound divided by it, a rate's multiplied (the relative violation comes out the same)."""
+    out = []
+    for slo in slos:
+        if slo.is_latency:
+            out.append(slo.model_copy(update={"threshold": slo.threshold / scale}))
+        elif slo.metric == "success_rate":
+            out.append(slo)
+        else:
+            out.append(slo.model_copy(update={"threshold": slo.threshold * scale}))
+    return tuple(out)
+
+
+def _scaled_slos(job: Job, scale: float) -> tuple[Slo, ...]:
+    return _scaled(tuple(job.parsed_slos()), scale)
 
 
 def _values(dist: BaseDistribution) -> list[Any]:
@@ -123,6 +144,8 @@ class Twin:
         self.simulate = simulate_fn
         self.coefficients = Coefficients()
         self.swept: dict[str, SimPoint] = {}
+        self._memo: dict[tuple[str, Coefficients], SimPoint] = {}
+        self._summaries: dict[int, tuple[SimPoint, LoadSummary | None]] = {}  # by id(point), the point kept
         self.exact: dict[str, SimPoint] = {}  # under `coefficients`
 
     def sweep(self) -> None:
@@ -137,10 +160,12 @@ class Twin:
         return self.swept[key]
 
     def predict(self, key: str) -> Predicted:
+        # The step-time scale moves every duration alike: applied to the summary, never simulated again.
+        scale = self.coefficients.step_scale
         exact = self.exact.get(key)
         if exact is not None:
-            return self._judge(key, exact, 1.0, True)
-        return self._judge(key, self.point(key), self.coefficients.step_scale, False)
+            return self._judge(key, exact, scale, True)
+        return self._judge(key, self.point(key), scale, False)
 
     def _judge(self, key: str, p: SimPoint, scale: float, exact: bool) -> Predicted:
         c = self.coefficients
@@ -148,12 +173,18 @@ class Twin:
         if started and not exact and p.kv_tokens is not None:
             max_len = resolve(self._flags(key), self.job.gpu_profile(), self.job.model_profile()).max_model_len
             started = p.kv_tokens * c.kv_scale >= max_len
-        summary = p.summary(self.job, scale) if started else None
+        summary = self._summary(p) if started else None
         crashed = p.crashed or (started and not exact and self._would_crash(key, p))
         if summary is None or crashed:
             return Predicted(key, started, crashed, 0.0, math.inf, exact)
-        violation = max((s.violation(summary) for s in self.job.parsed_slos()), default=0.0)
-        return Predicted(key, True, False, float(summary.output_throughput), violation, exact)
+        violation = max((slo.violation(summary) for slo in _scaled_slos(self.job, scale)), default=0.0)
+        return Predicted(key, True, False, float(summary.output_throughput) / scale, violation, exact)
+
+    def _summary(self, p: SimPoint) -> LoadSummary | None:
+        held = self._summaries.get(id(p))
+        if held is None:
+            held = self._summaries[id(p)] = (p, p.summary(self.job))
+        return held[1]
 
     def _flags(self, key: str) -> VllmFlags:
         return self.known[key]
@@ -178,35 +209,57 @@ class Twin:
             for o in observations
             if o.kv_tokens and (raw := self.point(o.key).raw_kv_tokens) and raw > 0
         ]
-        kv_scale = statistics.median(ratios) if ratios else 1.0
-        headroom = self._headroom(observations)
+        # Rounded, so a fit that barely moved reuses the simulations made under the last one
+        kv_scale = round(statistics.median(ratios), 3) if ratios else 1.0
+        headroom = round(self._headroom(observations) / 0.05) * 0.05
         base = Coefficients(kv_scale=kv_scale, headroom_gib=headroom)
         logs = []
         for o in observations:
             if o.started and not o.crashed and o.output_tok_s:
-                twin = self.simulate(self.job, self._flags(o.key), base).summary(self.job)
+                twin = self._simulate(o.key, Coefficients(kv_scale=kv_scale)).summary(self.job)
                 if twin is not None and twin.output_throughput > 0:
                     logs.append(math.log(twin.output_throughput / o.output_tok_s))
         step = math.exp(statistics.fmean(logs)) if logs else 1.0
         new = replace(base, step_scale=step)
-        if new != self.coefficients:
-            self.coefficients = new
+        if base != replace(self.coefficients, step_scale=1.0):
             self.exact = {}
+        self.coefficients = new
         return new
 
     def _headroom(self, observations: list[Observation]) -> float:
-        """A real crash under load the twin did not foresee: the headroom just below what that batch needed."""
-        worst = 0.0
+        """The runtime headroom's shift (GiB) between what the real crashes and survivals bound it to.
+
+        A candidate crashes when its fullest batch's transient need exceeds its headroom plus the shift: a real
+        crash bounds the shift from above, a real load that held its fullest batch bounds it from below; the
+        shift is the middle of the two (0 while no real server crashed)."""
+        upper: float | None = None
+        lower = -math.inf
         for o in observations:
             p = self.point(o.key)
-            if o.crashed and p.started and not p.crashed and p.peak_running:
-                r = resolve(self._flags(o.key), self.job.gpu_profile(), self.job.model_profile())
-                need = runtime_need_bytes(self.job.model_profile(), r, p.peak_running)
-                worst = min(worst, (need - p.headroom_bytes) / GIB - 0.01)
-        return worst
+            if not (o.started and p.started and p.peak_running):
+                continue
+            r = resolve(self._flags(o.key), self.job.gpu_profile(), self.job.model_profile())
+            margin = (p.headroom_bytes - runtime_need_bytes(self.job.model_profile(), r, p.peak_running)) / GIB
+            if o.crashed:
+                upper = -margin if upper is None else min(upper, -margin)
+            else:
+                lower = max(lower, -margin)
+        if upper is None:
+            return 0.0
+        if lower >= upper:
+            return upper - 0.01
+        return (max(lower, upper - 1.0) + upper) / 2
 
     def rerank(self, keys: Iterable[str]) -> None:
         """Simulate `keys` again under the current fit (their predictions become exact)."""
         for key in keys:
             if key not in self.exact:
-                self.exact[key] = self.simulate(self.job, self._flags(key), self.coefficients)
+                self.exact[key] = self._simulate(key, replace(self.coefficients, step_scale=1.0))
+
+    def _simulate(self, key: str, coefficients: Coefficients) -> SimPoint:
+        if coefficients == Coefficients():
+            return self.point(key)
+        memo = (key, coefficients)
+        if memo not in self._memo:
+            self._memo[memo] = self.simulate(self.job, self._flags(key), coefficients)
+        return self._memo[memo]

@@ -81,7 +81,8 @@ class TwinSampler(BaseSampler):
         self.on_event: Callable[[str], None] = lambda _m: None
         self.twin: Twin | None = None
         self.fell_back = False
-        self.errors: dict[int, float] = {}  # trial number -> |predicted - measured| / measured
+        self.errors: dict[int, float] = {}  # trial number -> |predicted - measured| / measured (in full, as foreseen)
+        self.missed: dict[int, bool] = {}  # trial number -> it started or crashed other than the twin predicted
         self._predicted: dict[int, Predicted] = {}
         self._fitted_on = -1
         self._proposals = 0
@@ -144,8 +145,12 @@ class TwinSampler(BaseSampler):
         self.twin.known.setdefault(key, VllmFlags.from_dict(record.flags))
         predicted = self._predicted.pop(trial.number, None) or self.twin.predict(key)
         study._storage.set_trial_user_attr(trial._trial_id, PREDICTED_ATTR, _shown(predicted))
-        self.errors[trial.number] = _error(predicted, record)
-        self.on_event(f"trial {trial.number}: {_compare(predicted, record, self.errors[trial.number])}")
+        error = _error(predicted, record)
+        if error is None:
+            self.missed[trial.number] = True
+        elif record.slo_stop is None:
+            self.errors[trial.number] = error
+        self.on_event(f"trial {trial.number}: {_compare(predicted, record, error)}")
 
     # -- the twin ------------------------------------------------------------------------------------------------
 
@@ -180,15 +185,25 @@ class TwinSampler(BaseSampler):
             )
 
     def _failing(self, done: list[FrozenTrial]) -> bool:
-        """After `check_after` real trials: is the median error of the latest ones still above the bound?"""
-        recent = [self.errors[t.number] for t in done if t.number in self.errors][-(self.check_after - 1) :]
-        if len(done) < self.check_after or not recent or statistics.median(recent) <= self.error_bound:
+        """After `check_after` real trials: is the twin still wrong? Its throughput error (the median of the latest
+        trials measured in full) above the bound, or the latest `check_after` trials all not as it foresaw (a
+        start, a crash)."""
+        if len(done) < self.check_after:
+            return False
+        errors = [self.errors[t.number] for t in done if t.number in self.errors]
+        missed = [self.missed.get(t.number, False) for t in done][-self.check_after :]
+        recent = errors[-(self.check_after - 1) :]
+        if recent and statistics.median(recent) > self.error_bound:
+            why = f"its throughput error stayed above {self.error_bound:.0%} (median of the last {len(recent)}: "
+            why += f"{statistics.median(recent):.0%})"
+        elif all(missed):
+            why = f"the last {len(missed)} real trials did not start or crash as it predicted"
+        else:
             return False
         self.fell_back = True
         self.on_event(
-            f"twin: its throughput error stayed above {self.error_bound:.0%} after {len(done)} real trials (median "
-            f"of the last {len(recent)}: {statistics.median(recent):.0%}); falling back to TPE, which models the "
-            f"{len(done)} trials measured"
+            f"twin: {why} after {len(done)} real trials; falling back to TPE, which models the {len(done)} trials "
+            "measured"
         )
         return True
 
@@ -311,10 +326,13 @@ def _shown(p: Predicted) -> float:
     return round(p.output_tok_s, 1) if p.started and not p.crashed else 0.0
 
 
-def _error(p: Predicted, r: TrialRecord) -> float:
-    if r.outcome == MEASURED and r.output_tok_s and p.started and not p.crashed:
+def _error(p: Predicted, r: TrialRecord) -> float | None:
+    """The relative throughput error; None where the outcome itself was not as predicted (a start, a crash)."""
+    if (r.outcome == MEASURED) != (p.started and not p.crashed):
+        return None
+    if r.outcome == MEASURED and r.output_tok_s:
         return abs(p.output_tok_s - r.output_tok_s) / r.output_tok_s
-    return 0.0 if (r.outcome == MEASURED) == (p.started and not p.crashed) else 1.0
+    return 0.0
 
 
 def _describe(p: Predicted) -> str:
@@ -326,9 +344,9 @@ def _describe(p: Predicted) -> str:
     return f"predicted {p.output_tok_s:,.0f} tok/s, {slo}"
 
 
-def _compare(p: Predicted, r: TrialRecord, error: float) -> str:
+def _compare(p: Predicted, r: TrialRecord, error: float | None) -> str:
     if r.outcome == MEASURED and r.output_tok_s is not None:
         measured = f"measured {r.output_tok_s:,.0f} tok/s" + (" (stopped early)" if r.slo_stop else "")
     else:
         measured = f"measured: {r.outcome} ({r.reason})"
-    return f"twin {_describe(p)}; {measured}; error {error:.0%}"
+    return f"twin {_describe(p)}; {measured}; " + ("not as predicted" if error is None else f"error {error:.0%}")

@@ -84,6 +84,7 @@ class SimPoint:
     raw_kv_tokens: int | None = None  # plan_startup's figure, before any coefficient
     peak_running: int = 0
     headroom_bytes: int = 0  # plan_startup's memory outside vLLM's budget, before any coefficient
+    estimated_max_model_len: int | None = None  # a start refused for KV: the longest that would fit
 
     @property
     def started(self) -> bool:
@@ -159,6 +160,7 @@ def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficien
     point = SimPoint(
         flags.as_dict(), plan.reason, plan.message, raw_kv_tokens=raw.kv_tokens, headroom_bytes=raw.headroom_bytes
     )
+    point.estimated_max_model_len = plan.estimated_max_model_len
     if not plan.ok:
         return point
     point.kv_tokens = plan.kv_tokens
