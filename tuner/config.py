@@ -50,7 +50,7 @@ _UNIT_SECONDS = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _T = TypeVar("_T")
 # The samplers a job may name; each has its factory in tuner.study.samplers.
-SamplerName = Literal["twin", "tpe", "gp", "nsga2", "random", "grid"]
+SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid", "twin"]
 SAMPLERS: tuple[str, ...] = get_args(SamplerName)
 
 

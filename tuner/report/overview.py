@@ -143,7 +143,7 @@ def status(view: StudyView) -> StudyStatus:
         twin=[
             (t.number, t.twin_predicted_tok_s, t.output_tok_s if t.slo_stop is None else None)
             for t in finished
-            if t.twin_predicted_tok_s is not None
+            if t.twin_predicted_tok_s is not None and t.duplicate_of is None
         ],
     )
 
