@@ -175,6 +175,19 @@ def scenario_job(name: str, sampler: str, seed: int, n_trials: int) -> Job:
 # -- the emulator's engine in virtual time -----------------------------------------------------------------------
 
 
+class CatalogTwin:
+    """The twin's simulations of one scenario, shared by its seeds (the twin is deterministic given the fit)."""
+
+    def __init__(self) -> None:
+        self.memo: dict[tuple[str, Coefficients], SimPoint] = {}
+
+    def __call__(self, job: Job, flags: VllmFlags, coefficients: Coefficients) -> SimPoint:
+        key = (flag_key(flags.as_dict()), coefficients)
+        if key not in self.memo:
+            self.memo[key] = twin_simulate(job, flags, coefficients)
+        return self.memo[key]
+
+
 @dataclass(frozen=True)
 class Point:
     """One flag set, measured: what a real trial would have seen, and the emulated server seconds it cost."""
@@ -194,9 +207,12 @@ class Point:
         return self.startup_s + self.duration_s
 
 
-def simulate(job: Job, flags: VllmFlags, hidden: Coefficients = CATALOG) -> Point:
-    """The flag set on the scenario's "real" server: the emulator's engine with the scenario's hidden figures."""
+def simulate(job: Job, flags: VllmFlags, hidden: Coefficients = CATALOG, twin: CatalogTwin | None = None) -> Point:
+    """The flag set on the scenario's "real" server: the emulator's engine with the scenario's hidden figures (a
+    server with the catalog's is the twin's own simulation: `twin` keeps it, so the twin does not redo it)."""
     p = twin_simulate(job, flags, hidden)
+    if twin is not None and hidden == CATALOG:
+        twin.memo[(flag_key(flags.as_dict()), CATALOG)] = p
     argv = ["--model", job.target.model, "--gpu", job.target.gpu, *flags.to_args(), "--disable-log-stats"]
     startup_s = Emulator(parse_config(argv), log_stream=io.StringIO()).startup_seconds()
     return Point(
@@ -337,19 +353,6 @@ def grid_points(job: Job) -> list[VllmFlags]:
     return [space.repair(dict(zip(names, values, strict=True))).flags for values in itertools.product(*grid.values())]
 
 
-class CatalogTwin:
-    """The twin's simulations of one scenario, shared by its seeds (the twin is deterministic given the fit)."""
-
-    def __init__(self) -> None:
-        self.memo: dict[tuple[str, Coefficients], SimPoint] = {}
-
-    def __call__(self, job: Job, flags: VllmFlags, coefficients: Coefficients) -> SimPoint:
-        key = (flag_key(flags.as_dict()), coefficients)
-        if key not in self.memo:
-            self.memo[key] = twin_simulate(job, flags, coefficients)
-        return self.memo[key]
-
-
 @dataclass
 class Scenario:
     name: str
@@ -391,7 +394,7 @@ def _trial_cost(t: FrozenTrial, job: Job, cache: dict[str, Point]) -> tuple[floa
     return tput, cost(p, job, stop_early=False) * attempts, cost(p, job, stop_early=True) * attempts
 
 
-def measure_grid(name: str) -> tuple[dict[str, Point], dict[str, Any], float]:
+def measure_grid(name: str, twin: CatalogTwin) -> tuple[dict[str, Point], dict[str, Any], float]:
     """Every grid point on the scenario's real server: the cache the samplers replay, the row's head, the best."""
     job = scenario_job(name, "grid", 0, 1)
     hidden = hidden_of(name)
@@ -399,7 +402,7 @@ def measure_grid(name: str) -> tuple[dict[str, Point], dict[str, Any], float]:
     for flags in grid_points(job):
         key = flag_key(flags.as_dict())
         if key not in cache:
-            cache[key] = simulate(job, flags, hidden)
+            cache[key] = simulate(job, flags, hidden, twin)
     order = list(cache.values())
     tputs = [feasible_tput(p, job) for p in order]
     best = max((x for x in tputs if x is not None), default=0.0)
@@ -440,10 +443,11 @@ def main() -> None:
     logs: list[str] = []
     for name in args.scenario or list(SCENARIOS):
         t0 = time.monotonic()
-        cache, row, best = measure_grid(name)
+        twin = CatalogTwin()
+        cache, row, best = measure_grid(name, twin)
         budget = min(args.budget, row["grid_points"])
         with tempfile.TemporaryDirectory() as folder:
-            sc = Scenario(name, cache, hidden_of(name), CatalogTwin(), Path(folder), [])
+            sc = Scenario(name, cache, hidden_of(name), twin, Path(folder), [])
             for sampler in args.sampler or list(SAMPLERS):
                 reaches = [reach_of(run_sampler(sc, sampler, seed, budget), best) for seed in range(args.seeds)]
                 row[sampler] = _summary(reaches)
