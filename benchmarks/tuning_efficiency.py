@@ -119,21 +119,23 @@ SCENARIOS.update(
                 "headroom_gib": -0.4,
             },
         },
-        # Qwen2.5-7B chat on an A100: memory faster than the catalog's, compute slower, TPOT and TTFT SLOs.
+        # Qwen2.5-7B chat on an A100: memory faster than the catalog's, compute slower, twice the overhead; a narrow
+        # optimum between a TTFT SLO (too few sequences queue) and a TPOT SLO (too many slow every step).
         "a100-qwen-reality": {
             "target": {"model": "qwen2.5-7b", "gpu": "a100-80gb"},
             "space": {
-                "max_num_seqs": {"choices": [32, 64, 96, 128, 192, 256]},
-                "max_num_batched_tokens": {"choices": [1024, 2048, 4096, 8192]},
+                "max_num_seqs": {"choices": [32, 64, 96, 128, 160, 256]},
+                "max_num_batched_tokens": {"choices": [512, 1024, 2048, 4096, 8192]},
                 "gpu_memory_utilization": {"choices": [0.8, 0.9, 0.95]},
                 "max_model_len": 8192,
             },
-            "workload": {"input_len": 1024, "output_len": 128, "seed": 4},
+            "workload": {"input_len": 384, "output_len": 256, "seed": 4},
             "arrival": {"concurrency": 160, "requests": 320, "warmup_requests": 16},
-            "slos": ["tpot_p95 <= 30ms", "ttft_p95 <= 3s", "success_rate >= 0.99"],
+            "slos": ["tpot_p95 <= 40ms", "ttft_p95 <= 11s", "success_rate >= 0.99"],
             "hidden": {"memory_scale": 0.75, "compute_scale": 1.35, "overhead_scale": 2.0, "kv_scale": 0.95},
         },
-        # Llama-3.1-8B AWQ on an L40S: a flat optimum, a memory path 40% slower and the runtime OOM sooner.
+        # Llama-3.1-8B AWQ on an L40S: a flat optimum (every batch of 32 or more within 10% of the best), a memory
+        # path 40% slower and the runtime OOM a GiB sooner (every flag set at 0.98 utilization crashes under load).
         "l40s-awq-reality": {
             "target": {"model": "llama-3.1-8b-awq", "gpu": "l40s"},
             "space": {
@@ -144,7 +146,7 @@ SCENARIOS.update(
             },
             "workload": {"input_len": {"dist": "uniform", "low": 500, "high": 3000}, "output_len": 256, "seed": 5},
             "arrival": {"concurrency": 64, "requests": 128, "warmup_requests": 8},
-            "slos": ["e2e_p95 <= 30s", "success_rate >= 0.99"],
+            "slos": ["e2e_p95 <= 50s", "success_rate >= 0.99"],
             "hidden": {"memory_scale": 1.4, "compute_scale": 1.2, "kv_scale": 0.95, "headroom_gib": -1.0},
         },
     }
@@ -430,6 +432,7 @@ def main() -> None:
     parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="default: all")
     parser.add_argument("--sampler", action="append", choices=list(SAMPLERS), help="default: all")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--other-seeds", type=int, help="seeds of the samplers other than twin (default: --seeds)")
     parser.add_argument("--budget", type=int, default=40, help="trials per sampler run (at most the grid's size)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--log", type=Path, help="write the twin's study log (seed 0) of every scenario here")
@@ -449,7 +452,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as folder:
             sc = Scenario(name, cache, hidden_of(name), twin, Path(folder), [])
             for sampler in args.sampler or list(SAMPLERS):
-                reaches = [reach_of(run_sampler(sc, sampler, seed, budget), best) for seed in range(args.seeds)]
+                seeds = args.seeds if sampler == "twin" or args.other_seeds is None else args.other_seeds
+                reaches = [reach_of(run_sampler(sc, sampler, seed, budget), best) for seed in range(seeds)]
                 row[sampler] = _summary(reaches)
             logs += [f"== {name}", *sc.log]
         row["seconds"] = round(time.monotonic() - t0, 1)
@@ -482,7 +486,8 @@ def table(results: dict[str, Any], seeds: int, budget: int) -> str:
     lo, hi = TARGETS
     lines = [
         f"Runs reaching {lo:.0%} and {hi:.0%} of the grid's best feasible output tok/s within the budget ({budget} "
-        f"trials, {seeds} seeds), median trials to each and server-minutes to {lo:.0%} (over the runs that did)",
+        f"trials; the reached column counts the seeds), median trials to each and server-minutes to {lo:.0%} (over "
+        "the runs that did)",
         "",
         "| scenario | grid points (cannot start / feasible / within 97% of best) | best tok/s (baseline) | method | "
         f"reached {lo:.0%} | reached {hi:.0%} | trials to {lo:.0%} | trials to {hi:.0%} | server-min to {lo:.0%} | "
