@@ -50,7 +50,7 @@ _UNIT_SECONDS = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _T = TypeVar("_T")
 # The samplers a job may name; each has its factory in tuner.study.samplers.
-SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid"]
+SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid", "twin"]
 SAMPLERS: tuple[str, ...] = get_args(SamplerName)
 
 
@@ -207,7 +207,11 @@ class Budget(_Model):
 
 
 class SamplerSection(_Model):
-    name: SamplerName = "tpe"
+    name: SamplerName | None = Field(
+        default=None,
+        description="default: twin where the GPU and model are known to the start-up arithmetic and the objective "
+        "is throughput, else tpe",
+    )
     seed: int | None = 0
     n_startup_trials: int | None = Field(default=None, ge=0, description="random trials before the model (tpe, gp)")
     population_size: int | None = Field(default=None, ge=2, description="nsga2 population")

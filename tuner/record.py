@@ -39,7 +39,7 @@ RECORD_VERSION: Final = 1
 """1: the record as a model (adds `record_version`, `vllm_version`); 0: tuner 0.1.0's attributes, the same names."""
 
 # Written only when they say something, as tuner 0.1.0 did: a trial without them shows no empty attribute.
-_ONLY_WHEN_SET = ("repairs", "warnings", "message", "duplicate_of", "vllm_version")
+_ONLY_WHEN_SET = ("repairs", "warnings", "message", "duplicate_of", "vllm_version", "twin_predicted_tok_s")
 
 
 class TrialRecord(BaseModel):
@@ -76,6 +76,8 @@ class TrialRecord(BaseModel):
     attempts: int | None = None
     latency_metric: str | None = None
     duplicate_of: int | None = None
+    # The twin's output tok/s for this flag set before the trial ran (0: predicted not to start or to crash).
+    twin_predicted_tok_s: float | None = None
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:

@@ -50,6 +50,7 @@ from tuner.report import (
     write_png,
 )
 from tuner.report.deployment import deploy_options, provenance
+from tuner.report.overview import StudyStatus
 from tuner.report.storage import job_study_name, sole_study
 from tuner.report.tables import (
     flag_lines,
@@ -255,6 +256,18 @@ def status_cmd(
         )
     else:
         con.print("skipped as infeasible before launch: 0")
+    _print_twin(con, st)
+
+
+def _print_twin(con: Any, st: StudyStatus) -> None:
+    """The twin sampler's prediction against each real trial's measurement (its error as it shrinks)."""
+    if not st.twin:
+        return
+    con.print("twin, predicted -> measured output tok/s (error):")
+    for number, predicted, measured in st.twin:
+        error = f"{abs(predicted - measured) / measured:.0%}" if measured else "not measured in full"
+        shown = f"{measured:,.1f}" if measured is not None else "—"
+        con.print(f"  trial {number}: {predicted:,.1f} -> {shown} ({error})")
 
 
 # -- tuner trials --------------------------------------------------------------------------------------------------

@@ -140,13 +140,15 @@ def _best_text(study: optuna.Study) -> str:
 
 def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     """Check the job, show the space, the baseline and what the feasibility filter predicts, launch nothing."""
+    from tuner.study.samplers import sampler_name
+
     space = job.search_space()
     gpu = job.gpu_profile()
     device = gpu.device_name if gpu.is_cpu else f"{gpu.device_name} ({gpu.memory_gib:g} GiB)"
     console.print(f"[bold]{job.study.name}[/bold]: {job.target.model} on {device} via {job.target.launcher}")
     console.print(f"storage: {safe_url(url)}")
     console.print(f"objective: {job.objective}; directions: maximize output tok/s, minimize {job.primary_latency()}")
-    console.print(f"SLOs: {', '.join(job.slos)}; budget: {job.budget.n_trials} trials; sampler: {job.sampler.name}")
+    console.print(f"SLOs: {', '.join(job.slos)}; budget: {job.budget.n_trials} trials; sampler: {sampler_name(job)}")
     console.print(
         f"workload: longest request {job.workload.max_request_tokens()} tokens; arrival: {job.arrival.describe()}"
     )

@@ -51,6 +51,8 @@ class StudyStatus:
     server_minutes_saved: float | None = None
     state: str = "empty"
     stopped: str | None = None  # the server refused the workload: the run's message (StudyView.stopped)
+    # The twin sampler's prediction against the measurement, per real trial: (trial, predicted, measured tok/s)
+    twin: list[tuple[int, float, float | None]] = field(default_factory=list)
 
     @property
     def skipped_total(self) -> int:
@@ -72,6 +74,7 @@ class StudyStatus:
             "server_minutes": self.server_minutes,
             "server_minutes_saved": self.server_minutes_saved,
             "stopped": self.stopped,
+            "twin": [{"trial": n, "predicted_tok_s": p, "measured_tok_s": m} for n, p, m in self.twin],
         }
 
 
@@ -137,6 +140,11 @@ def status(view: StudyView) -> StudyStatus:
         server_minutes_saved=saved if skipped else 0.0,
         state=_state(view),
         stopped=view.stopped,
+        twin=[
+            (t.number, t.twin_predicted_tok_s, t.output_tok_s if t.slo_stop is None else None)
+            for t in finished
+            if t.twin_predicted_tok_s is not None and t.duplicate_of is None
+        ],
     )
 
 

@@ -42,6 +42,7 @@ class TrialView:
     diagnosis: str | None = None
     kv_tokens: int | None = None
     predicted_kv_tokens: int | None = None
+    twin_predicted_tok_s: float | None = None  # the twin sampler's prediction before the trial ran
     vllm_version: str | None = None  # the server's, from its start-up facts (None: not logged, or an older study)
     slo_stop: str | None = None  # the load stopped at a certain SLO miss: its figures cover part of the run
     feasible: bool = False
@@ -183,6 +184,7 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         slo_stop=r.slo_stop,
         kv_tokens=r.kv_tokens,
         predicted_kv_tokens=r.predicted_kv_tokens,
+        twin_predicted_tok_s=r.twin_predicted_tok_s,
         vllm_version=r.vllm_version,
         feasible=feasible,
         constraints=constraints,

@@ -100,7 +100,7 @@ class TuningRun:
             distributed = not self.url.startswith("sqlite")
             # Workers of one study must not share a seed, or their first random proposals coincide.
             offset = (os.getpid() % 100_000) if distributed else 0
-            sampler = make_sampler(job, self.space, seed_offset=offset)
+            sampler = make_sampler(job, self.space, seed_offset=offset, on_event=self.on_event)
             # Workers started together would race to create Optuna's tables and the study: one at a time.
             with self.store.exclusive(_SCHEMA_LOCK):
                 self.storage = make_storage(

@@ -20,8 +20,9 @@ from tuner.config import SAMPLERS as SAMPLER_NAMES
 from tuner.config import Job, SamplerSection
 from tuner.errors import ConfigError
 from tuner.space import SearchSpace
+from tuner.twin.sampler import TwinSampler, twin_unsupported
 
-__all__ = ["SAMPLERS", "AskTellGridSampler", "SamplerFactory", "make_sampler", "sampler"]
+__all__ = ["SAMPLERS", "AskTellGridSampler", "SamplerFactory", "make_sampler", "sampler", "sampler_name"]
 
 SamplerFactory = Callable[[SamplerSection, SearchSpace, "int | None"], optuna.samplers.BaseSampler]
 """(the job's sampler section, its search space, the seed for this worker) -> the sampler."""
@@ -39,16 +40,34 @@ def sampler(name: str) -> Callable[[SamplerFactory], SamplerFactory]:
     return register
 
 
-def make_sampler(job: Job, space: SearchSpace, *, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
+def sampler_name(job: Job) -> str:
+    """The job's sampler; without one named, the twin where it can imitate the target (a GPU and a model the
+    capacity arithmetic knows, a throughput objective), else TPE."""
+    if job.sampler.name is not None:
+        return job.sampler.name
+    return "twin" if twin_unsupported(job) is None else "tpe"
+
+
+def make_sampler(
+    job: Job, space: SearchSpace, *, seed_offset: int = 0, on_event: Callable[[str], None] | None = None
+) -> optuna.samplers.BaseSampler:
     """The job's sampler, seeded (a worker's `seed_offset` keeps workers of one study from proposing alike)."""
     s = job.sampler
+    name = sampler_name(job)
     seed = None if s.seed is None else s.seed + seed_offset
-    factory = SAMPLERS.get(s.name)
+    factory = SAMPLERS.get(name)
     if factory is None:
-        raise ConfigError(f"sampler.name: unknown sampler {s.name!r}; use {', '.join(SAMPLERS)}")
+        raise ConfigError(f"sampler.name: unknown sampler {name!r}; use {', '.join(SAMPLERS)}")
+    if name == "twin":
+        why = twin_unsupported(job)
+        if why is not None:
+            raise ConfigError(f"sampler.name: twin cannot imitate this job: {why}; use tpe, gp, nsga2, random or grid")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
-        return factory(s, space, seed)
+        made = factory(s, space, seed)
+    if isinstance(made, TwinSampler):
+        made.bind(job, on_event)
+    return made
 
 
 @sampler("tpe")
@@ -105,6 +124,13 @@ def _gp(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.sampl
     if s.n_startup_trials is not None:
         kwargs["n_startup_trials"] = s.n_startup_trials
     return optuna.samplers.GPSampler(**kwargs)
+
+
+@sampler("twin")
+def _twin(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
+    # The fallback models the trials measured so far at once: they are its start-up trials.
+    fallback = _tpe(s.model_copy(update={"n_startup_trials": s.n_startup_trials or 0}), space, seed)
+    return TwinSampler(space, seed, fallback)
 
 
 # Every name a job may give has a factory (a test-time check would come too late for a user's overnight run).

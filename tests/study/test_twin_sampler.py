@@ -1,0 +1,189 @@
+"""The twin sampler through its seams: a fake simulation (the twin's view) and trials told by hand (reality).
+
+The fake twin: throughput grows with max_num_seqs and gpu_memory_utilization, the e2e latency with max_num_seqs
+(`seqs / 32` s), every duration times the fit's step scale. The study is Optuna's, in memory; each real trial is
+recorded as the objective records it (flags, outcome, output tok/s, KV tokens) before it is told.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from study_fakes import JOB, FakeLauncher, fake_measure, job
+
+from tuner.config import parse_job
+from tuner.errors import ConfigError
+from tuner.flags import VllmFlags
+from tuner.load import RequestRecord
+from tuner.record import CRASHED, MEASURED, TrialRecord
+from tuner.report.overview import status
+from tuner.report.views import study_view
+from tuner.store import flag_key
+from tuner.study import TuningRun
+from tuner.study.samplers import make_sampler, sampler_name
+from tuner.study.verdict import DIRECTIONS
+from tuner.twin.sampler import PREDICTED_ATTR, TwinSampler
+from tuner.twin.simulate import Coefficients, SimPoint
+
+KV = 40_000
+
+
+def fake_tok_s(flags: VllmFlags) -> float:
+    return 10.0 * (flags.max_num_seqs or 0) * (flags.gpu_memory_utilization or 0.9)
+
+
+def fake_simulate(job_: Any, flags: VllmFlags, c: Coefficients) -> SimPoint:
+    """Ten requests of 100 tokens, done at the fake throughput; e2e seqs/32 s; everything times the step scale."""
+    tok_s = fake_tok_s(flags) / c.step_scale
+    duration = 1000 / tok_s
+    e2e = (flags.max_num_seqs or 0) / 32 * c.step_scale
+    records = [
+        RequestRecord(
+            index=i,
+            start_s=i * duration / 10,
+            ttft_s=0.01,
+            itl_s=[0.001] * 99,
+            e2e_s=min(e2e, duration - i * duration / 10) if i == 9 else e2e,
+            prompt_tokens=256,
+            completion_tokens=100,
+            ok=True,
+        )
+        for i in range(10)
+    ]
+    return SimPoint(
+        flags.as_dict(), None, records=records, duration_s=duration, kv_tokens=int(KV * c.kv_scale), raw_kv_tokens=KV
+    )
+
+
+def twin_study(*, slo: str = "e2e_p95 <= 2.5s", **options: Any) -> tuple[optuna.Study, TwinSampler, list[str]]:
+    j = job(slos=[slo, "success_rate >= 0.9"], sampler={"name": "twin", "seed": 1})
+    space = j.search_space()
+    fallback = optuna.samplers.TPESampler(seed=1, n_startup_trials=0)
+    sampler = TwinSampler(space, 1, fallback, simulate_fn=fake_simulate, **options)
+    log: list[str] = []
+    sampler.bind(j, log.append)
+    study = optuna.create_study(directions=DIRECTIONS, sampler=sampler)
+    return study, sampler, log
+
+
+def run_trial(study: optuna.Study, reality: Any) -> VllmFlags:
+    """Ask, record what the real server did (`reality(flags) -> (outcome, tok/s)`), tell."""
+    sampler = study.sampler
+    assert isinstance(sampler, TwinSampler)
+    trial = study.ask()
+    flags = sampler.space.suggest(trial).flags
+    outcome, tok_s = reality(flags)
+    record = TrialRecord(
+        flags=flags.as_dict(),
+        outcome=outcome,
+        output_tok_s=tok_s,
+        kv_tokens=KV if outcome == MEASURED else None,
+        feasible=outcome == MEASURED,
+    )
+    for k, v in record.to_attrs().items():
+        trial.set_user_attr(k, v)
+    study.tell(trial, [tok_s or 0.0, 1.0])
+    return flags
+
+
+def as_twin_says(flags: VllmFlags) -> tuple[str, float]:
+    return MEASURED, fake_tok_s(flags)
+
+
+def test_the_first_proposal_is_the_twins_best() -> None:
+    study, _, log = twin_study()
+    flags = run_trial(study, as_twin_says)
+    # the most sequences (e2e 64/32 = 2 s, within the 2.5 s SLO) at the highest utilization
+    assert (flags.max_num_seqs, flags.gpu_memory_utilization) == (64, 0.95)
+    assert any(line.startswith("twin: 12 flag sets measured") for line in log)
+    trial = study.trials[0]
+    assert trial.user_attrs[PREDICTED_ATTR] == pytest.approx(fake_tok_s(flags), rel=1e-3)
+
+
+def test_a_measurement_that_differs_refits_the_twin_and_moves_the_next_proposal() -> None:
+    # Reality is twice as slow: 64 sequences now take 2 s x 2 = 4 s at the P95, over the 2.5 s SLO (the measured
+    # throughput says so: the step scale comes out 2); the refit twin puts the best at 32 sequences.
+    study, sampler, log = twin_study()
+    first = run_trial(study, lambda f: (MEASURED, fake_tok_s(f) / 2))
+    second = run_trial(study, lambda f: (MEASURED, fake_tok_s(f) / 2))
+    assert sampler.twin is not None
+    assert sampler.twin.coefficients.step_scale == pytest.approx(2.0, rel=1e-3)
+    assert first.max_num_seqs == 64 and second.max_num_seqs == 32
+    assert any("twin refit to 1 real trial: step time x2.000" in line for line in log)
+    assert any("error 100%" in line for line in log)  # the first prediction, before any refit
+    assert study.trials[1].user_attrs[PREDICTED_ATTR] == pytest.approx(fake_tok_s(second) / 2, rel=1e-3)
+
+
+def test_a_crash_the_twin_did_not_foresee_is_not_a_throughput_error() -> None:
+    study, sampler, log = twin_study()
+    run_trial(study, lambda f: (CRASHED, None))
+    assert sampler.missed == {0: True} and sampler.errors == {}
+    assert any("not as predicted" in line for line in log)
+
+
+def test_the_twin_falls_back_to_tpe_when_its_error_stays_high() -> None:
+    # Reality follows no single scale of the twin: alternately 3x faster and 3x slower than it says.
+    study, sampler, log = twin_study(check_after=4, error_bound=0.25)
+    wild = iter([3.0, 1 / 3] * 10)
+    for _ in range(6):
+        run_trial(study, lambda f: (MEASURED, fake_tok_s(f) * next(wild)))
+    assert sampler.fell_back
+    fallback_lines = [line for line in log if "falling back to TPE" in line]
+    assert len(fallback_lines) == 1 and "after 4 real trials" in fallback_lines[0]
+
+
+def test_the_twin_keeps_going_while_its_error_is_small() -> None:
+    study, sampler, log = twin_study(check_after=3)
+    for _ in range(5):
+        run_trial(study, lambda f: (MEASURED, fake_tok_s(f) * 1.05))
+    assert not sampler.fell_back
+    assert not any("falling back" in line for line in log)
+
+
+def test_the_twin_never_proposes_a_flag_set_twice() -> None:
+    study, _, _ = twin_study()
+    seen = [flag_key(run_trial(study, as_twin_says).as_dict()) for _ in range(12)]
+    assert len(set(seen)) == 12  # the whole space, each flag set once
+
+
+def test_the_twin_is_the_default_where_it_can_imitate_the_target() -> None:
+    data = {**JOB, "sampler": {"seed": 1}}
+    assert sampler_name(parse_job(data)) == "twin"
+    assert sampler_name(parse_job({**data, "objective": "max_rate"})) == "tpe"
+    cpu = {**data, "target": {"launcher": "process", "model": "llama-3.1-8b", "gpu": "cpu"}}
+    assert sampler_name(parse_job(cpu)) == "tpe"
+    assert sampler_name(parse_job({**data, "sampler": {"name": "random"}})) == "random"
+
+
+def test_naming_the_twin_for_a_target_it_cannot_imitate_is_one_line() -> None:
+    j = parse_job({**JOB, "objective": "max_rate", "sampler": {"name": "twin"}})
+    with pytest.raises(ConfigError, match=r"^sampler.name: twin cannot imitate this job: the objective is max_rate"):
+        make_sampler(j, j.search_space())
+
+
+def test_a_twin_study_records_and_shows_predicted_against_measured(tmp_path: Path) -> None:
+    """The real study, the real twin (the emulator's engine on the fake job's L4), a fake server and load."""
+    j = job(sampler={"name": "twin", "seed": 1}, budget={"n_trials": 6})
+    launcher = FakeLauncher()
+    log: list[str] = []
+    url = f"sqlite:///{tmp_path / 'twin.db'}"
+    tuning = TuningRun(j, launcher, storage_url=url, measure=fake_measure(), on_event=log.append, poll_s=0.1)
+    try:
+        tuning.run()
+        study = tuning.study
+    finally:
+        tuning.close()
+    launched = [flag_key(launch["flags"]) for launch in launcher.launches]
+    assert len(launched) == len(set(launched)) == 6
+    records = [TrialRecord.from_attrs(t.user_attrs) for t in study.trials]
+    assert all(r.twin_predicted_tok_s is not None for r in records if not r.is_duplicate)
+    assert log.index(next(m for m in log if m.startswith("twin: 12 flag sets"))) < log.index(
+        next(m for m in log if m.startswith("trial 0: twin predicted"))
+    )
+    st = status(study_view(study))
+    assert [n for n, _, _ in st.twin] == [
+        t.number for t, r in zip(study.trials, records, strict=True) if not r.is_duplicate
+    ]

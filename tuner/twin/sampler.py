@@ -1,0 +1,352 @@
+"""`sampler: {name: twin}`: real trials go where the twin, refit to every real trial so far, puts the best.
+
+Before the first launch the twin measures every candidate flag set (tuner.twin.model). Each proposal then:
+refit the twin to the real trials, re-rank, and propose the best untried candidate (among near-equals, the one
+farthest from what was tried); every `explore_every`-th proposal goes instead where the twin is least sure (the
+highest optimistic throughput, its uncertainty the twin's measured error times the distance from any real trial).
+After each real trial the record gets the twin's prediction (`twin_predicted_tok_s`) and the log a line of predicted
+against measured. Where the error stays above `error_bound` after `check_after` real trials the sampler says so and
+hands over to TPE, which models every trial measured so far.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler, RandomSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.config import Job
+from tuner.errors import TunerError
+from tuner.flags import VllmFlags
+from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED, TrialRecord
+from tuner.space import SearchSpace
+from tuner.store import flag_key
+from tuner.twin.model import RERANK, Candidate, Observation, Predicted, Simulate, Twin, candidates
+from tuner.twin.simulate import simulate
+
+__all__ = ["PREDICTED_ATTR", "TwinSampler", "twin_unsupported"]
+
+PREDICTED_ATTR = "twin_predicted_tok_s"
+NEAR_BEST = 0.02  # candidates predicted within this of the best are equals: the most distant from the tried wins
+
+
+def twin_unsupported(job: Job) -> str | None:
+    """Why the twin cannot imitate this job's target, or None: it needs a GPU and a model the start-up arithmetic
+    knows, and a throughput objective (it predicts the job's fixed load, not a capacity search)."""
+    if job.objective != "throughput":
+        return f"the objective is {job.objective} (the twin predicts throughput under the job's load)"
+    try:
+        gpu, model = job.gpu_profile(), job.model_profile()
+    except TunerError as e:
+        return str(e)
+    if gpu.is_cpu:
+        return "gpu: cpu (the twin imitates GPUs)"
+    if not model.predictable:
+        why = model.unknown_reason or "its architecture"
+        return f"the start-up arithmetic does not know {job.target.model} ({why})"
+    return None
+
+
+class TwinSampler(BaseSampler):
+    """An Optuna sampler; `bind(job, on_event)` before the first trial (the study does it)."""
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        seed: int | None,
+        fallback: BaseSampler,
+        *,
+        max_points: int = 400,
+        explore_every: int = 4,
+        error_bound: float = 0.25,
+        check_after: int = 4,
+        simulate_fn: Simulate = simulate,
+    ) -> None:
+        self.space = space
+        self.seed = seed
+        self.fallback = fallback
+        self.max_points = max_points
+        self.explore_every = explore_every
+        self.error_bound = error_bound
+        self.check_after = check_after
+        self.simulate_fn = simulate_fn
+        self.job: Job | None = None
+        self.on_event: Callable[[str], None] = lambda _m: None
+        self.twin: Twin | None = None
+        self.fell_back = False
+        self.errors: dict[int, float] = {}  # trial number -> |predicted - measured| / measured (in full, as foreseen)
+        self.missed: dict[int, bool] = {}  # trial number -> it started or crashed other than the twin predicted
+        self._predicted: dict[int, Predicted] = {}
+        self._fitted_on = -1
+        self._proposals = 0
+        self._random = RandomSampler(seed=seed)
+
+    def bind(self, job: Job, on_event: Callable[[str], None] | None = None) -> None:
+        self.job = job
+        if on_event is not None:
+            self.on_event = on_event
+
+    # -- Optuna's sampler interface --------------------------------------------------------------------------
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        if self.fell_back:
+            return self.fallback.infer_relative_search_space(study, trial)
+        return dict(self.space.distributions)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if self.fell_back:
+            return self.fallback.sample_relative(study, trial, search_space)
+        twin = self._ready()
+        if "fixed_params" in trial.system_attrs:
+            return {}  # an enqueued trial (the baseline): its parameters are given
+        done = _real_trials(study)
+        self._refit(twin, done)
+        if self._failing(done):
+            return self.fallback.sample_relative(study, trial, self.fallback.infer_relative_search_space(study, trial))
+        choice = self._choose(twin, study, done)
+        if choice is None:
+            return {}  # every candidate tried: the independent sampler draws the rest
+        self._predicted[trial.number] = twin.predict(choice.key)
+        return dict(choice.params)
+
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        if self.fell_back:
+            return self.fallback.sample_independent(study, trial, param_name, param_distribution)
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def reseed_rng(self) -> None:
+        self._random.reseed_rng()
+        self.fallback.reseed_rng()
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        if not self.fell_back:
+            self._ready()  # the sweep, before the first launch: the baseline gets a prediction too
+        self.fallback.before_trial(study, trial)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
+        self.fallback.after_trial(study, trial, state, values)
+        if self.twin is None or state != TrialState.COMPLETE:
+            return
+        record = TrialRecord.from_attrs(trial.user_attrs)
+        if record.is_duplicate or record.outcome not in (MEASURED, CRASHED, LAUNCH_FAILED):
+            return
+        key = flag_key(record.flags)
+        self.twin.known.setdefault(key, VllmFlags.from_dict(record.flags))
+        predicted = self._predicted.pop(trial.number, None) or self.twin.predict(key)
+        study._storage.set_trial_user_attr(trial._trial_id, PREDICTED_ATTR, _shown(predicted))
+        error = _error(predicted, record)
+        if error is None:
+            self.missed[trial.number] = True
+        elif record.slo_stop is None:
+            self.errors[trial.number] = error
+        self.on_event(f"trial {trial.number}: {_compare(predicted, record, error)}")
+
+    # -- the twin ------------------------------------------------------------------------------------------------
+
+    def _ready(self) -> Twin:
+        if self.twin is None:
+            if self.job is None:
+                raise RuntimeError("TwinSampler.bind(job) was not called")
+            started = time.monotonic()
+            pool = candidates(self.space, self.max_points, self.seed)
+            self.twin = Twin(self.job, pool, self.simulate_fn)
+            self.twin.sweep()
+            ranked = sorted((self.twin.predict(c.key) for c in pool), key=_rank)
+            best = ranked[0] if ranked else None
+            self.on_event(
+                f"twin: {len(pool)} flag sets measured in the emulator's engine in virtual time "
+                f"({time.monotonic() - started:.0f} s of CPU); {sum(p.feasible for p in ranked)} predicted to meet "
+                f"the SLOs" + (f", the best at {best.output_tok_s:,.0f} tok/s" if best and best.feasible else "")
+            )
+        return self.twin
+
+    def _refit(self, twin: Twin, done: list[FrozenTrial]) -> None:
+        if len(done) == self._fitted_on:
+            return
+        self._fitted_on = len(done)
+        observations = [_observation(t) for t in done]
+        c = twin.refit([o for o in observations if o is not None])
+        if done:
+            headroom = f", runtime headroom {c.headroom_gib:+.2f} GiB" if c.headroom_gib else ""
+            self.on_event(
+                f"twin refit to {len(done)} real trial{'s' if len(done) > 1 else ''}: step time "
+                f"x{c.step_scale:.3f}, KV tokens x{c.kv_scale:.3f}{headroom}"
+            )
+
+    def _failing(self, done: list[FrozenTrial]) -> bool:
+        """After `check_after` real trials: is the twin still wrong? Its throughput error (the median of the latest
+        trials measured in full) above the bound, or the latest `check_after` trials all not as it foresaw (a
+        start, a crash)."""
+        if len(done) < self.check_after:
+            return False
+        errors = [self.errors[t.number] for t in done if t.number in self.errors]
+        missed = [self.missed.get(t.number, False) for t in done][-self.check_after :]
+        recent = errors[-(self.check_after - 1) :]
+        if recent and statistics.median(recent) > self.error_bound:
+            why = f"its throughput error stayed above {self.error_bound:.0%} (median of the last {len(recent)}: "
+            why += f"{statistics.median(recent):.0%})"
+        elif all(missed):
+            why = f"the last {len(missed)} real trials did not start or crash as it predicted"
+        else:
+            return False
+        self.fell_back = True
+        self.on_event(
+            f"twin: {why} after {len(done)} real trials; falling back to TPE, which models the {len(done)} trials "
+            "measured"
+        )
+        return True
+
+    def _choose(self, twin: Twin, study: Study, done: list[FrozenTrial]) -> Candidate | None:
+        tried = _tried_keys(study, self.space)
+        untried = [key for key in twin.pool if key not in tried]
+        if not untried:
+            return None
+        self._proposals += 1
+        best = self._exploit(twin, untried, study)
+        if self._proposals % self.explore_every == 0:
+            explore = self._explore(twin, untried, best, study, done)
+            if explore is not None:
+                self.on_event(f"twin: exploring where it is least sure ({_describe(twin.predict(explore))})")
+                return twin.pool[explore]
+        return twin.pool[best]
+
+    def _exploit(self, twin: Twin, untried: list[str], study: Study) -> str:
+        """The best untried candidate under the refit twin, its leaders simulated again under the fit."""
+        for _ in range(RERANK):
+            ranked = sorted((twin.predict(k) for k in untried), key=_rank)
+            leaders = [p.key for p in ranked[:3]]
+            if all(twin.predict(k).exact for k in leaders):
+                break
+            twin.rerank(leaders)
+        ranked = sorted((twin.predict(k) for k in untried), key=_rank)
+        top = ranked[0]
+        if not top.feasible:
+            return top.key
+        equals = [p.key for p in ranked[:3] if p.feasible and p.output_tok_s >= (1 - NEAR_BEST) * top.output_tok_s]
+        tried = self._tried_params(study)
+        return max(equals, key=lambda k: (self._distance(twin.pool[k].params, tried), -equals.index(k)))
+
+    def _explore(self, twin: Twin, untried: list[str], best: str, study: Study, done: list[FrozenTrial]) -> str | None:
+        errors = [self.errors[t.number] for t in done if t.number in self.errors]
+        u = max(statistics.median(errors) if errors else 0.2, 0.05)
+        tried = self._tried_params(study)
+        options = []
+        for key in untried:
+            p = twin.predict(key)
+            if key == best or not p.started or p.crashed or p.violation > u:
+                continue
+            d = self._distance(twin.pool[key].params, tried)
+            options.append((p.output_tok_s * (1 + u * d), key))
+        return max(options)[1] if options else None
+
+    def _tried_params(self, study: Study) -> list[dict[str, Any]]:
+        return [t.params for t in study.get_trials(deepcopy=False) if t.params]
+
+    def _distance(self, params: dict[str, Any], tried: list[dict[str, Any]]) -> float:
+        """The normalised distance (0..1) to the nearest tried parameters."""
+        if not tried:
+            return 1.0
+        return min(_distance(self.space.distributions, params, other) for other in tried)
+
+
+def _distance(dists: dict[str, BaseDistribution], a: dict[str, Any], b: dict[str, Any]) -> float:
+    parts = []
+    for name, dist in dists.items():
+        x, y = a.get(name), b.get(name)
+        if x is None or y is None or isinstance(dist, CategoricalDistribution):
+            parts.append(0.0 if x == y else 1.0)
+            continue
+        low, high = float(dist.low), float(dist.high)  # type: ignore[attr-defined]
+        if getattr(dist, "log", False) and low > 0:
+            low, high, x, y = math.log(low), math.log(high), math.log(max(x, 1e-12)), math.log(max(y, 1e-12))
+        parts.append(min(1.0, abs(float(x) - float(y)) / (high - low)) if high > low else 0.0)
+    return math.sqrt(sum(p * p for p in parts) / max(len(parts), 1))
+
+
+def _rank(p: Predicted) -> tuple[int, float]:
+    """Feasible first, by throughput; then the closest to the SLOs; what cannot start or crashes last."""
+    if p.feasible:
+        return (0, -p.output_tok_s)
+    if p.started and not p.crashed:
+        return (1, p.violation - p.output_tok_s * 1e-9)
+    return (2, 0.0)
+
+
+def _real_trials(study: Study) -> list[FrozenTrial]:
+    """Finished trials that launched a server of their own (repeats and pre-launch skips measured nothing)."""
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        r = TrialRecord.from_attrs(t.user_attrs)
+        if not r.is_duplicate and r.outcome in (MEASURED, CRASHED, LAUNCH_FAILED):
+            out.append(t)
+    return sorted(out, key=lambda t: t.number)
+
+
+def _tried_keys(study: Study, space: SearchSpace) -> set[str]:
+    keys = set()
+    for t in study.get_trials(deepcopy=False):
+        flags = t.user_attrs.get("flags")
+        if isinstance(flags, dict):
+            keys.add(flag_key(flags))
+        elif t.user_attrs.get("baseline"):
+            keys.add(flag_key(space.baseline().as_dict()))
+        elif t.params:
+            keys.add(flag_key(space.repair(dict(t.params)).flags.as_dict()))
+    return keys
+
+
+def _observation(t: FrozenTrial) -> Observation | None:
+    r = TrialRecord.from_attrs(t.user_attrs)
+    if not r.flags:
+        return None
+    full = r.outcome == MEASURED and r.slo_stop is None and r.output_tok_s
+    return Observation(
+        key=flag_key(r.flags),
+        flags=VllmFlags.from_dict(r.flags),
+        started=r.outcome in (MEASURED, CRASHED),
+        crashed=r.outcome == CRASHED,
+        output_tok_s=r.output_tok_s if full else None,
+        kv_tokens=r.kv_tokens,
+    )
+
+
+def _shown(p: Predicted) -> float:
+    """The prediction as the record keeps it: the throughput, 0 for a flag set predicted not to start or to crash."""
+    return round(p.output_tok_s, 1) if p.started and not p.crashed else 0.0
+
+
+def _error(p: Predicted, r: TrialRecord) -> float | None:
+    """The relative throughput error; None where the outcome itself was not as predicted (a start, a crash)."""
+    if (r.outcome == MEASURED) != (p.started and not p.crashed):
+        return None
+    if r.outcome == MEASURED and r.output_tok_s:
+        return abs(p.output_tok_s - r.output_tok_s) / r.output_tok_s
+    return 0.0
+
+
+def _describe(p: Predicted) -> str:
+    if not p.started:
+        return "predicted not to start"
+    if p.crashed:
+        return "predicted to crash under load"
+    slo = "meets the SLOs" if p.violation <= 0 else f"misses an SLO by {p.violation:.0%}"
+    return f"predicted {p.output_tok_s:,.0f} tok/s, {slo}"
+
+
+def _compare(p: Predicted, r: TrialRecord, error: float | None) -> str:
+    if r.outcome == MEASURED and r.output_tok_s is not None:
+        measured = f"measured {r.output_tok_s:,.0f} tok/s" + (" (stopped early)" if r.slo_stop else "")
+    else:
+        measured = f"measured: {r.outcome} ({r.reason})"
+    return f"twin {_describe(p)}; {measured}; " + ("not as predicted" if error is None else f"error {error:.0%}")
