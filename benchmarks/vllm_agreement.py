@@ -298,7 +298,8 @@ def _server_sums(base: str) -> dict[str, float]:
 
 def _spread(rows: list[tuple[int, str, dict[str, float]]], key: str, tool: str) -> float:
     values = [m[key] for _, t, m in rows if t == tool]
-    return max(values) / min(values)
+    # A TPOT median of 0 (a whole reply read at once) has no ratio: inf says so instead of a crash after the run.
+    return max(values) / min(values) if min(values) > 0 else float("inf")
 
 
 def _paired(rows: list[tuple[int, str, dict[str, float]]], key: str, tool: str) -> float:
