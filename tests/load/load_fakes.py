@@ -132,7 +132,8 @@ class BrokenServer:
                     head_and_body = await _read_request_with_path(reader)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
-                path, _body = head_and_body
+                target, _body = head_and_body
+                path = target.partition("?")[0]  # routed by path, as a server is: the scrape sends a query
                 if path == "/metrics":
                     text = (self.metrics_text or "").encode()
                     status = b"200 OK" if self.metrics_text is not None else b"404 Not Found"

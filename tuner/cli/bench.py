@@ -204,9 +204,9 @@ def bench(
     server_metrics: Annotated[
         bool,
         typer.Option(
-            help="Scrape the server's /metrics during the run (once a second) to name the bottleneck. Each scrape "
-            "costs vLLM's API process tens of milliseconds: turn it off to measure a CPU-starved server untouched "
-            "(a single run: --find-max-rate always scrapes)."
+            help="Scrape the server's /metrics during the run (once a second) to name the bottleneck; only the "
+            "families read are asked for, about 1.5 ms of vLLM's API-process CPU a scrape. Turn it off to measure a "
+            "CPU-starved server untouched (a single run: --find-max-rate always scrapes)."
         ),
     ] = True,
     gpu: Annotated[str, typer.Option(help="Emulator only: GPU profile.")] = "h100-80gb",

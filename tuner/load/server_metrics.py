@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import math
 from collections.abc import AsyncIterator, Sequence
@@ -40,6 +41,22 @@ _PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_que
 _PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 _QUEUE_TIME = ("vllm:request_queue_time_seconds",)
 _ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+
+# The sample names the summary reads. A scrape asks for these alone, with prometheus_client's `name[]` filter, at
+# `/metrics/`: vLLM (0.11 through 0.32: vllm/entrypoints/serve/instrumentator/metrics.py, attach_router) serves
+# `/metrics` from prometheus-fastapi-instrumentator's handler, which renders the whole registry (~40 families, 48-53
+# KB), and mounts prometheus_client's make_asgi_app, which honours `name[]`, on every path below it. Measured on the
+# CPU build: 4 ms a filtered scrape against 16-50 ms a whole page, time its API process takes from the load.
+WANTED_SAMPLES: tuple[str, ...] = (
+    *_KV,
+    *_RUNNING,
+    *_WAITING,
+    *_PREEMPTIONS,
+    *_GENERATION,
+    *_PREFIX_QUERIES,
+    *_PREFIX_HITS,
+    *(f"{name}{suffix}" for name in (*_QUEUE_TIME, *_ITL) for suffix in ("_bucket", "_count", "_sum")),
+)
 
 KV_FULL = 0.95
 """KV usage from which the cache counts as full (vLLM preempts at the last free block)."""
@@ -179,11 +196,13 @@ def summarize_samples(samples: Sequence[MetricsSample], *, error: str | None = N
 
 @dataclass
 class MetricsScraper:
-    """Samples collected by a background scrape; `error` is the last reason a scrape failed, if it never worked."""
+    """Samples collected by a background scrape; `error` is the last reason a scrape failed, if it never worked.
+    `filtered` is whether the server honoured the `name[]` filter (False: it is asked for whole pages)."""
 
     samples: list[MetricsSample] = field(default_factory=list)
     error: str | None = None
     failures: int = 0
+    filtered: bool = True
 
     def summary(self) -> ServerMetricsSummary | None:
         if not self.samples:
@@ -191,17 +210,38 @@ class MetricsScraper:
         return summarize_samples(self.samples)
 
 
+def _read_nothing(sample: MetricsSample) -> bool:
+    return all(getattr(sample, f.name) is None for f in dataclasses.fields(sample) if f.name != "t")
+
+
 async def _scrape_once(
-    client: httpx.AsyncClient, url: str, clock: Clock, model: str | None, out: MetricsScraper
+    client: httpx.AsyncClient, base: str, clock: Clock, model: str | None, out: MetricsScraper
 ) -> None:
+    if out.filtered:
+        try:
+            response = await client.get(f"{base}/metrics/", params={"name[]": list(WANTED_SAMPLES)}, timeout=5.0)
+            sample = _parse(response, clock, model)
+        except Exception:
+            sample = None
+        if sample is not None and not _read_nothing(sample):
+            out.samples.append(sample)
+            return
+        # No filtering app below /metrics (a redirect, a 404, another page), or a registry the filter cannot look
+        # into (vLLM's multiprocess collector, with several API servers, knows no names and answers an empty
+        # page): whole pages from now on.
+        out.filtered = False
+    url = f"{base}/metrics"
     try:
-        response = await client.get(url, timeout=5.0)
-        if response.status_code != 200:
-            raise ValueError(f"HTTP {response.status_code}")
-        out.samples.append(parse_metrics(response.text, t=clock.now(), model=model))
+        out.samples.append(_parse(await client.get(url, timeout=5.0), clock, model))
     except Exception as e:  # the server-side view is optional; the load run goes on without it
         out.failures += 1
         out.error = f"{url}: {type(e).__name__}: {e}"
+
+
+def _parse(response: httpx.Response, clock: Clock, model: str | None) -> MetricsSample:
+    if response.status_code != 200:
+        raise ValueError(f"HTTP {response.status_code}")
+    return parse_metrics(response.text, t=clock.now(), model=model)
 
 
 @contextlib.asynccontextmanager
@@ -217,13 +257,13 @@ async def scrape_metrics(
 
     Default interval: one emulated second, kept within 0.25–1 wall seconds so a fast emulator is not flooded.
     """
-    url = base_url.rstrip("/") + "/metrics"
+    base = base_url.rstrip("/")
     interval = interval_s if interval_s is not None else min(1.0, max(0.25, clock.to_wall(1.0)))
     out = MetricsScraper()
 
     async def loop() -> None:
         while True:
-            await _scrape_once(client, url, clock, model, out)
+            await _scrape_once(client, base, clock, model, out)
             if out.failures >= 3 and not out.samples:
                 return  # no /metrics here: stop asking
             await asyncio.sleep(interval)
@@ -236,7 +276,7 @@ async def scrape_metrics(
         with contextlib.suppress(asyncio.CancelledError):
             await task
     if out.samples:
-        await _scrape_once(client, url, clock, model, out)
+        await _scrape_once(client, base, clock, model, out)
 
 
 def diagnose(
