@@ -554,8 +554,9 @@ def _length_problems(job: Job, space: SearchSpace) -> Iterator[str]:
     )
 
 
-def _check(job: Job) -> list[str]:
-    """Everything pydantic cannot see alone: the catalog, the space against the model, vLLM and the workload."""
+def _check(job: Job, *, flags: bool = True) -> list[str]:
+    """Everything pydantic cannot see alone: the catalog, the space against the model, vLLM (`flags`: the keys
+    against its arguments) and the workload."""
     try:
         job.gpu_profile()
     except ConfigError as e:
@@ -568,7 +569,7 @@ def _check(job: Job) -> list[str]:
         job.workload.max_request_tokens()  # reads a dataset: a missing or broken one is the workload's problem
     except ConfigError as e:
         return [f"workload.dataset: {e}"]
-    problems = list(_flag_problems(job))
+    problems = list(_flag_problems(job)) if flags else []
     try:
         space = job.search_space()
     except ConfigError as e:
@@ -582,9 +583,14 @@ def _check(job: Job) -> list[str]:
     return problems
 
 
-def parse_job(data: Any, *, where: str = "job", source: Path | None = None) -> Job:
+def parse_job(data: Any, *, where: str = "job", source: Path | None = None, stored: bool = False) -> Job:
     """A Job from already-parsed YAML/JSON; ConfigError naming `where`, the field path and what is allowed, one
-    line per problem."""
+    line per problem.
+
+    `stored`: the job a study was run with, read back from it. Its flag keys are not checked against the pinned
+    vLLM's arguments again: the vLLM the study ran accepted them, and an older study's flag (swap_space, gone from
+    0.32) must not lock its own trials out of `tuner verify`, `plan` or an export.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: a job file is a mapping with study, target, space, arrival, ...")
     try:
@@ -596,7 +602,7 @@ def parse_job(data: Any, *, where: str = "job", source: Path | None = None) -> J
     if job.workload.dataset is not None and source is not None and not job.workload.dataset.is_absolute():
         dataset = source.parent / job.workload.dataset
         job = job.model_copy(update={"workload": job.workload.model_copy(update={"dataset": dataset})})
-    problems = _check(job)
+    problems = _check(job, flags=not stored)
     if problems:
         raise ConfigError("\n".join(f"{where}: {line}" for line in problems))
     return job

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import optuna
 import pytest
+import yaml
 
-from tuner.config import job_schema, load_job, parse_duration
+from tuner.config import Job, job_schema, load_job, parse_duration, parse_job
 from tuner.errors import ConfigError
 from tuner.study.samplers import sampler_name
 
@@ -186,3 +188,21 @@ def test_shipped_job_files_pass_the_vllm_flag_check() -> None:
 
     for f in sorted((Path(__file__).resolve().parents[2] / "search_spaces").glob("*.yaml")):
         assert set(load_job(f).space) <= set(vllm_args()), f
+
+
+def test_a_stored_job_keeps_a_flag_the_pinned_vllm_no_longer_has() -> None:
+    """A study run with an older vLLM (swap_space is gone from 0.32's arguments) stays readable by the commands that
+    act on its trials: the flag reaches the server as it did in the study, not a refusal."""
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "search_spaces" / "emulator-demo.yaml").read_text())
+    data["space"]["swap_space"] = 4
+    with pytest.raises(ConfigError, match=r"space\.swap_space: not an argument of vLLM"):
+        parse_job(data, where="job.yaml")
+    job = parse_job(data, where="stored job", stored=True)
+    flags = job.search_space().suggest(optuna.trial.FixedTrial(_baseline_params(job))).flags
+    assert flags.extra["swap_space"] == 4
+
+
+def _baseline_params(job: Job) -> dict[str, object]:
+    space = job.search_space()
+    return {name: (d.choices[0] if hasattr(d, "choices") else d.low) for name, d in space.distributions.items()}

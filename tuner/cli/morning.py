@@ -682,7 +682,7 @@ def stored_job(view: StudyView, path: Path | None) -> Job:
     stored = view.attrs.get("job")
     if not isinstance(stored, dict):
         raise ConfigError(f"study {view.name!r} holds no job; give the job file with --job FILE")
-    return parse_job(stored, where=f"the job stored with study {view.name!r} (or give --job FILE)")
+    return parse_job(stored, where=f"the job stored with study {view.name!r} (or give --job FILE)", stored=True)
 
 
 def measured_trial(view: StudyView, trial: int | None, best: str) -> TrialView:
