@@ -156,8 +156,10 @@ def step_features(shape: EngineShape, point: LoadPoint, guess: StepCoefficients)
 
     def send() -> None:
         sink = _Sink(now)
-        ids = [next(unique) for _ in range(point.input_len)]  # no two prompts share a block: no prefix hits
-        req = EngineRequest(f"p{len(sinks)}", ids, point.output_len, "length", sink, f.block_size, False)
+        ids = [next(unique) for _ in range(point.input_len)]  # no two prompts share a block: the cache never hits
+        req = EngineRequest(
+            f"p{len(sinks)}", ids, point.output_len, "length", sink, f.block_size, f.enable_prefix_caching
+        )
         arriving.append((now[0] + _LATENCY, req))
         sinks.append(sink)
 

@@ -17,13 +17,19 @@ from tuner.load.runner import new_client
 __all__ = ["DEFAULT_POINTS", "ServerFacts", "measure_point", "probe_points", "server_facts"]
 
 
-def default_points(output_len: int = 32) -> list[LoadPoint]:
-    """Concurrency 1, 4 and 16 at two prompt lengths: the overhead and per-sequence cost from the concurrencies,
-    the prefill and context costs from the lengths; a warm-up of one round each, then four rounds measured."""
+def default_points(
+    concurrency: Sequence[int] = (1, 4, 16),
+    input_lens: Sequence[int] = (128, 512),
+    output_len: int = 32,
+    rounds: int = 4,
+) -> list[LoadPoint]:
+    """Each concurrency at each prompt length: the overhead, per-sequence cost and request latency from the
+    concurrencies, the prefill and context costs from the lengths. A warm-up round (at least 2 requests) first,
+    then `rounds` rounds measured (at least 16 requests, so one slow request on a busy machine weighs little)."""
     return [
-        LoadPoint(concurrency=c, input_len=n, output_len=output_len, requests=max(8, 4 * c), warmup=c)
-        for n in (128, 512)
-        for c in (1, 4, 16)
+        LoadPoint(concurrency=c, input_len=n, output_len=output_len, requests=max(16, rounds * c), warmup=max(2, c))
+        for n in input_lens
+        for c in concurrency
     ]
 
 

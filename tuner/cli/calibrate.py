@@ -11,7 +11,7 @@ from rich.console import Console
 
 from tuner.calibration.build import engine_shape, fit_profile
 from tuner.calibration.fit import LoadPoint, Measured
-from tuner.calibration.probe import probe_points
+from tuner.calibration.probe import default_points, probe_points
 from tuner.catalog import get_gpu, load_model
 from tuner.cli import app
 from tuner.cli.bench import target_url
@@ -20,7 +20,7 @@ from tuner.flags import VllmFlags
 
 __all__ = ["calibrate"]
 
-console = Console()
+console = Console(soft_wrap=True)  # a line per point and per figure, whatever the terminal
 
 
 def _int_list(text: str, option: str) -> list[int]:
@@ -45,12 +45,7 @@ def _points(concurrency: str, input_len: str, output_len: int, rounds: int) -> l
             "the fit needs at least two concurrencies and two prompt lengths (five coefficients from TTFT, TPOT and "
             "throughput at each point), e.g. --concurrency 1,4,16 --input-len 128,512"
         )
-    # one round of warm-up (compiles, page cache), then `rounds` rounds of `c` requests measured, at least 16
-    return [
-        LoadPoint(concurrency=c, input_len=n, output_len=output_len, requests=max(16, rounds * c), warmup=max(2, c))
-        for n in ns
-        for c in cs
-    ]
+    return default_points(cs, ns, output_len, rounds)
 
 
 @app.command(

@@ -80,6 +80,9 @@ def build_parser(prog: str = "python -m tuner.emulator") -> argparse.ArgumentPar
     v.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     v.add_argument("--enforce-eager", action="store_true")
+    v.add_argument(
+        "--num-gpu-blocks-override", type=int, default=None, help="KV cache of N blocks, whatever the memory"
+    )
     v.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput log line")
     v.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
     e = p.add_argument_group("emulator flags")
@@ -126,6 +129,7 @@ class EmulatorConfig:
     fault_hang_on_start: bool = False
     fault_crash_after_requests: int | None = None
     profile: StepProfile | None = None
+    num_gpu_blocks_override: int | None = None
     ignored_args: tuple[str, ...] = ()
     non_default_args: dict[str, object] = field(default_factory=dict)
 
@@ -167,6 +171,8 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
         raise ConfigError(f"emulator argument error: --port must be in 0..65535, got {ns.port}")
     if ns.fault_crash_after_requests is not None and ns.fault_crash_after_requests < 0:
         raise ConfigError("emulator argument error: --fault-crash-after-requests must be >= 0")
+    if ns.num_gpu_blocks_override is not None and ns.num_gpu_blocks_override < 1:
+        raise ConfigError("emulator argument error: --num-gpu-blocks-override must be >= 1")
     if ns.tensor_parallel_size < 1:
         raise ConfigError("emulator argument error: --tensor-parallel-size must be >= 1")
     flags = VllmFlags(
@@ -201,6 +207,7 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
         fault_hang_on_start=ns.fault_hang_on_start,
         fault_crash_after_requests=ns.fault_crash_after_requests,
         profile=profile,
+        num_gpu_blocks_override=ns.num_gpu_blocks_override,
         ignored_args=tuple(ignored),
         non_default_args=non_default,
     )

@@ -32,6 +32,7 @@ from tuner.capacity import (
     plan_startup,
 )
 from tuner.clock import Clock
+from tuner.emulator.blocks_override import override_blocks
 from tuner.emulator.config import EmulatorConfig, parse_config
 from tuner.emulator.frontend import FrontendEngine
 from tuner.emulator.logs import VllmLog
@@ -85,7 +86,8 @@ class Emulator:
         self.clock = Clock(config.time_scale)
         self.resolved: ResolvedFlags = resolve(config.flags, config.gpu, config.model)
         self.log = VllmLog(log_stream, tensor_parallel_size=self.resolved.tensor_parallel_size)
-        self.plan: StartupPlan = plan_startup(config.model, config.gpu, self.resolved, config.memory_in_use_gib)
+        self.memory_blocks = plan_startup(config.model, config.gpu, self.resolved, config.memory_in_use_gib)
+        self.plan: StartupPlan = override_blocks(self.memory_blocks, config.num_gpu_blocks_override, self.resolved)
         self.step_model = StepTimeModel.build(config.model, config.gpu, self.resolved, config.profile)
         self.exit_code: int | None = None
         self.fatal_reason: str | None = None
@@ -304,6 +306,13 @@ class Emulator:
                 f"requested memory for the worker. {(p.weights_bytes + p.non_torch_bytes) / GIB:.2f} GiB memory "
                 "was consumed by non-kv usages.",
                 "worker",
+            )
+        if cfg.num_gpu_blocks_override is not None:
+            log.info(
+                "kv_cache_utils.py:829",
+                f"Overriding num_gpu_blocks={self.memory_blocks.num_gpu_blocks} with "
+                f"num_gpu_blocks_override={cfg.num_gpu_blocks_override}",
+                "engine",
             )
         if p.reason == KV_CACHE_TOO_SMALL:
             self._fail_value_error()

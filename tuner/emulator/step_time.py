@@ -80,17 +80,6 @@ class StepTimeModel:
             context_token_s=c.context_token_s,
         )
 
-    @property
-    def coefficients(self) -> StepCoefficients | None:
-        if self.prefill_token_s is None:
-            return None
-        return StepCoefficients(
-            step_overhead_s=self.overhead_s,
-            prefill_token_s=self.prefill_token_s,
-            decode_seq_s=self.per_seq_s,
-            context_token_s=self.context_token_s,
-        )
-
     @classmethod
     def _roofline(cls, model: ModelProfile, gpu: GpuProfile, flags: ResolvedFlags) -> StepTimeModel:
         tp = flags.tensor_parallel_size
