@@ -65,8 +65,9 @@ def test_calibrate_probes_a_server_and_writes_a_profile_the_emulator_reads(
     emulated_cpu_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "fitted.json"
-    args = ["calibrate", "--url", emulated_cpu_server + "/v1", "-o", str(out), "--device", "cpu", "--model-config",
-            "llama-3.1-8b", "--concurrency", "1,4", "--input-len", "64,256", "--output-len", "8", "--rounds", "1"]  # fmt: skip
+    args = ["calibrate", "--url", emulated_cpu_server + "/v1", "-o", str(out), "--device", "cpu",
+            "--model-config", "llama-3.1-8b", "--concurrency", "1,4", "--input-len", "64,256", "--output-len", "8",
+            "--rounds", "1"]  # fmt: skip
     code, text = run_cli(args, capsys, monkeypatch)
     assert code == 0, text
     assert "c=4   in=256" in text and f"wrote {out}" in text

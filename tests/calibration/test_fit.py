@@ -37,7 +37,7 @@ def _profile(c: StepCoefficients) -> StepProfile:
         max_num_seqs=16,
         max_num_batched_tokens=1024,
         coefficients=c,
-        fitted_from=FittedFrom(source="synthetic", created="2026-01-01T00:00:00+00:00", points=[], relative_rms_error=0),
+        fitted_from=FittedFrom(source="synthetic", created="2026-01-01T00:00:00Z", points=[], relative_rms_error=0),
     )
 
 

