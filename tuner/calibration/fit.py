@@ -185,7 +185,11 @@ def step_features(shape: EngineShape, point: LoadPoint, guess: StepCoefficients)
             done += 1
             if len(sinks) < total:
                 send()
-    measured = sinks[point.warmup :]
+    return _figures(sinks[point.warmup :], c, engine.stats.preemptions)
+
+
+def _figures(measured: list[_Sink], c: np.ndarray, preemptions: int) -> Features:
+    """The measured requests' means, each a vector (the first and last instants by their value under `c`)."""
     ttft = sum((s.first - s.start for s in measured), np.zeros(_FEATURES)) / len(measured)
     multi = [s for s in measured if s.n > 1]
     tpot = (
@@ -200,7 +204,7 @@ def step_features(shape: EngineShape, point: LoadPoint, guess: StepCoefficients)
         tpot=tpot,
         duration=end - begin,
         output_tokens=sum(s.n for s in measured),
-        preemptions=engine.stats.preemptions,
+        preemptions=preemptions,
     )
 
 
