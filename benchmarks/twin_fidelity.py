@@ -2,7 +2,8 @@
 flag set by flag set.
 
 1. Calibrate: a real vLLM server with vLLM's defaults (the pinned CPU build serving the tiny model of the real tier,
-   `scripts/real-vllm`) is probed as `tuner calibrate` probes it, and the profile written (or `--profile FILE`).
+   `scripts/real-vllm`) is probed as `tuner calibrate` probes it, at load points of the workload's kind (`--probe
+   job`) or calibrate's own (`--probe default`), and the profile written; or `--profile FILE`.
 2. For each flag set (max_num_seqs 2..64, max_num_batched_tokens 256..2048, two with a KV cache of a few blocks
    through --num-gpu-blocks-override, which preempts), the same closed-loop load runs against a real vLLM server
    and against the emulator started with the same flags and the profile, one after the other; each server is
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from tuner.calibration.build import engine_shape, fit_profile
+from tuner.calibration.fit import LoadPoint
 from tuner.calibration.probe import default_points, probe_points
 from tuner.calibration.profile import StepProfile, load_profile
 from tuner.catalog import get_gpu, load_model
@@ -134,11 +136,23 @@ def _emu_cmd(model: str, port: int, flags: list[str], profile: Path) -> list[str
     ]  # fmt: skip
 
 
-def _calibrate(python: str, model: str, port: int, tmp: Path, output: Path) -> StepProfile:
+def _probe(args: argparse.Namespace) -> list[LoadPoint]:
+    """`--probe job` (the default): load points of the workload's kind, on the server with vLLM's defaults: its
+    output length, concurrency 1, a quarter of the workload's and the workload's own, its prompt length and a quarter
+    of it. `--probe default`: tuner calibrate's own points."""
+    if args.probe == "default":
+        return default_points()
+    c = args.concurrency
+    concurrency = sorted({1, max(2, c // 4), c})
+    lengths = sorted({max(16, args.input_len // 4), args.input_len})
+    return default_points(concurrency, lengths, args.output_len, rounds=3)
+
+
+def _calibrate(python: str, model: str, port: int, tmp: Path, output: Path, points: list[LoadPoint]) -> StepProfile:
     proc = _start(_real_cmd(python, model, port, _flag_args(None, None, None)), port, tmp / "calibrate.log")
     base = f"http://127.0.0.1:{port}"
     try:
-        facts, measured = asyncio.run(probe_points(base, SERVED, default_points()))
+        facts, measured = asyncio.run(probe_points(base, SERVED, points))
     finally:
         _stop(proc)
     shape = engine_shape(
@@ -228,6 +242,12 @@ def main() -> None:
     p.add_argument("--model-dir", help="the model directory (default: $TUNER_TEST_VLLM_MODEL)")
     p.add_argument("--port", type=int, default=18310)
     p.add_argument("--profile", type=Path, help="use this profile instead of calibrating first")
+    p.add_argument(
+        "--probe",
+        choices=("job", "default"),
+        default="job",
+        help="calibration points of the workload's kind (default) or tuner calibrate's own (1,4,16 x 128,512)",
+    )
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=64)
@@ -243,7 +263,7 @@ def main() -> None:
         if args.profile is not None:
             profile = load_profile(args.profile)
         else:
-            profile = _calibrate(python, model, args.port, tmp, tmp / "profile.json")
+            profile = _calibrate(python, model, args.port, tmp, tmp / "profile.json", _probe(args))
         profile_path = tmp / "used-profile.json"
         profile.write(profile_path)
         rows: list[dict[str, Any]] = []
@@ -263,6 +283,7 @@ def main() -> None:
             print(f"flag set {i + 1}/{len(FLAG_SETS)} done: real {real}, emulator {emu}", file=sys.stderr, flush=True)
     report = _report(rows, profile, (load_before, os.getloadavg()[0]))
     report["profile"] = profile.model_dump()
+    report["probe"] = args.probe
     report["workload"] = {k: getattr(args, k) for k in ("concurrency", "input_len", "output_len", "requests", "warmup")}
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
