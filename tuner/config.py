@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from tuner.calibration.profile import StepProfile, load_profile
 from tuner.catalog import load_model
 from tuner.catalog.gpus import GpuProfile, resolve_gpu
 from tuner.catalog.models import ModelProfile
@@ -180,6 +181,11 @@ class TargetSection(_Model):
         "{name, memory_gib, bandwidth_gbps?, bf16_tflops?}",
     )
     startup_timeout: Duration = Field(default=1200.0, description="how long a server may take to become ready")
+    profile: Path | None = Field(
+        default=None,
+        description="a device profile `tuner calibrate` wrote (JSON; relative to the job file): the twin's step "
+        "times, fitted to a real server of this target, instead of the GPU's roofline",
+    )
     emulator: EmulatorOptions = Field(default_factory=EmulatorOptions)
     docker: DockerOptions = Field(default_factory=DockerOptions)
     process: ProcessOptions = Field(default_factory=ProcessOptions)
@@ -297,6 +303,15 @@ class Job(_Model):
     def model_profile(self) -> ModelProfile:
         # A model directory's config.json is read once, not at every trial.
         return self._resolved("model", self.target.model, lambda: load_model(self.target.model))
+
+    def step_profile(self) -> StepProfile | None:
+        """`target.profile` read (once), the path resolved against the job file."""
+        path = self.target.profile
+        if path is None:
+            return None
+        if not path.is_absolute() and self.source is not None:
+            path = self.source.parent / path
+        return self._resolved("profile", str(path), lambda: load_profile(path))
 
     def _resolved(self, name: str, source: Any, resolve: Callable[[], _T]) -> _T:
         """The parsed form of a field, parsed once: kept with the text it came from, so a copy with another text
@@ -565,6 +580,10 @@ def _check(job: Job, *, flags: bool = True) -> list[str]:
         job.model_profile()
     except ConfigError as e:
         return [f"target.model: {e}"]
+    try:
+        job.step_profile()
+    except ConfigError as e:
+        return [f"target.profile: {e}"]
     try:
         job.workload.max_request_tokens()  # reads a dataset: a missing or broken one is the workload's problem
     except ConfigError as e:

@@ -14,6 +14,8 @@ from tuner.errors import ConfigError
 from tuner.flags import VllmFlags, resolve
 
 LLAMA = load_model("llama-3.1-8b")
+# The GPU targets below and their sources (published, derived from datasheets, or none): benchmarks/data/
+# gpu_step_time_sources.json, checked against the model in test_gpu_step_time_sources.py.
 H100 = get_gpu("h100-80gb")
 RTX4090 = get_gpu("rtx4090")
 FLAGS = VllmFlags(max_model_len=8192)

@@ -28,6 +28,7 @@ err_console = Console(stderr=True, soft_wrap=True)  # a domain error stays one l
 # Each module registers its commands on `app` when imported; one module a feature.
 _COMMAND_MODULES: list[str] = [
     "tuner.cli.bench",
+    "tuner.cli.calibrate",
     "tuner.cli.emulate",
     "tuner.cli.launch",
     "tuner.cli.morning",

@@ -11,7 +11,8 @@ import argparse
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from tuner.catalog import GPUS, GpuProfile, ModelProfile, get_gpu, load_model
+from tuner.calibration.profile import StepProfile, load_profile
+from tuner.catalog import CPU, GPUS, GpuProfile, ModelProfile, get_gpu, load_model
 from tuner.errors import ConfigError
 from tuner.flags import BLOCK_SIZES, KV_CACHE_DTYPES, VllmFlags, parse_model_len
 
@@ -79,10 +80,26 @@ def build_parser(prog: str = "python -m tuner.emulator") -> argparse.ArgumentPar
     v.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     v.add_argument("--enforce-eager", action="store_true")
+    v.add_argument(
+        "--num-gpu-blocks-override", type=int, default=None, help="KV cache of N blocks, whatever the memory"
+    )
     v.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput log line")
     v.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
     e = p.add_argument_group("emulator flags")
-    e.add_argument("--gpu", default="h100-80gb", help=f"GPU to imitate: {', '.join(GPUS)} (default h100-80gb)")
+    e.add_argument("--gpu", default=None, help=f"GPU to imitate: {', '.join(GPUS)} (default h100-80gb)")
+    e.add_argument(
+        "--device",
+        choices=("gpu", "cpu"),
+        default="gpu",
+        help="cpu: imitate vLLM's CPU build (KV space from VLLM_CPU_KVCACHE_SPACE GiB, else the "
+        "--gpu-memory-utilization share of this host's memory; 128 seqs, 2048 batched tokens, blocks of 128)",
+    )
+    e.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="step times from a device profile `tuner calibrate` wrote (instead of the GPU's roofline)",
+    )
     e.add_argument("--gpu-memory-in-use-gib", type=_non_negative_float, default=0.0, help="held by other processes")
     e.add_argument("--time-scale", type=_positive_float, default=1.0, help="run S times faster than the GPU")
     e.add_argument("--seed", type=int, default=0, help="seed of the natural (EOS) output lengths")
@@ -111,6 +128,8 @@ class EmulatorConfig:
     api_key: str | None = None
     fault_hang_on_start: bool = False
     fault_crash_after_requests: int | None = None
+    profile: StepProfile | None = None
+    num_gpu_blocks_override: int | None = None
     ignored_args: tuple[str, ...] = ()
     non_default_args: dict[str, object] = field(default_factory=dict)
 
@@ -146,11 +165,14 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
             "llama-3.1-70b, qwen2.5-7b; or a directory with a config.json)"
         )
     model = load_model(model_arg)
-    gpu = get_gpu(ns.gpu)
+    gpu = _device(ns.device, ns.gpu)
+    profile = load_profile(ns.profile) if ns.profile else None
     if not 0 < ns.port < 65536 and ns.port != 0:
         raise ConfigError(f"emulator argument error: --port must be in 0..65535, got {ns.port}")
     if ns.fault_crash_after_requests is not None and ns.fault_crash_after_requests < 0:
         raise ConfigError("emulator argument error: --fault-crash-after-requests must be >= 0")
+    if ns.num_gpu_blocks_override is not None and ns.num_gpu_blocks_override < 1:
+        raise ConfigError("emulator argument error: --num-gpu-blocks-override must be >= 1")
     if ns.tensor_parallel_size < 1:
         raise ConfigError("emulator argument error: --tensor-parallel-size must be >= 1")
     flags = VllmFlags(
@@ -184,6 +206,17 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
         api_key=ns.api_key,
         fault_hang_on_start=ns.fault_hang_on_start,
         fault_crash_after_requests=ns.fault_crash_after_requests,
+        profile=profile,
+        num_gpu_blocks_override=ns.num_gpu_blocks_override,
         ignored_args=tuple(ignored),
         non_default_args=non_default,
     )
+
+
+def _device(device: str, gpu: str | None) -> GpuProfile:
+    """`--device cpu` is vLLM's CPU build on this host (`--gpu cpu` says the same); a GPU is named by --gpu."""
+    if device == CPU:
+        if gpu is not None and gpu.strip().lower() != CPU:
+            raise ConfigError(f"emulator argument error: --device cpu imitates vLLM's CPU build; drop --gpu {gpu}")
+        return get_gpu(CPU)
+    return get_gpu(gpu or "h100-80gb")

@@ -32,8 +32,9 @@ from tuner.capacity import (
     plan_startup,
 )
 from tuner.clock import Clock
+from tuner.emulator.blocks_override import override_blocks
 from tuner.emulator.config import EmulatorConfig, parse_config
-from tuner.emulator.engine import Engine
+from tuner.emulator.frontend import FrontendEngine
 from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.server import VLLM_VERSION, OpenAiApp
@@ -85,8 +86,9 @@ class Emulator:
         self.clock = Clock(config.time_scale)
         self.resolved: ResolvedFlags = resolve(config.flags, config.gpu, config.model)
         self.log = VllmLog(log_stream, tensor_parallel_size=self.resolved.tensor_parallel_size)
-        self.plan: StartupPlan = plan_startup(config.model, config.gpu, self.resolved, config.memory_in_use_gib)
-        self.step_model = StepTimeModel.build(config.model, config.gpu, self.resolved)
+        self.memory_blocks = plan_startup(config.model, config.gpu, self.resolved, config.memory_in_use_gib)
+        self.plan: StartupPlan = override_blocks(self.memory_blocks, config.num_gpu_blocks_override, self.resolved)
+        self.step_model = StepTimeModel.build(config.model, config.gpu, self.resolved, config.profile)
         self.exit_code: int | None = None
         self.fatal_reason: str | None = None
         self._server: uvicorn.Server | None = None
@@ -104,7 +106,7 @@ class Emulator:
             "sliding_window": "None",
         }
         self.metrics = EmulatorMetrics(config.served_model_name, r.max_model_len, cache_info)
-        self.engine = Engine(
+        self.engine = FrontendEngine(
             config.model,
             r,
             self.plan,
@@ -115,6 +117,7 @@ class Emulator:
             self._on_fatal,
             crash_after_requests=config.fault_crash_after_requests,
             log_stats=not config.disable_log_stats,
+            request_latency_s=config.profile.coefficients.request_latency_s if config.profile else 0.0,
         )
         self.api = OpenAiApp(
             self.engine,
@@ -147,7 +150,8 @@ class Emulator:
     def startup_seconds(self) -> float:
         """Emulated seconds from launch to ready: weights load, profiling, CUDA graph capture."""
         p = self.plan
-        graphs = len(cuda_graph_capture_sizes(self.resolved)) * GRAPH_SECONDS_PER_SIZE
+        sizes = () if self.config.gpu.is_cpu else cuda_graph_capture_sizes(self.resolved)  # the CPU captures none
+        graphs = len(sizes) * GRAPH_SECONDS_PER_SIZE
         profile = EAGER_PROFILE_SECONDS if self.resolved.enforce_eager else PROFILE_SECONDS
         return p.weights_bytes / WEIGHT_LOAD_BYTES_PER_S + profile + graphs
 
@@ -175,9 +179,12 @@ class Emulator:
             self._fail_value_error()
             return False
         self._log_engine_config()
-        if p.reason == INSUFFICIENT_FREE_MEMORY:
-            self._fail_value_error()
+        device = self.config.gpu
+        if p.reason == INSUFFICIENT_FREE_MEMORY and (not device.is_cpu or device.kv_space_gib is None):
+            self._fail_value_error()  # CPUWorker.__init__ checks the requested share before loading too
             return False
+        if self.config.gpu.is_cpu:
+            return await self._cpu_startup(delays)
         if not await self._load_weights(delays):
             return False
         profile_s = await self._profile_memory(delays)
@@ -271,6 +278,53 @@ class Emulator:
             f"Maximum concurrency for {r.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x",
             "engine",
         )
+
+    async def _cpu_startup(self, delays: bool) -> bool:
+        """vLLM's CPU build after the flags are accepted, in its words (vllm/v1/worker/cpu_worker.py,
+        CPUWorker.determine_available_memory; cpu_model_runner.py): load, warm up (compile), the KV space
+        (explicit from VLLM_CPU_KVCACHE_SPACE, else auto), the KV check, the CPU KV cache size line."""
+        cfg, r, p, log = self.config, self.resolved, self.plan, self.log
+        log.info("cpu_model_runner.py:68", f"Starting to load model {cfg.model_arg}...", "worker")
+        load_s = p.weights_bytes / WEIGHT_LOAD_BYTES_PER_S
+        await self._pause(load_s, delays)
+        log.info("default_loader.py:501", f"Loading weights took {load_s:.2f} seconds", "worker")
+        warmup_s = EAGER_PROFILE_SECONDS if r.enforce_eager else PROFILE_SECONDS
+        log.info("cpu_model_runner.py:87", "Warming up model for the compilation...", "worker")
+        await self._pause(warmup_s, delays)
+        log.info("cpu_model_runner.py:91", "Warming up done.", "worker")
+        if p.reason in (INSUFFICIENT_FREE_MEMORY, NO_KV_MEMORY):
+            self._fail_value_error()
+            return False
+        total = f"{p.total_bytes / GIB:.2f}"
+        kv = f"{p.available_kv_bytes / GIB:.2f}"
+        if cfg.gpu.kv_space_gib is not None:
+            log.info("cpu_worker.py:260", f"Explicitly set ({kv}/{total}) GiB for KV cache on node 0.", "worker")
+        else:
+            log.info(
+                "cpu_worker.py:282",
+                f"Auto set ({kv}/{total}) GiB for KV cache on node 0, with {p.requested_bytes / GIB:.2f} GiB "
+                f"requested memory for the worker. {(p.weights_bytes + p.non_torch_bytes) / GIB:.2f} GiB memory "
+                "was consumed by non-kv usages.",
+                "worker",
+            )
+        if cfg.num_gpu_blocks_override is not None:
+            log.info(
+                "kv_cache_utils.py:829",
+                f"Overriding num_gpu_blocks={self.memory_blocks.num_gpu_blocks} with "
+                f"num_gpu_blocks_override={cfg.num_gpu_blocks_override}",
+                "engine",
+            )
+        if p.reason == KV_CACHE_TOO_SMALL:
+            self._fail_value_error()
+            return False
+        log.info(
+            "kv_cache_utils.py:2327",
+            f"CPU KV cache size: {p.kv_tokens:,} tokens, Maximum concurrency for {r.max_model_len:,} tokens per "
+            f"request: {p.max_concurrency:.2f}x",
+            "engine",
+        )
+        log.info("core.py:402", f"init engine (profile, create kv cache, warmup model) took {warmup_s:.2f} s", "engine")
+        return True
 
     async def _capture_graphs(self, profile_s: float, delays: bool) -> bool:
         """Capture the CUDA graphs and report the engine ready; False if the capture runs out of memory."""

@@ -6,13 +6,20 @@ memory_time reads the per-GPU weights once per step plus the KV cache of every s
 compute_time is 2 x parameters FLOP a token (+ attention, 4 x layers x hidden x context) at a fraction of the
 GPU's dense bf16 throughput. Decode is therefore memory-bound and grows slowly with the batch; prefill is
 compute-bound. Calibrated (see tests/emulator) to: H100-80GB + Llama-3.1-8B bf16 ~6 ms TPOT at batch 1 and
-7-13 ms at 16 concurrent 512/256 requests, RTX 4090 ~56 tok/s at batch 1, H100 peak of the order of 10k tok/s.
+7-13 ms at 16 concurrent 512/256 requests, RTX 4090 ~56 tok/s at batch 1, H100 peak of the order of 10k tok/s
+(the sources of these figures: benchmarks/data/gpu_step_time_sources.json).
+
+A device profile (`tuner calibrate`, tuner.calibration.profile) replaces the roofline with the linear model fitted
+to a real server: overhead + per prefill token + per decoding sequence + per context token read. It is what the CPU
+needs (no roofline describes a Python-bound tiny model on two cores) and what a real GPU's trials refine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from tuner.calibration.profile import StepCoefficients, StepProfile
 from tuner.capacity import cuda_graph_capture_sizes
 from tuner.catalog import GpuProfile, ModelProfile
 from tuner.flags import ResolvedFlags
@@ -51,9 +58,30 @@ class StepTimeModel:
     allreduce_s_per_token: float
     max_graph_tokens: int  # batches above this run eagerly
     eager_extra_s: float
+    # A fitted profile's terms (overhead_s and per_seq_s hold its other two); None: the roofline above.
+    prefill_token_s: float | None = None
+    context_token_s: float = 0.0
 
     @classmethod
-    def build(cls, model: ModelProfile, gpu: GpuProfile, flags: ResolvedFlags) -> StepTimeModel:
+    def build(
+        cls, model: ModelProfile, gpu: GpuProfile, flags: ResolvedFlags, profile: StepProfile | None = None
+    ) -> StepTimeModel:
+        base = cls._roofline(model, gpu, flags)
+        return base if profile is None else base.with_coefficients(profile.coefficients)
+
+    def with_coefficients(self, c: StepCoefficients) -> StepTimeModel:
+        """The linear model of a fitted profile. Its overhead and per-sequence cost sit in the roofline's own
+        fields, so the twin's refit (which scales overhead_s and the whole step) moves it as it moves the roofline."""
+        return dataclasses.replace(
+            self,
+            overhead_s=c.step_overhead_s,
+            per_seq_s=c.decode_seq_s,
+            prefill_token_s=c.prefill_token_s,
+            context_token_s=c.context_token_s,
+        )
+
+    @classmethod
+    def _roofline(cls, model: ModelProfile, gpu: GpuProfile, flags: ResolvedFlags) -> StepTimeModel:
         tp = flags.tensor_parallel_size
         quant = model.quantization in ("awq", "gptq") and model.quant_bits < 16
         mem_eff = QUANT_MEMORY_EFFICIENCY if quant else MEMORY_EFFICIENCY
@@ -93,6 +121,14 @@ class StepTimeModel:
         `kv_tokens_read` cached tokens and doing `attn_pairs` (query, key) products."""
         if num_tokens <= 0:
             return 0.0
+        if self.prefill_token_s is not None:
+            # fitted on the real server with its own graphs, launches and all-reduces: nothing is added to it
+            return (
+                self.overhead_s
+                + self.prefill_token_s * (num_tokens - num_decode)
+                + self.per_seq_s * num_decode
+                + self.context_token_s * kv_tokens_read
+            )
         memory = self.weight_bytes / self.bytes_per_s + kv_tokens_read * self.kv_bytes_per_token / self.kv_bytes_per_s
         compute = (num_tokens * self.flop_per_token + attn_pairs * self.attn_flop_per_ctx) / self.flop_per_s
         # per-sequence work (sampling, output processing) hides under a compute-bound step's GEMMs

@@ -69,6 +69,10 @@ def build_launcher(job: Job) -> Launcher:
 def _emulator_from_job(job: Job) -> Launcher:
     t, e = job.target, job.target.emulator
     extra = [*e.extra_args, *(["--seed", str(e.seed)] if e.seed is not None else [])]
+    if t.profile is not None:
+        # the emulator serves with the step times the twin predicts with (target.profile, resolved by the job)
+        path = t.profile if t.profile.is_absolute() or job.source is None else job.source.parent / t.profile
+        extra += ["--profile", str(path)]
     return EmulatorLauncher(
         model=t.model,
         gpu=job.gpu_profile().key,  # a catalog name: the job refuses auto and figures for the emulator

@@ -12,6 +12,7 @@ import dataclasses
 import io
 import itertools
 import random
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from tuner.capacity import KV_CACHE_TOO_SMALL, StartupPlan, plan_startup, runtime_need_bytes
 from tuner.clock import Clock
 from tuner.config import Job
-from tuner.emulator.engine import Engine, EngineRequest
+from tuner.emulator.engine import WAITING, Engine, EngineRequest
 from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.step_time import StepTimeModel
@@ -169,14 +170,17 @@ def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficien
         model,
         resolved,
         plan,
-        coefficients.step_model(StepTimeModel.build(model, gpu, resolved)),
+        coefficients.step_model(StepTimeModel.build(model, gpu, resolved, job.step_profile())),
         clock,
         EmulatorMetrics(model.name, resolved.max_model_len, {}),
         VllmLog(io.StringIO()),
         lambda _reason, _lines: None,
         log_stats=False,
     )
-    _Load(job, engine, clock, resolved, _oom_threshold(job, resolved, plan), coefficients.step_scale).run(point)
+    profile = job.step_profile()
+    latency = profile.coefficients.request_latency_s if profile is not None else 0.0
+    load = _Load(job, engine, clock, resolved, _oom_threshold(job, resolved, plan), coefficients.step_scale, latency)
+    load.run(point)
     return point
 
 
@@ -184,7 +188,14 @@ class _Load:
     """The job's clients against one engine: a closed loop of `concurrency`, or arrivals at `rate`."""
 
     def __init__(
-        self, job: Job, engine: Engine, clock: _VirtualClock, resolved: ResolvedFlags, oom_at: int, step_scale: float
+        self,
+        job: Job,
+        engine: Engine,
+        clock: _VirtualClock,
+        resolved: ResolvedFlags,
+        oom_at: int,
+        step_scale: float,
+        request_latency_s: float = 0.0,
     ) -> None:
         self.job = job
         self.engine = engine
@@ -204,6 +215,9 @@ class _Load:
         self.next_at = next(self.arrivals) if self.arrivals is not None else 0.0
         self.cap = a.concurrency or a.max_in_flight or 1_000_000
         self.unique = itertools.count(200_000)
+        # a fitted profile's front-end latency: a request reaches the scheduler this long after it was sent
+        self.latency = request_latency_s * step_scale
+        self.arriving: deque[tuple[float, EngineRequest]] = deque()
 
     def _send(self) -> None:
         spec = next(self.prompts)
@@ -216,8 +230,26 @@ class _Load:
             return
         r = self.resolved
         req = EngineRequest(f"r{index}", ids, spec.output_len, "length", sink, r.block_size, r.enable_prefix_caching)
-        self.engine.submit(req)
+        if self.latency > 0:
+            self.arriving.append((self.clock.t + self.latency, req))
+        else:
+            self.engine.submit(req)
         self.in_flight[index] = (req, sink, spec)
+
+    def _arrive(self) -> bool:
+        """Hand the scheduler the requests whose front-end latency has passed; False if the engine has nothing to
+        do yet (the clock then moves to the next arrival)."""
+        while self.arriving and self.arriving[0][0] <= self.clock.t + 1e-12:
+            req = self.arriving.popleft()[1]
+            if req.state == WAITING:
+                self.engine.submit(req)
+        if self.engine.running or self.engine.waiting or not self.arriving:
+            return True
+        wake = self.arriving[0][0]
+        if self.arrivals is not None and self.sent < self.total and self.next_at > self.clock.t:
+            wake = min(wake, self.next_at)  # an open loop's next send comes first
+        self.clock.at[0] = wake
+        return False
 
     def _admit(self) -> None:
         if self.duration is not None and self.clock.t > self.duration + 1e-9 and self.sent >= self.warmup:
@@ -235,6 +267,8 @@ class _Load:
                 if self.sent >= self.total:
                     break
                 self.clock.at[0] = max(self.clock.t, self.next_at)  # idle until the next arrival
+                continue
+            if not self._arrive():
                 continue
             items, num_decode, kv_read, attn = engine.schedule()
             if not items:

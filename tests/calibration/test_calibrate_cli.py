@@ -1,0 +1,101 @@
+"""`tuner calibrate`: the probe through tuner's own load client against a server, the profile it writes, and its
+one-line errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.calibration.test_fit import TRUE, _profile
+from tuner.calibration.profile import load_profile
+from tuner.cli import main
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["tuner", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out, err = capsys.readouterr()
+    code = exc.value.code
+    return (code if isinstance(code, int) else 1), out + err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def emulated_cpu_server(tmp_path: Path) -> Iterator[str]:
+    """The emulator as a vLLM CPU server with known step times, in its own process (the probe's event loop is the
+    CLI's)."""
+    known = tmp_path / "known.json"
+    _profile(TRUE).write(known)
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "tuner.emulator", "--device", "cpu", "--model", "llama-3.1-8b", "--served-model-name",
+        "m", "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), "--profile", str(known),
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_calibrate_probes_a_server_and_writes_a_profile_the_emulator_reads(
+    emulated_cpu_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "fitted.json"
+    args = ["calibrate", "--url", emulated_cpu_server + "/v1", "-o", str(out), "--device", "cpu",
+            "--model-config", "llama-3.1-8b", "--concurrency", "1,4", "--input-len", "64,256", "--output-len", "8",
+            "--rounds", "1"]  # fmt: skip
+    code, text = run_cli(args, capsys, monkeypatch)
+    assert code == 0, text
+    assert "c=4   in=256" in text and f"wrote {out}" in text
+    profile = load_profile(out)
+    assert profile.device == "cpu" and profile.model == "m" and profile.block_size == 128
+    assert profile.num_gpu_blocks == 64  # 1 GiB of 128-KiB tokens, from the server's vllm:cache_config_info
+    assert profile.fitted_from.source == "probe" and profile.fitted_from.url == emulated_cpu_server
+    assert [(p.concurrency, p.input_len) for p in profile.fitted_from.points] == [(1, 64), (4, 64), (1, 256), (4, 256)]
+    assert all(p.measured_output_tok_s > 0 for p in profile.fitted_from.points)
+    # Whatever the machine's noise did to the figures, the step a decode takes is there, of the server's order.
+    c = profile.coefficients
+    assert c.step_overhead_s + c.decode_seq_s > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "pattern"),
+    [
+        (["--url", "http://127.0.0.1:9", "-o", "x.json"], 1, "cannot reach http://127.0.0.1:9"),
+        (["--url", "nope", "-o", "x.json"], 2, "--url 'nope': give the server's address"),
+        (["--url", "http://h:1", "-o", "x.json", "--concurrency", "0,4"], 2, "--concurrency '0,4': give whole numbers"),
+        (["--url", "http://h:1", "-o", "x.json", "--input-len", "512"], 2, "at least two concurrencies and two prompt"),
+        (["--url", "http://h:1", "-o", "x.json", "--output-len", "1"], 2, "--output-len 1: at least 2 tokens"),
+        (["--url", "http://h:1", "-o", "x.json", "--device", "v100"], 2, "known GPUs"),
+    ],
+)
+def test_bad_input_is_one_line(
+    args: list[str], code: int, pattern: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got, text = run_cli(["calibrate", *args], capsys, monkeypatch)
+    assert got == code, text
+    assert pattern in text and "Traceback" not in text
