@@ -5,13 +5,18 @@ baseline's missing flag no longer shrinks."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
+import yaml
 from study_fakes import JOB, FakeLauncher, fake_measure, job
+from typer.testing import CliRunner
 
+from tuner.cli import app
 from tuner.config import parse_job
 from tuner.errors import ConfigError
 from tuner.study import TuningRun
@@ -128,3 +133,26 @@ def test_gp_draws_the_flag_the_baseline_lacks_with_tpe_not_at_random(tmp_path: P
     independent = gp._independent_sampler
     assert isinstance(independent, optuna.samplers.TPESampler) and not independent._multivariate
     assert len({t.params.get("max_num_seqs") for t in study.trials}) > 1
+
+
+def test_tuner_tune_shows_the_samplers_options_and_refuses_a_wrong_one_in_one_line(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({**JOB, "sampler": {"name": "tpe", "group": True}}))
+    result = CliRunner().invoke(app, ["tune", str(good), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "sampler: tpe, group: true" in " ".join(result.stdout.split())
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**JOB, "sampler": {"name": "nsga2", "multivariate": False}}))
+    # as a user runs it (the command's own error handling): one line, exit 2
+    ran = subprocess.run([sys.executable, "-m", "tuner", "tune", str(bad)], capture_output=True, text=True)
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr
+    assert ran.stderr.strip().endswith(
+        "bad.yaml: sampler.multivariate: only tpe and twin (its TPE fallback) take it; sampler.name is nsga2"
+    )
+    assert len(ran.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "fake.db").exists()  # nothing written
+
+
+def test_tuner_tune_help_names_the_sampler_options() -> None:
+    result = CliRunner().invoke(app, ["tune", "--help"])
+    assert result.exit_code == 0 and "multivariate: false" in " ".join(result.stdout.split())
