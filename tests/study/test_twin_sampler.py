@@ -223,6 +223,8 @@ def test_a_rerun_continues_on_tpe_where_the_twin_handed_over(tmp_path: Path) -> 
     assert calls == []  # TPE proposed it: the twin's sweep was not redone
     assert any(line.startswith("twin: handed over to TPE after 4 real trials in an earlier run") for line in log)
     assert not any("falling back" in line for line in log)  # said once, by the run that did it
+    shown = status(study_view(again)).twin_fallback
+    assert shown is not None and shown.startswith("after 4 real trials: its throughput error stayed above 25%")
 
 
 def test_a_rerun_counts_the_twins_errors_measured_before_it(tmp_path: Path) -> None:
