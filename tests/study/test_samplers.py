@@ -156,3 +156,11 @@ def test_tuner_tune_shows_the_samplers_options_and_refuses_a_wrong_one_in_one_li
 def test_tuner_tune_help_names_the_sampler_options() -> None:
     result = CliRunner().invoke(app, ["tune", "--help"])
     assert result.exit_code == 0 and "multivariate: false" in " ".join(result.stdout.split())
+
+
+def test_a_flag_whose_range_changed_between_runs_stays_out_of_the_joint_model(tmp_path: Path) -> None:
+    study = run_study(tmp_path, {"name": "random"}, n_trials=4)
+    edited = {**SPACE, "max_num_seqs": {"choices": [8, 16, 128]}}
+    j = job(space=edited, sampler={"name": "tpe", "seed": 1})
+    relative = make_sampler(j, j.search_space()).infer_relative_search_space(study, study.trials[-1])
+    assert set(relative) == {"gpu_memory_utilization", "max_model_len"}

@@ -95,7 +95,14 @@ class JobSpaceTPESampler(optuna.samplers.TPESampler):
         self._job_space = {n: d for n, d in space.distributions.items() if not d.single()}
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-        return dict(self._job_space)
+        # A flag whose range a trial recorded otherwise (the job's space edited between runs) stays out, as
+        # Optuna's intersection leaves it out: TPE could not place the old values in the new range.
+        space = dict(self._job_space)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            for name, dist in t.distributions.items():
+                if name in space and dist != space[name]:
+                    del space[name]
+        return space
 
 
 @sampler("tpe")
