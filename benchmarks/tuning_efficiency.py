@@ -60,7 +60,21 @@ from tuner.twin.simulate import simulate as twin_simulate
 TARGETS = (0.97, 0.99)
 CATALOG = Coefficients()
 # GPSampler needs torch and scipy (not project dependencies): without them its rows are left out.
-SAMPLERS = ("twin", "random", "tpe", "nsga2") + (("gp",) if importlib.util.find_spec("torch") else ())
+_GP = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("scipy") is not None
+# A method: the job's `sampler` section (its name and options). The "before" rows rebuild the samplers as they were
+# made before the baseline's missing flags were modelled (Optuna's intersection space; GP's random independent
+# sampler): see run_sampler.
+METHODS: dict[str, dict[str, Any]] = {
+    "twin": {"name": "twin"},
+    "random": {"name": "random"},
+    "tpe": {"name": "tpe"},
+    "tpe, intersection space (before)": {"name": "tpe"},
+    "tpe, group": {"name": "tpe", "group": True},
+    "tpe, independent": {"name": "tpe", "multivariate": False},
+    "nsga2": {"name": "nsga2"},
+    **({"gp": {"name": "gp"}, "gp, random independent (before)": {"name": "gp"}} if _GP else {}),
+}
+SAMPLERS = tuple(METHODS)
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     # The README demo: an L4 whose default batch overflows the KV cache under 40 users with long prompts.
@@ -169,7 +183,7 @@ def scenario_job(name: str, sampler: str, seed: int, n_trials: int) -> Job:
         "slos": s["slos"],
         "request_timeout": 120,
         "budget": {"n_trials": n_trials},
-        "sampler": {"name": sampler, "seed": seed},
+        "sampler": {**METHODS.get(sampler, {"name": sampler}), "seed": seed},
     }
     return parse_job(data, where=f"scenario {name}")
 
@@ -378,6 +392,10 @@ def run_sampler(sc: Scenario, sampler: str, seed: int, n_trials: int) -> list[tu
         twin = TwinSampler(job.search_space(), seed, made.fallback, simulate_fn=sc.twin)
         twin.bind(job, log.append)
         run.study.sampler = twin
+    elif sampler == "tpe, intersection space (before)":
+        run.study.sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    elif sampler == "gp, random independent (before)":
+        run.study.sampler = optuna.samplers.GPSampler(seed=seed)
     try:
         run.run()
         trials = sorted(run.study.get_trials(deepcopy=False), key=lambda t: t.number)
@@ -430,6 +448,7 @@ def measure_grid(name: str, twin: CatalogTwin) -> tuple[dict[str, Point], dict[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="default: all")
+    parser.add_argument("--list", action="store_true", help="print the method names (for --sampler) and stop")
     parser.add_argument("--sampler", action="append", choices=list(SAMPLERS), help="default: all")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--other-seeds", type=int, help="seeds of the samplers other than twin (default: --seeds)")
@@ -438,6 +457,9 @@ def main() -> None:
     parser.add_argument("--log", type=Path, help="write the twin's study log (seed 0) of every scenario here")
     parser.add_argument("--table-from", type=Path, help="print the table of a --json file written before, and stop")
     args = parser.parse_args()
+    if args.list:
+        print("\n".join(SAMPLERS))
+        return
     if args.table_from:
         print(table(json.loads(args.table_from.read_text()), args.seeds, args.budget))
         return

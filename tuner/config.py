@@ -221,6 +221,16 @@ class SamplerSection(_Model):
     seed: int | None = 0
     n_startup_trials: int | None = Field(default=None, ge=0, description="random trials before the model (tpe, gp)")
     population_size: int | None = Field(default=None, ge=2, description="nsga2 population")
+    multivariate: bool | None = Field(
+        default=None,
+        description="tpe, and twin's fallback: model the flags jointly over the job's whole space (default true); "
+        "false: one flag at a time",
+    )
+    group: bool | None = Field(
+        default=None,
+        description="tpe, and twin's fallback: Optuna's group decomposition (flags that trials give together are "
+        "modelled together); needs multivariate",
+    )
 
 
 class FeasibilitySection(_Model):
@@ -594,11 +604,27 @@ def _check(job: Job, *, flags: bool = True) -> list[str]:
     except ConfigError as e:
         return [*problems, *str(e).splitlines()]
     problems += _length_problems(job, space)
+    problems += _sampler_problems(job.sampler)
     if job.sampler.name == "grid" and not problems:
         try:
             space.grid()
         except ConfigError as e:
             problems.append(str(e))
+    return problems
+
+
+# The options only TPE reads (the twin hands over to TPE, and a job without a name gets twin or tpe).
+_TPE_OPTIONS = ("multivariate", "group")
+
+
+def _sampler_problems(s: SamplerSection) -> list[str]:
+    problems = [
+        f"sampler.{option}: only tpe and twin (its TPE fallback) take it; sampler.name is {s.name}"
+        for option in _TPE_OPTIONS
+        if getattr(s, option) is not None and s.name not in (None, "tpe", "twin")
+    ]
+    if s.group and s.multivariate is False:
+        problems.append("sampler.group: needs multivariate (true or left out); give group: false or drop it")
     return problems
 
 

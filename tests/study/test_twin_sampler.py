@@ -187,3 +187,68 @@ def test_a_twin_study_records_and_shows_predicted_against_measured(tmp_path: Pat
     assert [n for n, _, _ in st.twin] == [
         t.number for t, r in zip(study.trials, records, strict=True) if not r.is_duplicate
     ]
+
+
+def resumable(url: str, log: list[str], calls: list[str]) -> optuna.Study:
+    """A twin study in `url` as a rerun of `tuner tune` opens it: a new process, a new sampler, the same storage."""
+    j = job(slos=["e2e_p95 <= 2.5s", "success_rate >= 0.9"], sampler={"name": "twin", "seed": 1})
+
+    def counted(job_: Any, flags: VllmFlags, c: Coefficients) -> SimPoint:
+        calls.append(flag_key(flags.as_dict()))
+        return fake_simulate(job_, flags, c)
+
+    fallback = optuna.samplers.TPESampler(seed=1, n_startup_trials=0)
+    sampler = TwinSampler(j.search_space(), 1, fallback, simulate_fn=counted, check_after=4, error_bound=0.25)
+    sampler.bind(j, log.append)
+    return optuna.create_study(
+        storage=url, study_name="twin", directions=DIRECTIONS, sampler=sampler, load_if_exists=True
+    )
+
+
+def test_a_rerun_continues_on_tpe_where_the_twin_handed_over(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'resume.db'}"
+    wild = iter([3.0, 1 / 3] * 10)
+    first_log: list[str] = []
+    study = resumable(url, first_log, [])
+    for _ in range(6):
+        run_trial(study, lambda f: (MEASURED, fake_tok_s(f) * next(wild)))
+    assert any("falling back to TPE" in line for line in first_log)
+
+    log: list[str] = []
+    calls: list[str] = []
+    again = resumable(url, log, calls)
+    run_trial(again, lambda f: (MEASURED, fake_tok_s(f)))
+    sampler = again.sampler
+    assert isinstance(sampler, TwinSampler) and sampler.fell_back
+    assert calls == []  # TPE proposed it: the twin's sweep was not redone
+    assert any(line.startswith("twin: handed over to TPE after 4 real trials in an earlier run") for line in log)
+    assert not any("falling back" in line for line in log)  # said once, by the run that did it
+    shown = status(study_view(again)).twin_fallback
+    assert shown is not None and shown.startswith("after 4 real trials: its throughput error stayed above 25%")
+
+
+def test_a_rerun_counts_the_twins_errors_measured_before_it(tmp_path: Path) -> None:
+    # Three real trials off the twin by 3x either way, the worker killed; the rerun's first trial measures exactly
+    # what the refit twin predicts. The median error of the last three is still over the bound: the rerun hands
+    # over to TPE at the 4th real trial, as the run that was killed would have.
+    url = f"sqlite:///{tmp_path / 'resume.db'}"
+    study = resumable(url, [], [])
+    wild = iter([3.0, 1 / 3, 3.0])
+    for _ in range(3):
+        run_trial(study, lambda f: (MEASURED, fake_tok_s(f) * next(wild)))
+    log: list[str] = []
+    again = resumable(url, log, [])
+    sampler = again.sampler
+    assert isinstance(sampler, TwinSampler)
+
+    def as_refit_twin_says(flags: VllmFlags) -> tuple[str, float]:
+        assert sampler.twin is not None
+        return MEASURED, sampler.twin.predict(flag_key(flags.as_dict())).output_tok_s
+
+    run_trial(again, as_refit_twin_says)
+    run_trial(again, as_twin_says)
+    assert sampler.errors[3] == pytest.approx(0.0, abs=1e-6)
+    assert all(sampler.errors[n] > 0.25 for n in (0, 1, 2))  # read back from the first run's trials
+    assert sampler.fell_back
+    assert any("falling back to TPE" in line and "after 4 real trials" in line for line in log)
+    assert again.user_attrs["twin_fallback"]["after"] == 4

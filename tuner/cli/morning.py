@@ -268,6 +268,8 @@ def _print_twin(con: Any, st: StudyStatus) -> None:
         error = f"{abs(predicted - measured) / measured:.0%}" if measured else "not measured in full"
         shown = f"{measured:,.1f}" if measured is not None else "—"
         con.print(f"  trial {number}: {predicted:,.1f} -> {shown} ({error})")
+    if st.twin_fallback:
+        con.print(f"twin handed over to TPE {escape(st.twin_fallback)}")
 
 
 # -- tuner trials --------------------------------------------------------------------------------------------------

@@ -148,7 +148,9 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     console.print(f"[bold]{job.study.name}[/bold]: {job.target.model} on {device} via {job.target.launcher}")
     console.print(f"storage: {safe_url(url)}")
     console.print(f"objective: {job.objective}; directions: maximize output tok/s, minimize {job.primary_latency()}")
-    console.print(f"SLOs: {', '.join(job.slos)}; budget: {job.budget.n_trials} trials; sampler: {sampler_name(job)}")
+    options = job.sampler.model_dump(exclude={"name", "seed"}, exclude_none=True)
+    sampler = sampler_name(job) + "".join(f", {k}: {str(v).lower()}" for k, v in options.items())
+    console.print(f"SLOs: {', '.join(job.slos)}; budget: {job.budget.n_trials} trials; sampler: {sampler}")
     console.print(
         f"workload: longest request {job.workload.max_request_tokens()} tokens; arrival: {job.arrival.describe()}"
     )
@@ -202,7 +204,9 @@ def preflight_check(job: Job) -> None:
 @app.command(
     help="Run the tuning study of a job file to its budget: launch a server per proposed flag set, measure it under "
     "the job's load, keep the feasible Pareto front of throughput against P95 latency. Run it again to continue; "
-    "run it on several machines with one PostgreSQL --storage to scale out.\n\n"
+    "run it on several machines with one PostgreSQL --storage to scale out. The job's `sampler` picks the search "
+    "(twin, tpe, gp, nsga2, random, grid) and its options, e.g. `sampler: {name: tpe, multivariate: false}`; "
+    "`tuner schema` lists them.\n\n"
     "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]"
 )
 def tune(

@@ -53,6 +53,7 @@ class StudyStatus:
     stopped: str | None = None  # the server refused the workload: the run's message (StudyView.stopped)
     # The twin sampler's prediction against the measurement, per real trial: (trial, predicted, measured tok/s)
     twin: list[tuple[int, float, float | None]] = field(default_factory=list)
+    twin_fallback: str | None = None  # where the twin handed over to TPE (StudyView.twin_fallback)
 
     @property
     def skipped_total(self) -> int:
@@ -75,6 +76,7 @@ class StudyStatus:
             "server_minutes_saved": self.server_minutes_saved,
             "stopped": self.stopped,
             "twin": [{"trial": n, "predicted_tok_s": p, "measured_tok_s": m} for n, p, m in self.twin],
+            "twin_fallback": self.twin_fallback,
         }
 
 
@@ -145,6 +147,7 @@ def status(view: StudyView) -> StudyStatus:
             for t in finished
             if t.twin_predicted_tok_s is not None and t.duplicate_of is None
         ],
+        twin_fallback=view.twin_fallback,
     )
 
 

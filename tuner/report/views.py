@@ -140,6 +140,14 @@ class StudyView:
         message = stopped.get("message") if isinstance(stopped, dict) else None
         return str(message) if message else None
 
+    @property
+    def twin_fallback(self) -> str | None:
+        """Where the twin sampler handed over to TPE (its `twin_fallback` study attribute), said in a line."""
+        handed = self.attrs.get("twin_fallback")
+        if not isinstance(handed, dict):
+            return None
+        return f"after {handed.get('after')} real trials: {handed.get('why')}"
+
     def trial(self, number: int) -> TrialView | None:
         return next((t for t in self.trials if t.number == number), None)
 

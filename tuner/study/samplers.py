@@ -2,7 +2,14 @@
 
 A new sampler is one factory registered here (`@sampler("name")`, it may live in its own module imported below)
 and its name in `tuner.config.SamplerName`. Multi-objective everywhere; constraints come from each trial's
-`set_constraint`.
+`set_constraint` (Optuna 5 reads `FrozenTrial.constraints` in TPE, GP and NSGA-II; their `constraints_func` is
+deprecated there): SLO misses as their relative violation, failed and skipped starts as a positive "startup".
+
+The baseline (trial 0, vLLM's defaults) often gives no value for a flag: a categorical whose choices lack vLLM's
+default (`max_num_seqs: {choices: [16, ..., 128]}` against vLLM's 256). Optuna's multivariate TPE and GP model the
+intersection of the trials' parameters, so that flag dropped out of the joint model for the whole study and was
+drawn one at a time (TPE) or at random (GP). TPE here models the job's whole space (the baseline is left out of
+the joint model, as Optuna leaves any trial lacking a parameter); GP draws such a flag with univariate TPE.
 """
 
 from __future__ import annotations
@@ -22,7 +29,15 @@ from tuner.errors import ConfigError
 from tuner.space import SearchSpace
 from tuner.twin.sampler import TwinSampler, twin_unsupported
 
-__all__ = ["SAMPLERS", "AskTellGridSampler", "SamplerFactory", "make_sampler", "sampler", "sampler_name"]
+__all__ = [
+    "SAMPLERS",
+    "AskTellGridSampler",
+    "JobSpaceTPESampler",
+    "SamplerFactory",
+    "make_sampler",
+    "sampler",
+    "sampler_name",
+]
 
 SamplerFactory = Callable[[SamplerSection, SearchSpace, "int | None"], optuna.samplers.BaseSampler]
 """(the job's sampler section, its search space, the seed for this worker) -> the sampler."""
@@ -70,12 +85,36 @@ def make_sampler(
     return made
 
 
+class JobSpaceTPESampler(optuna.samplers.TPESampler):
+    """Multivariate TPE over the job's whole space rather than the intersection of the trials' parameters (which
+    a baseline without some flag shrinks for good). A trial lacking a flag (the baseline) is left out of the joint
+    model by TPE itself (`TPESampler._get_internal_repr` keeps the trials that hold every parameter)."""
+
+    def __init__(self, space: SearchSpace, **kwargs: Any) -> None:
+        super().__init__(multivariate=True, **kwargs)
+        self._job_space = {n: d for n, d in space.distributions.items() if not d.single()}
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+        # A flag whose range a trial recorded otherwise (the job's space edited between runs) stays out, as
+        # Optuna's intersection leaves it out: TPE could not place the old values in the new range.
+        space = dict(self._job_space)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            for name, dist in t.distributions.items():
+                if name in space and dist != space[name]:
+                    del space[name]
+        return space
+
+
 @sampler("tpe")
 def _tpe(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
-    kwargs: dict[str, Any] = {"seed": seed, "multivariate": True, "constant_liar": True}
+    kwargs: dict[str, Any] = {"seed": seed, "constant_liar": True}
     if s.n_startup_trials is not None:
         kwargs["n_startup_trials"] = s.n_startup_trials
-    return optuna.samplers.TPESampler(**kwargs)
+    if s.multivariate is False:
+        return optuna.samplers.TPESampler(multivariate=False, **kwargs)
+    if s.group:
+        return optuna.samplers.TPESampler(multivariate=True, group=True, **kwargs)
+    return JobSpaceTPESampler(space, **kwargs)
 
 
 @sampler("nsga2")
@@ -120,10 +159,12 @@ def _gp(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.sampl
             "sampler.name: gp needs torch and scipy, which are not installed (pip install torch scipy); "
             "use tpe, nsga2, random or grid"
         ) from None
-    kwargs: dict[str, Any] = {"seed": seed}
-    if s.n_startup_trials is not None:
-        kwargs["n_startup_trials"] = s.n_startup_trials
-    return optuna.samplers.GPSampler(**kwargs)
+    startup = 10 if s.n_startup_trials is None else s.n_startup_trials
+    # GP models the intersection of the trials' parameters; a flag the baseline lacks falls to the independent
+    # sampler for the whole study: univariate TPE models it from the trials that hold it, where Optuna's default
+    # (random) would draw it blind. Within the start-up trials TPE is random too.
+    independent = optuna.samplers.TPESampler(seed=seed, multivariate=False, n_startup_trials=startup)
+    return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, independent_sampler=independent)
 
 
 @sampler("twin")

@@ -7,6 +7,10 @@ highest optimistic throughput, its uncertainty the twin's measured error times t
 After each real trial the record gets the twin's prediction (`twin_predicted_tok_s`) and the log a line of predicted
 against measured. Where the error stays above `error_bound` after `check_after` real trials the sampler says so and
 hands over to TPE, which models every trial measured so far.
+
+The fallback state lives in the study, not in one process: each trial's error (`twin_error`) or miss
+(`twin_missed`) is a trial attribute and the hand-over a study attribute (`twin_fallback`), so a rerun of
+`tuner tune` (or another worker) continues on TPE where the twin gave up, and counts the errors measured before.
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ from tuner.store import flag_key
 from tuner.twin.model import RERANK, Candidate, Observation, Predicted, Simulate, Twin, candidates
 from tuner.twin.simulate import simulate
 
-__all__ = ["PREDICTED_ATTR", "TwinSampler", "twin_unsupported"]
+__all__ = ["ERROR_ATTR", "FALLBACK_ATTR", "MISSED_ATTR", "PREDICTED_ATTR", "TwinSampler", "twin_unsupported"]
 
 PREDICTED_ATTR = "twin_predicted_tok_s"
+ERROR_ATTR = "twin_error"  # trial: |predicted - measured| / measured, for a trial measured in full as foreseen
+MISSED_ATTR = "twin_missed"  # trial: it started or crashed other than the twin predicted
+FALLBACK_ATTR = "twin_fallback"  # study: {"after": real trials, "why": ...} once the twin handed over to TPE
 NEAR_BEST = 0.02  # candidates predicted within this of the best are equals: the most distant from the tried wins
 
 
@@ -110,7 +117,7 @@ class TwinSampler(BaseSampler):
             return {}  # an enqueued trial (the baseline): its parameters are given
         done = _real_trials(study)
         self._refit(twin, done)
-        if self._failing(done):
+        if self._failing(study, done):
             return self.fallback.sample_relative(study, trial, self.fallback.infer_relative_search_space(study, trial))
         choice = self._choose(twin, study, done)
         if choice is None:
@@ -130,6 +137,7 @@ class TwinSampler(BaseSampler):
         self.fallback.reseed_rng()
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self._restore(study)
         if not self.fell_back:
             self._ready()  # the sweep, before the first launch: the baseline gets a prediction too
         self.fallback.before_trial(study, trial)
@@ -148,8 +156,10 @@ class TwinSampler(BaseSampler):
         error = _error(predicted, record)
         if error is None:
             self.missed[trial.number] = True
+            study._storage.set_trial_user_attr(trial._trial_id, MISSED_ATTR, True)
         elif record.slo_stop is None:
             self.errors[trial.number] = error
+            study._storage.set_trial_user_attr(trial._trial_id, ERROR_ATTR, round(error, 6))
         self.on_event(f"trial {trial.number}: {_compare(predicted, record, error)}")
 
     # -- the twin ------------------------------------------------------------------------------------------------
@@ -184,7 +194,23 @@ class TwinSampler(BaseSampler):
                 f"x{c.step_scale:.3f}, KV tokens x{c.kv_scale:.3f}{headroom}"
             )
 
-    def _failing(self, done: list[FrozenTrial]) -> bool:
+    def _restore(self, study: Study) -> None:
+        """What this study's earlier runs and other workers measured of the twin: the errors and misses of their
+        trials, and whether it already handed over to TPE (then TPE goes on: the sweep is not redone)."""
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if isinstance(t.user_attrs.get(ERROR_ATTR), float | int):
+                self.errors.setdefault(t.number, float(t.user_attrs[ERROR_ATTR]))
+            if t.user_attrs.get(MISSED_ATTR) is True:
+                self.missed.setdefault(t.number, True)
+        handed = study.user_attrs.get(FALLBACK_ATTR)
+        if not self.fell_back and isinstance(handed, dict):
+            self.fell_back = True
+            self.on_event(
+                f"twin: handed over to TPE after {handed.get('after')} real trials in an earlier run "
+                f"({handed.get('why')}); TPE goes on"
+            )
+
+    def _failing(self, study: Study, done: list[FrozenTrial]) -> bool:
         """After `check_after` real trials: is the twin still wrong? Its throughput error (the median of the latest
         trials measured in full) above the bound, or the latest `check_after` trials all not as it foresaw (a
         start, a crash)."""
@@ -201,6 +227,7 @@ class TwinSampler(BaseSampler):
         else:
             return False
         self.fell_back = True
+        study.set_user_attr(FALLBACK_ATTR, {"after": len(done), "why": why})
         self.on_event(
             f"twin: {why} after {len(done)} real trials; falling back to TPE, which models the {len(done)} trials "
             "measured"
