@@ -113,7 +113,9 @@ async def test_the_emulators_start_up_log_says_what_vllm_032_says(utilization: f
     assert await emu.startup(delays=False)
     log = emu.log.text()
     _, tokens, _ = expected(utilization, 8192)
-    assert parse_startup_facts(log).kv_tokens == tokens
+    facts = parse_startup_facts(log)
+    assert facts.kv_tokens == tokens
+    assert facts.cuda_graph_gib == round(GRAPHS / GIB, 2)
     assert "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=35 (largest=256)" in log
     assert f"Estimated CUDA graph memory: {GRAPHS / GIB:.2f} GiB total" in log
     delta = GRAPHS / TOTAL  # gpu_worker.py's "equivalent to" line: utilization -/+ estimate / total

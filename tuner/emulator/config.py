@@ -18,6 +18,7 @@ from tuner.flags import BLOCK_SIZES, KV_CACHE_DTYPES, VllmFlags, parse_human_int
 EXAMPLE = (
     "example:\n"
     "  {prog} --model llama-3.1-8b --gpu rtx4090 --max-model-len 8192 --port 8000\n"
+    "  {prog} --model llama-3.1-8b --gpu rtx4090 --max-model-len auto --gpu-memory-utilization 0.95\n"
     "  curl -N localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
     '    -d \'{{"model": "llama-3.1-8b", "prompt": "Hello", "max_tokens": 32, "stream": true}}\'\n'
 )
