@@ -479,15 +479,17 @@ def plan_cpu_startup(
     needed = pool.needed_bytes(max_len)
     if needed > check:
         est = pool.longest_fitting(check, max_len)
-        estimate = f"Based on the available memory, the estimated maximum model length is {est}. "
-        return plan(
-            KV_CACHE_TOO_SMALL,
-            f"To serve at least one request with the model's max seq len ({max_len}), "
-            f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({max(0, check) / GIB:.2f} GiB). {estimate if est > 0 else ''}Try increasing "
-            "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
-            "`max_model_len` when initializing the engine. "
-            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
-            est,
-        )
+        return plan(KV_CACHE_TOO_SMALL, _cpu_kv_too_small_message(max_len, needed, check, est), est)
     return plan()
+
+
+def _cpu_kv_too_small_message(max_len: int, needed: int, check: int, est: int) -> str:
+    estimate = f"Based on the available memory, the estimated maximum model length is {est}. "
+    return (
+        f"To serve at least one request with the model's max seq len ({max_len}), "
+        f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+        f"({max(0, check) / GIB:.2f} GiB). {estimate if est > 0 else ''}Try increasing "
+        "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
+        "`max_model_len` when initializing the engine. "
+        "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )

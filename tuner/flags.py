@@ -231,7 +231,7 @@ _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def parse_human_int(text: str) -> int:
+def parse_human_int(text: str, what: str = "integer") -> int:
     """vLLM's human-readable integers (human_readable_int in vllm/utils/argparse_utils.py, 0.32.0): k/m/g/t are
     powers of 1000 and take decimals (`25.6k` = 25600), K/M/G/T powers of 1024 and do not (`1.5K` is refused)."""
     value = text.strip()
@@ -242,7 +242,7 @@ def parse_human_int(text: str) -> int:
             return int(float(number) * _DECIMAL[suffix])
         if "." in number:
             raise ValueError(
-                f"invalid integer {text!r}: decimals are not allowed with binary suffixes like "
+                f"invalid {what} {text!r}: decimals are not allowed with binary suffixes like "
                 f"{suffix}; did you mean {number}{suffix.lower()}?"
             )
         return int(number) * _BINARY[suffix]
@@ -250,7 +250,7 @@ def parse_human_int(text: str) -> int:
         return int(value)
     except ValueError:
         raise ValueError(
-            f"invalid integer {text!r}: use an integer or a number with k/m/g/t (x1000) or K/M/G/T (x1024), "
+            f"invalid {what} {text!r}: use an integer or a number with k/m/g/t (x1000) or K/M/G/T (x1024), "
             "e.g. 8192, 8k, 32K"
         ) from None
 
@@ -261,4 +261,4 @@ def parse_model_len(text: str) -> int:
     value = text.strip()
     if value.lower() == "auto" or value == "-1":
         return AUTO_MAX_MODEL_LEN
-    return parse_human_int(value)
+    return parse_human_int(value, "length")
