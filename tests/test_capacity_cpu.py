@@ -85,3 +85,13 @@ def test_get_gpu_cpu_reads_the_workers_environment(monkeypatch: pytest.MonkeyPat
     assert get_gpu("CPU").kv_space_gib == 2
     prediction = FeasibilityModel(get_gpu("cpu"), TINY).predict(VllmFlags(max_model_len=1024))
     assert prediction.ok and prediction.kv_tokens == 2 * 524_288
+
+
+def test_kv_cache_memory_bytes_sizes_a_cpu_cache_unless_the_environment_does() -> None:
+    # CPUWorker.determine_available_memory takes kv_cache_memory_bytes as given; CpuPlatform overwrites it with
+    # VLLM_CPU_KVCACHE_SPACE when that is set (vllm/platforms/cpu.py, 0.32.0)
+    given = VllmFlags(max_model_len=1024, kv_cache_memory_bytes=2 * GIB)
+    cpu = cpu_profile({})
+    assert plan_startup(TINY, cpu, resolve(given, cpu, TINY)).available_kv_bytes == 2 * GIB
+    env = cpu_profile({"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert plan_startup(TINY, env, resolve(given, env, TINY)).available_kv_bytes == GIB

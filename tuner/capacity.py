@@ -416,10 +416,11 @@ def plan_cpu_startup(
     free = max(0, total - int(memory_in_use_gib * GIB))
     weights = model.weight_bytes // tp
     explicit = cpu.kv_space_gib is not None or flags.kv_cache_memory_bytes is not None
-    if flags.kv_cache_memory_bytes is not None:
-        available = flags.kv_cache_memory_bytes
-    elif cpu.kv_space_gib is not None:
+    # the environment wins: CpuPlatform.check_and_update_config (0.32.0) overwrites kv_cache_memory_bytes with it
+    if cpu.kv_space_gib is not None:
         available = int(cpu.kv_space_gib * GIB)
+    elif flags.kv_cache_memory_bytes is not None:
+        available = flags.kv_cache_memory_bytes
     else:
         available = requested - weights - CPU_RUNTIME_BYTES
     pool = kv_pool(model, flags, cpu=True)
