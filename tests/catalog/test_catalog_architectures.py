@@ -236,11 +236,13 @@ def test_a_hybrid_model_too_long_for_its_kv_memory_gets_vllms_estimate() -> None
     from tuner.flags import VllmFlags, resolve
 
     gemma = model("google--gemma-2-2b-it")
-    small = resolve_gpu({"name": "small-card", "memory_gib": 7.5})
+    # 8 GiB: what is left once the CUDA graphs' estimate (vLLM 0.32) is out of the budget holds a few thousand tokens
+    small = resolve_gpu({"name": "small-card", "memory_gib": 8.0})
     f = resolve(VllmFlags(max_model_len=8192, gpu_memory_utilization=0.9), small, gemma)
     plan = plan_startup(gemma, small, f)
     assert plan.reason == KV_CACHE_TOO_SMALL and plan.estimated_max_model_len is not None
     pool = kv_pool(gemma, f)
     est = plan.estimated_max_model_len
-    assert pool.needed_bytes(est) <= plan.available_kv_bytes < pool.needed_bytes(est + 1)
+    usable = plan.available_kv_bytes - pool.block_bytes  # the null block is not the requests'
+    assert pool.needed_bytes(est) <= usable < pool.needed_bytes(est + 1)
     assert f"the estimated maximum model length is {est}." in (plan.message or "")

@@ -56,7 +56,7 @@ def test_bad_arguments_are_config_errors(args: list[str], error: type[Exception]
          r"^Free memory on device \(19\.64/23\.64 GiB\) on startup is less than desired GPU memory utilization"),
         (["--gpu", "rtx4090", "--max-model-len", "8192", "--gpu-memory-utilization", "0.6"], NO_KV_MEMORY,
          r"^No available memory for the cache blocks"),
-        (["--gpu", "rtx4090", "--max-model-len", "8192", "--gpu-memory-utilization", "0.995"], CUDA_OOM,
+        (["--gpu", "rtx4090", "--max-model-len", "8192", "--gpu-memory-utilization", "1.0"], CUDA_OOM,
          r"CUDA out of memory"),
     ],
 )  # fmt: skip

@@ -65,8 +65,8 @@ def test_large_batch_peak_is_of_the_order_of_ten_thousand_tokens_per_second() ->
 
 
 def test_oversubscribed_kv_cache_preempts_and_still_finishes() -> None:
-    # ~4k tokens of KV for 16 requests that need 16 x 700 at their end
-    flags = VllmFlags(max_model_len=2048, gpu_memory_utilization=0.715, max_num_batched_tokens=2048)
+    # ~3k tokens of KV (the CUDA graphs' 0.69 GiB taken out) for 16 requests that need 16 x 700 at their end
+    flags = VllmFlags(max_model_len=2048, gpu_memory_utilization=0.74, max_num_batched_tokens=2048)
     assert plan_startup(LLAMA, RTX4090, resolve(flags, RTX4090, LLAMA)).kv_tokens < 16 * 700 / 2
     result = simulate_closed_loop(LLAMA, RTX4090, flags, concurrency=16, input_len=500, output_len=200, requests=32)
     assert result.requests == 32
@@ -133,3 +133,18 @@ def test_output_lengths() -> None:
     assert len({n for n, _ in lengths}) > 50  # a spread, not one fixed value
     assert output_length(0, [5, 7, 9], 400, 0, False, None) == output_length(0, [5, 7, 9], 400, 0, False, None)
     assert output_length(3, [5, 7, 9], 400, 0, False, 11) == output_length(3, [5, 7, 9], 400, 0, False, 11)
+
+
+def test_a_waiting_request_is_admitted_only_when_its_whole_prompt_fits() -> None:
+    """vLLM 0.32 checks the blocks of the whole sequence before admitting (scheduler_reserve_full_isl, on by
+    default): with 100 usable blocks, two 1,000-token prompts (63 blocks each) run one after the other instead of
+    the second being let in on its first chunk and preempted when both have grown past the pool."""
+    block = 16 * 128 * 1024  # 16 tokens of Llama-3.1-8B's 128 KiB
+    flags = VllmFlags(max_model_len=1024, max_num_batched_tokens=256, max_num_seqs=2,
+                      kv_cache_memory_bytes=101 * block)  # fmt: skip
+    assert plan_startup(LLAMA, H100, resolve(flags, H100, LLAMA)).num_gpu_blocks == 101  # one is the null block
+    result = simulate_closed_loop(LLAMA, H100, flags, concurrency=2, input_len=1000, output_len=16, requests=4)
+    assert result.requests == 4
+    assert result.preemptions == 0
+    # one at a time: the second's first token waits for the whole first request
+    assert result.ttft_mean_s > 0.5 * result.e2e_mean_s

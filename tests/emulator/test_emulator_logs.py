@@ -57,3 +57,28 @@ def test_the_default_image_is_the_pinned_vllms() -> None:
     from tuner.vllm_pin import PINNED_VLLM
 
     assert DockerOptions().image == f"vllm/vllm-openai:v{PINNED_VLLM}"
+
+
+async def test_max_model_len_auto_fits_the_kv_cache_and_the_api_serves_that_length() -> None:
+    emu = Emulator(parse_config(["--model", "llama-3.1-8b", "--gpu", "rtx4090", "--max-model-len", "auto"]),
+                   log_stream=io.StringIO())  # fmt: skip
+    assert await emu.startup(delays=False)
+    fitted = emu.plan.max_model_len
+    # every block but the null one, in whole blocks, below the model's 131,072 (_auto_fit_max_model_len)
+    assert fitted == (emu.plan.available_kv_bytes // (16 * 128 * 1024) - 1) * 16 < 131072
+    assert emu.resolved.max_model_len == fitted
+    assert f"Auto-fit max_model_len: reduced from 131072 to {fitted} to fit in available KV cache memory" in (
+        emu.log.text()
+    )
+    assert parse_startup_facts(emu.log.text()).max_model_len == fitted
+
+
+async def test_kv_cache_memory_bytes_replaces_the_profile() -> None:
+    argv = ["--model", "llama-3.1-8b", "--gpu", "rtx4090", "--max-model-len", "8192", "--kv-cache-memory-bytes", "2G"]
+    emu = Emulator(parse_config(argv), log_stream=io.StringIO())
+    assert await emu.startup(delays=False)
+    assert emu.plan.available_kv_bytes == 2 * GIB
+    assert emu.plan.kv_tokens == 2 * GIB // (16 * 128 * 1024) * 16  # 16,384 tokens whatever the utilization
+    log = emu.log.text()
+    assert "reserved 2.00 GiB memory for KV Cache as specified by kv_cache_memory_bytes config" in log
+    assert "Estimated CUDA graph memory" not in log

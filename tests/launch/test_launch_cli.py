@@ -39,7 +39,8 @@ def test_launch_prints_the_facts_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             break
     shown = "".join(lines)
     assert "emulator server ready" in shown, shown
-    assert "429,280 tokens" in shown and "52.40x at 8,192 tokens a request" in shown
+    # H100 + Llama-3.1-8B at 0.90 with the CUDA graphs' 0.81 GiB out of the budget (vLLM 0.32)
+    assert "422,640 tokens" in shown and "51.59x at 8,192 tokens a request" in shown
     assert processes_with(marker), "the server should run until Ctrl-C"
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=20)

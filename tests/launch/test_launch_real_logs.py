@@ -100,3 +100,18 @@ def test_engine_core_killed_under_load_is_crashed_under_load_in_vllms_words() ->
         "the process server exited with code 0 after it was ready "
         "([shutdown] MPClient: engine core exited unexpectedly; starting cleanup)"
     )
+
+
+def test_the_cuda_graph_estimate_of_a_032_era_gpu_log() -> None:
+    # lines of a real 0.2x GPU start (quoted in a public vLLM issue thread), in the order vLLM prints them
+    log = (
+        "(EngineCore pid=1497) INFO 06-05 07:28:52 [gpu_model_runner.py:6279] Profiling CUDA graph memory: "
+        "PIECEWISE=35 (largest=256), FULL=19 (largest=128)\n"
+        "(EngineCore pid=1497) INFO 06-05 07:28:57 [gpu_model_runner.py:6365] Estimated CUDA graph memory: "
+        "0.40 GiB total\n"
+        "(EngineCore pid=1497) INFO 06-05 07:28:57 [gpu_worker.py:466] Available KV cache memory: 12.85 GiB\n"
+        "(EngineCore pid=1497) INFO 06-05 07:28:57 [kv_cache_utils.py:1733] GPU KV cache size: 163,225 tokens\n"
+    )
+    facts = parse_startup_facts(log)
+    assert (facts.cuda_graph_gib, facts.available_kv_gib, facts.kv_tokens) == (0.40, 12.85, 163225)
+    assert parse_startup_facts(log.split("\n", 2)[2]).cuda_graph_gib is None  # an eager or CPU start prints none

@@ -149,3 +149,26 @@ def _engine_core(pgid: int) -> int:
         if comm.startswith("VLLM::EngineCor") and fields[2] == str(pgid):
             return int(entry.name)
     pytest.fail(f"no VLLM::EngineCore process in group {pgid}")
+
+
+async def test_kv_cache_memory_bytes_and_the_null_block_as_the_arithmetic_predicts(
+    vllm_python: Path, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """8 MiB given outright (no VLLM_CPU_KVCACHE_SPACE, which would override it) is 32 blocks of 128 tokens of
+    2 KiB; one is the null block, so real vLLM estimates 31 x 128 = 3,968 for a 4,096-token request, and the
+    shared arithmetic predicts the same refusal and estimate before any start."""
+    from tuner.capacity import plan_startup
+    from tuner.catalog import cpu_profile, load_model
+    from tuner.flags import resolve
+
+    flags = VllmFlags(max_model_len=4096, kv_cache_memory_bytes=8 * 2**20)
+    model, cpu = load_model(str(tiny_model)), cpu_profile({})
+    predicted = plan_startup(model, cpu, resolve(flags, cpu, model))
+    assert predicted.reason == KV_CACHE_TOO_SMALL and predicted.estimated_max_model_len == 31 * 128
+    real = launcher(vllm_python, str(tiny_model), tmp_path)
+    # unset, not empty: the CPU worker int()s an empty value and dies
+    real.env.pop("VLLM_CPU_KVCACHE_SPACE")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    error = await refused(real, flags)
+    assert error.reason == KV_CACHE_TOO_SMALL, str(error)
+    assert error.estimated_max_model_len == predicted.estimated_max_model_len

@@ -14,11 +14,12 @@ from typing import NoReturn
 from tuner.calibration.profile import StepProfile, load_profile
 from tuner.catalog import CPU, GPUS, GpuProfile, ModelProfile, get_gpu, load_model
 from tuner.errors import ConfigError
-from tuner.flags import BLOCK_SIZES, KV_CACHE_DTYPES, VllmFlags, parse_model_len
+from tuner.flags import BLOCK_SIZES, KV_CACHE_DTYPES, VllmFlags, parse_human_int, parse_model_len
 
 EXAMPLE = (
     "example:\n"
     "  {prog} --model llama-3.1-8b --gpu rtx4090 --max-model-len 8192 --port 8000\n"
+    "  {prog} --model llama-3.1-8b --gpu rtx4090 --max-model-len auto --gpu-memory-utilization 0.95\n"
     "  curl -N localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
     '    -d \'{{"model": "llama-3.1-8b", "prompt": "Hello", "max_tokens": 32, "stream": true}}\'\n'
 )
@@ -32,6 +33,13 @@ class _Parser(argparse.ArgumentParser):
 def _model_len(text: str) -> int:
     try:
         return parse_model_len(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _human_int(text: str) -> int:
+    try:
+        return parse_human_int(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -71,9 +79,20 @@ def build_parser(prog: str = "python -m tuner.emulator") -> argparse.ArgumentPar
     v.add_argument("--host", default="0.0.0.0")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--max-num-seqs", type=int, default=None)
-    v.add_argument("--max-model-len", type=_model_len, default=None, help="e.g. 8192, 8k (=8000), 8K (=8192)")
+    v.add_argument(
+        "--max-model-len",
+        type=_model_len,
+        default=None,
+        help="e.g. 8192, 8k (=8000), 8K (=8192); auto or -1: the longest the KV cache holds",
+    )
     v.add_argument("--gpu-memory-utilization", type=float, default=None, help="default 0.9")
-    v.add_argument("--max-num-batched-tokens", type=int, default=None)
+    v.add_argument("--max-num-batched-tokens", type=_human_int, default=None, help="e.g. 2048, 8k, 16K")
+    v.add_argument(
+        "--kv-cache-memory-bytes",
+        type=_human_int,
+        default=None,
+        help="KV cache size outright, e.g. 4G (=4 x 2^30): no profiling, --gpu-memory-utilization ignored",
+    )
     v.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     v.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     v.add_argument("--block-size", type=int, choices=BLOCK_SIZES, default=16)
@@ -175,6 +194,8 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
         raise ConfigError("emulator argument error: --num-gpu-blocks-override must be >= 1")
     if ns.tensor_parallel_size < 1:
         raise ConfigError("emulator argument error: --tensor-parallel-size must be >= 1")
+    if ns.kv_cache_memory_bytes is not None and ns.kv_cache_memory_bytes < 1:
+        raise ConfigError("emulator argument error: --kv-cache-memory-bytes must be >= 1 (bytes, e.g. 4G)")
     flags = VllmFlags(
         max_num_seqs=ns.max_num_seqs,
         max_model_len=ns.max_model_len,
@@ -186,6 +207,7 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
         enable_chunked_prefill=ns.enable_chunked_prefill,
         enable_prefix_caching=ns.enable_prefix_caching,
         enforce_eager=ns.enforce_eager,
+        kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
     )
     defaults = vars(parser.parse_args([]))
     non_default = {k: v for k, v in vars(ns).items() if v != defaults.get(k)}

@@ -16,6 +16,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, suppress
+from dataclasses import replace
 from typing import TextIO
 
 import uvicorn
@@ -29,6 +30,8 @@ from tuner.capacity import (
     NO_KV_MEMORY,
     StartupPlan,
     cuda_graph_capture_sizes,
+    cuda_graph_counts,
+    is_datacenter_blackwell,
     plan_startup,
 )
 from tuner.clock import Clock
@@ -84,9 +87,14 @@ class Emulator:
         self.config = config
         self.time_scale = config.time_scale
         self.clock = Clock(config.time_scale)
-        self.resolved: ResolvedFlags = resolve(config.flags, config.gpu, config.model)
+        resolved = resolve(config.flags, config.gpu, config.model)
+        self.memory_blocks = plan_startup(config.model, config.gpu, resolved, config.memory_in_use_gib)
+        # `--max-model-len auto`: the engine and the API run with the length the start fitted
+        self.derived_max_model_len = resolved.max_model_len
+        if resolved.auto_max_model_len and self.memory_blocks.max_model_len:
+            resolved = replace(resolved, max_model_len=self.memory_blocks.max_model_len)
+        self.resolved: ResolvedFlags = resolved
         self.log = VllmLog(log_stream, tensor_parallel_size=self.resolved.tensor_parallel_size)
-        self.memory_blocks = plan_startup(config.model, config.gpu, self.resolved, config.memory_in_use_gib)
         self.plan: StartupPlan = override_blocks(self.memory_blocks, config.num_gpu_blocks_override, self.resolved)
         self.step_model = StepTimeModel.build(config.model, config.gpu, self.resolved, config.profile)
         self.exit_code: int | None = None
@@ -249,13 +257,27 @@ class Emulator:
         return True
 
     async def _profile_memory(self, delays: bool) -> float:
-        """Compile (unless eager) and profile, then report the memory split; the seconds it took."""
+        """Compile (unless eager), profile, estimate the CUDA graphs' memory, then report the KV budget; the
+        seconds it took."""
         r, p, log = self.resolved, self.plan, self.log
         profile_s = EAGER_PROFILE_SECONDS if r.enforce_eager else PROFILE_SECONDS
         if not r.enforce_eager:
             log.info("backends.py:548", f"Dynamo bytecode transform time: {profile_s * 0.6:.2f} s", "worker")
             log.info("monitor.py:34", f"torch.compile takes {profile_s * 0.6:.2f} s in total", "worker")
         await self._pause(profile_s, delays)
+        if r.kv_cache_memory_bytes is not None:
+            # Worker.determine_available_memory: the figure given replaces the profile (gpu_worker.py, 0.32.0)
+            log.info(
+                "gpu_worker.py:669",
+                f"Initial free memory {p.free_bytes / GIB:.2f} GiB, reserved {r.kv_cache_memory_bytes / GIB:.2f} GiB "
+                "memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling. "
+                "This does not respect the gpu_memory_utilization config. Only use kv_cache_memory_bytes config "
+                "when you want manual control of KV cache memory size. If OOM'ed, check the difference of initial "
+                "free memory between the current run and the previous run where kv_cache_memory_bytes is "
+                "suggested and update it correspondingly.",
+                "worker",
+            )
+            return profile_s
         log.info(
             "gpu_worker.py:276",
             f"Memory profiling takes {profile_s * 0.4:.2f} seconds\n"
@@ -267,11 +289,48 @@ class Emulator:
             f"{p.available_kv_bytes / GIB:.2f}GiB.",
             "worker",
         )
-        log.info("gpu_worker.py:298", f"Available KV cache memory: {p.available_kv_bytes / GIB:.2f} GiB", "worker")
+        self._log_graph_estimate()
+        log.info("gpu_worker.py:761", f"Available KV cache memory: {p.available_kv_bytes / GIB:.2f} GiB", "worker")
+        if p.cuda_graph_profiled:
+            u, delta = r.gpu_memory_utilization, p.graph_utilization_delta
+            log.info(
+                "gpu_worker.py:774",
+                "CUDA graph memory profiling is enabled (default since v0.21.0). The current "
+                f"--gpu-memory-utilization={u:.4f} is equivalent to --gpu-memory-utilization="
+                f"{round(u - delta, 4):.4f} without CUDA graph memory profiling. To maintain the same effective KV "
+                f"cache size as before, increase --gpu-memory-utilization to {min(round(u + delta, 4), 1.0):.4f}. "
+                "To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.",
+                "worker",
+            )
         return profile_s
+
+    def _log_graph_estimate(self) -> None:
+        """GPUModelRunner.profile_cudagraph_memory's two lines (gpu_model_runner.py, 0.32.0)."""
+        p, log = self.plan, self.log
+        if not p.cuda_graph_profiled:
+            return
+        counts = cuda_graph_counts(self.resolved, blackwell=is_datacenter_blackwell(self.config.gpu))
+        log.info("gpu_model_runner.py:6369", f"Profiling CUDA graph memory: {counts.log_text()}", "worker")
+        estimate = f"Estimated CUDA graph memory: {p.cuda_graph_bytes / GIB:.2f} GiB total"
+        log.info("gpu_model_runner.py:6474", estimate, "worker")
 
     def _log_kv_cache(self) -> None:
         r, p, log = self.resolved, self.plan, self.log
+        if r.auto_max_model_len:
+            # _auto_fit_max_model_len in vllm/v1/core/kv_cache_utils.py (0.32.0)
+            check = p.available_kv_bytes - p.kv_bytes_per_token * r.block_size  # less the null block
+            memory = f"{check / GIB:.2f} GiB GPU"
+            if r.max_model_len >= self.derived_max_model_len:
+                text = (
+                    f"Auto-fit max_model_len: full model context length {self.derived_max_model_len} fits in "
+                    f"available KV cache memory ({memory})"
+                )
+            else:
+                text = (
+                    f"Auto-fit max_model_len: reduced from {self.derived_max_model_len} to {r.max_model_len} to fit "
+                    f"in available KV cache memory ({memory})"
+                )
+            log.info("kv_cache_utils.py:2476", text, "engine")
         log.info("kv_cache_utils.py:1087", f"GPU KV cache size: {p.kv_tokens:,} tokens", "engine")
         log.info(
             "kv_cache_utils.py:1091",
@@ -338,6 +397,14 @@ class Emulator:
             log.info(
                 "gpu_model_runner.py:2708",
                 f"Graph capturing finished in {graph_s:.0f} secs, took {p.cuda_graph_bytes / GIB:.2f} GiB",
+                "worker",
+            )
+        if p.cuda_graph_profiled:
+            # the emulator's capture costs exactly its estimate
+            graphs = round(p.cuda_graph_bytes / GIB, 2)
+            log.info(
+                "gpu_worker.py:971",
+                f"CUDA graph pool memory: {graphs} GiB (actual), {graphs} GiB (estimated), difference: 0.0 GiB (0.0%).",
                 "worker",
             )
         log.info(

@@ -2,7 +2,8 @@
 
 One asyncio task. Each step schedules running requests first (one token a decode, a chunk a partial prefill)
 within the `max_num_batched_tokens` budget, then admits waiting ones FCFS while budget remains, the batch is
-below `max_num_seqs` and nothing was preempted; blocks are allocated lazily; when a block cannot be had the
+below `max_num_seqs`, nothing was preempted and the free blocks hold the whole prompt (vLLM 0.32's
+`scheduler_reserve_full_isl`, on by default); blocks are allocated lazily; when a block cannot be had the
 newest running request is preempted by recompute. The step's duration comes from the step-time model; the
 task sleeps until an absolute deadline (previous deadline + step time) so Python overhead does not
 accumulate, then emits one token to every request that finished its prompt.
@@ -147,7 +148,8 @@ class Engine:
         self.log_stats = log_stats
         self.block_size = flags.block_size
         self.caching = flags.enable_prefix_caching
-        self.pool = KvBlockPool(plan.num_gpu_blocks, flags.block_size, self.caching)
+        # BlockPool keeps block 0 as the null block: the requests share the rest (vllm/v1/core/block_pool.py)
+        self.pool = KvBlockPool(max(0, plan.num_gpu_blocks - 1), flags.block_size, self.caching)
         self.running: list[EngineRequest] = []
         self.waiting: deque[EngineRequest] = deque()
         self.stats = EngineStats()
@@ -265,12 +267,19 @@ class Engine:
 
     def _schedule_waiting(self, items: list[tuple[EngineRequest, int]], budget: int) -> tuple[int, int]:
         """Admit waiting requests in arrival order while the budget, max_num_seqs and the free blocks allow (the
-        first that does not fit blocks the rest, as in V1); the KV tokens read and attention pairs they add."""
+        first that does not fit blocks the rest, as in V1); the KV tokens read and attention pairs they add.
+
+        A request is admitted only if the free blocks hold its whole sequence, not just the first chunk
+        (KVCacheManager.allocate_slots with full_sequence_must_fit=scheduler_reserve_full_isl, True by default in
+        vLLM 0.32's SchedulerConfig; vllm/v1/core/kv_cache_manager.py): a long prompt waits rather than being
+        admitted into blocks it would have to take from the running requests. Only its first chunk's blocks are
+        taken now."""
         bs = self.block_size
         pool = self.pool
         waiting = self.waiting
         running = self.running
         max_seqs = self.flags.max_num_seqs
+        max_len = self.flags.max_model_len
         chunked = self.flags.enable_chunked_prefill
         now = self.clock.now()
         kv_read = attn = 0
@@ -286,9 +295,10 @@ class Engine:
                 if not chunked:
                     break
                 n = budget
-            need = (c + n + bs - 1) // bs - len(hits)
-            if not pool.can_allocate(need, hits):
+            whole = (min(num_tokens, max_len) + bs - 1) // bs - len(hits)
+            if not pool.can_allocate(whole, hits):
                 break
+            need = (c + n + bs - 1) // bs - len(hits)
             self._admit(req, hits, need, num_tokens, now)
             items.append((req, n))
             budget -= n
@@ -448,10 +458,9 @@ class Engine:
 
     def _runtime_oom(self) -> None:
         n = len(self.running)
+        # the graphs sit inside the budget (profiled at start-up): the sampler's buffers meet the bare headroom
         need = runtime_need_bytes(self.model, self.flags, n)
-        free = max(0, self.plan.headroom_bytes - self.plan.cuda_graph_bytes)
-        tried = max(0, need - self.plan.cuda_graph_bytes)
-        message = cuda_oom_message(tried, self.plan.total_bytes, free)
+        message = cuda_oom_message(need, self.plan.total_bytes, max(0, self.plan.headroom_bytes))
         self.dead = True
         self._stopped = True
         self.on_fatal(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tuner.capacity import StartupPlan, plan_startup
 from tuner.catalog import GpuProfile, ModelProfile
@@ -188,6 +188,8 @@ def simulate_closed_loop(
     plan = plan_startup(model, gpu, resolved, memory_in_use_gib)
     if not plan.ok:
         raise ConfigError(f"this flag set does not start: {plan.message}")
+    if resolved.auto_max_model_len:  # `--max-model-len auto`: the length the start fitted
+        resolved = replace(resolved, max_model_len=plan.max_model_len)
     if input_len + output_len > resolved.max_model_len:
         raise ConfigError(f"input_len + output_len exceeds max_model_len ({resolved.max_model_len})")
     total = requests if requests is not None else 4 * concurrency

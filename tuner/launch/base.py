@@ -31,6 +31,7 @@ class StartupFacts(BaseModel):
     max_model_len: int | None = None  # the L of "Maximum concurrency for L tokens per request"
     engine_init_seconds: float | None = None  # "init engine (profile, create kv cache, warmup model) took X s"
     vllm_version: str | None = None  # GET /version, else the log banner's "version X"
+    cuda_graph_gib: float | None = None  # "Estimated CUDA graph memory: X GiB total" (0.21+: out of the KV budget)
 
 
 class ServerHandle(Protocol):

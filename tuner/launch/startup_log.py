@@ -9,6 +9,8 @@ The wordings differ by version and device; each pattern reads every form seen in
   Older CPU builds print neither.
 - Weights: GPU "Model loading took X GiB [memory] and Y seconds"; the CPU build prints no memory figure, only
   "Loading weights took Y seconds" (which the GPU build prints too, before its fuller line).
+- CUDA graphs: "Estimated CUDA graph memory: X GiB total" (GPUModelRunner.profile_cudagraph_memory, 0.21+: taken out
+  of the KV budget); eager and CPU starts print none.
 - Version: the banner "vLLM API server version X" (v0.11 and before), "vLLM server version X, serving model M", or
   the logo's "version X" (wrapped in ANSI colour codes on a terminal).
 """
@@ -27,6 +29,7 @@ _KV_MEMORY = re.compile(
 )
 _KV_TOKENS = re.compile(rf"KV cache size: {_NUMBER} tokens")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for {_NUMBER} tokens per request: {_NUMBER}x")
+_GRAPHS = re.compile(rf"Estimated CUDA graph memory: {_NUMBER} GiB total")
 _ENGINE_INIT = re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUMBER} s")
 _ANSI = r"(?:\x1b\[[\d;]*m)*"
 _VERSION = re.compile(rf"(?:vLLM (?:API )?server version|█{_ANSI} +version) +{_ANSI}(\d+\.\d+[\w.+-]*)")
@@ -68,6 +71,7 @@ def parse_startup_facts(log: str, *, startup_seconds: float | None = None) -> St
         max_model_len=int(_num(concurrency.group(1))) if concurrency else None,
         engine_init_seconds=_float(_last(_ENGINE_INIT, log)),
         vllm_version=log_version(log),
+        cuda_graph_gib=_float(_last(_GRAPHS, log)),
     )
 
 

@@ -14,7 +14,7 @@ import itertools
 import random
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner.capacity import KV_CACHE_TOO_SMALL, StartupPlan, plan_startup, runtime_need_bytes
@@ -157,6 +157,8 @@ def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficien
     resolved = resolve(flags, gpu, model)
     memory_in_use = job.target.emulator.memory_in_use_gib if job.target.launcher == "emulator" else 0.0
     raw = plan_startup(model, gpu, resolved, memory_in_use)
+    if resolved.auto_max_model_len and raw.max_model_len:  # `auto`: the engine runs with the fitted length
+        resolved = replace(resolved, max_model_len=raw.max_model_len)
     plan = coefficients.plan(raw, resolved.max_model_len)
     point = SimPoint(
         flags.as_dict(), plan.reason, plan.message, raw_kv_tokens=raw.kv_tokens, headroom_bytes=raw.headroom_bytes
