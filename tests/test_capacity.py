@@ -51,8 +51,8 @@ def test_default_max_model_len_does_not_fit_an_rtx4090() -> None:
     assert p.reason == KV_CACHE_TOO_SMALL
     assert p.estimated_max_model_len == p.kv_tokens
     assert p.message is not None
-    assert "the models's max seq len (131072)" in p.message
-    assert "16.00 GiB KV cache is needed" in p.message
+    assert "the model's max seq len (131072)" in p.message
+    assert "16.0 GiB KV cache is needed" in p.message
     assert f"the estimated maximum model length is {p.kv_tokens}." in p.message
 
 

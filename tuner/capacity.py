@@ -248,19 +248,21 @@ def plan_startup(
     if available <= 0:
         return plan(
             NO_KV_MEMORY,
-            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
-            "initializing the engine.",
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
+            "engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
         )
     needed = pool.needed_bytes(flags.max_model_len)
     if needed > available:
         est = pool.longest_fitting(available, flags.max_model_len)
         return plan(
             KV_CACHE_TOO_SMALL,
-            f"To serve at least one request with the models's max seq len ({flags.max_model_len}), "
-            f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({available / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
-            f"{est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
-            "initializing the engine.",
+            f"To serve at least one request with the model's max seq len ({flags.max_model_len}), "
+            f"({round(needed / GIB, 2)} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({round(available / GIB, 2)} GiB). Based on the available memory, the estimated maximum model length is "
+            f"{est}. Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or "
+            "decreasing `max_model_len` when initializing the engine. "
+            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
             est,
         )
     if graphs + _RUNTIME_SLACK_BYTES > headroom:
@@ -377,8 +379,8 @@ def plan_cpu_startup(
         return plan(
             KV_CACHE_TOO_SMALL,
             f"To serve at least one request with the model's max seq len ({flags.max_model_len}), "
-            f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({available / GIB:.2f} GiB). {estimate if est > 0 else ''}Try increasing "
+            f"({round(needed / GIB, 2)} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({round(available / GIB, 2)} GiB). {estimate if est > 0 else ''}Try increasing "
             "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
             "`max_model_len` when initializing the engine. "
             "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
