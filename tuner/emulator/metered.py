@@ -27,7 +27,10 @@ class MeteredEngine(Engine):
                 cached[req.request_id] = req.num_computed  # at its first step: the prefix-cache hit
         metrics = self.metrics
         metrics.iteration_tokens.observe(scheduled)
+        finished = self.stats.finished
         super().complete(items, now)
+        if self.stats.finished == finished:
+            return  # most steps finish nothing: no second pass over the batch
         for req, _ in items:
             if req.state == FINISHED and req.first_token is not None:
                 hit = cached.pop(req.request_id, 0)
