@@ -58,8 +58,8 @@ def test_default_max_model_len_does_not_fit_an_rtx4090() -> None:
     # every block but the null one (check_enough_kv_cache_memory, 0.32): one block short of the KV tokens
     assert p.estimated_max_model_len == p.kv_tokens - 16
     assert p.message is not None
-    assert "the models's max seq len (131072)" in p.message
-    assert "16.00 GiB KV cache is needed" in p.message
+    assert "the model's max seq len (131072)" in p.message
+    assert "16.0 GiB KV cache is needed" in p.message
     assert f"the estimated maximum model length is {p.kv_tokens - 16}." in p.message
 
 

@@ -341,13 +341,14 @@ def plan_startup(
     if available <= 0:
         return plan(
             NO_KV_MEMORY,
-            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
-            "initializing the engine.",
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
+            "engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
         )
     needed = pool.needed_bytes(max_len)
     if needed > check:
         est = pool.longest_fitting(check, max_len)
-        return plan(KV_CACHE_TOO_SMALL, _kv_too_small_message(max_len, needed, check, est), est)
+        return plan(KV_CACHE_TOO_SMALL, kv_too_small_message(max_len, needed, check, est), est)
     if given is not None and given + weights + act + non_torch + graphs > free:
         # the figure given is not checked against the device: the KV allocation or the capture then fails
         return plan(CUDA_OOM, cuda_oom_message(graphs, total, max(0, free - given - weights - act - non_torch)))
@@ -356,13 +357,15 @@ def plan_startup(
     return plan()
 
 
-def _kv_too_small_message(max_len: int, needed: int, available: int, est: int) -> str:
+def kv_too_small_message(max_len: int, needed: int, available: int, est: int) -> str:
+    """vLLM 0.32's refusal, GPU and CPU alike (kv_cache_utils._check_enough_kv_cache_memory; format_gib rounds)."""
+    estimate = f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""
     return (
-        f"To serve at least one request with the models's max seq len ({max_len}), "
-        f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-        f"({available / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
-        f"{est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
-        "initializing the engine."
+        f"To serve at least one request with the model's max seq len ({max_len}), "
+        f"({round(needed / GIB, 2)} GiB KV cache is needed, which is larger than the available KV cache memory "
+        f"({round(max(0, available) / GIB, 2)} GiB). {estimate}Try increasing `gpu_memory_utilization` (which also "
+        "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
+        "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
     )
 
 
@@ -480,17 +483,5 @@ def plan_cpu_startup(
     needed = pool.needed_bytes(max_len)
     if needed > check:
         est = pool.longest_fitting(check, max_len)
-        return plan(KV_CACHE_TOO_SMALL, _cpu_kv_too_small_message(max_len, needed, check, est), est)
+        return plan(KV_CACHE_TOO_SMALL, kv_too_small_message(max_len, needed, check, est), est)
     return plan()
-
-
-def _cpu_kv_too_small_message(max_len: int, needed: int, check: int, est: int) -> str:
-    estimate = f"Based on the available memory, the estimated maximum model length is {est}. "
-    return (
-        f"To serve at least one request with the model's max seq len ({max_len}), "
-        f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-        f"({max(0, check) / GIB:.2f} GiB). {estimate if est > 0 else ''}Try increasing "
-        "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
-        "`max_model_len` when initializing the engine. "
-        "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
-    )

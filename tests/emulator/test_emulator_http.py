@@ -88,23 +88,72 @@ async def test_openai_sdk_streams_chat_and_completion(served: tuple[Emulator, st
         assert len(texts) == 5
 
 
-async def test_errors_look_like_vllm(served: tuple[Emulator, str]) -> None:
+async def test_context_length_answers_are_vllm_032s(served: tuple[Emulator, str]) -> None:
+    """Each limit alone is a 400 naming its parameter; together they only shorten the output (HTTP 200, "length")."""
     _, base = served
     async with httpx.AsyncClient(base_url=base, timeout=10) as client:
         r = await client.post(
-            "/v1/completions", json={"model": "llama-3.1-8b", "prompt": [1] * 100, "max_tokens": 8100}
+            "/v1/completions",
+            json={"model": "llama-3.1-8b", "prompt": [1] * 100, "max_tokens": 8100, "ignore_eos": True},
         )
+        assert r.status_code == 200
+        body = r.json()
+        assert body["usage"]["completion_tokens"] == 8192 - 100
+        assert body["choices"][0]["finish_reason"] == "length"
+        r = await client.post("/v1/completions", json={"prompt": [1] * 10, "max_tokens": 9000})
         assert r.status_code == 400
-        err = r.json()["error"]
-        assert err["type"] == "BadRequestError" and err["code"] == 400
-        assert err["message"] == (
-            "This model's maximum context length is 8192 tokens. However, you requested 8200 tokens "
-            "(100 in the messages, 8100 in the completion). Please reduce the length of the messages or completion."
+        assert r.json()["error"] == {
+            "message": "max_tokens=9000 cannot be greater than max_model_len=8192. Please request fewer output "
+            "tokens. (parameter=max_tokens, value=9000)",
+            "type": "BadRequestError",
+            "param": "max_tokens",
+            "code": 400,
+        }
+        r = await client.post("/v1/completions", json={"prompt": [1] * 8200, "max_tokens": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input_tokens"
+        assert r.json()["error"]["message"] == (
+            "This model's maximum context length is 8192 tokens. However, your prompt contains 8200 input tokens, "
+            "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
+            "(parameter=input_tokens, value=8200)"
         )
+        # A pinned output (min_tokens) that no longer fits once shortened is SamplingParams' refusal.
+        r = await client.post("/v1/completions", json={"prompt": [1] * 8000, "max_tokens": 300, "min_tokens": 300})
+        assert r.status_code == 400
+        assert r.json()["error"]["message"] == "min_tokens must be less than or equal to max_tokens=192, got 300."
+
+
+async def test_bad_requests_look_like_vllm(served: tuple[Emulator, str]) -> None:
+    _, base = served
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
         r = await client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
-        assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "JSON decode error" in r.json()["error"]["message"]
+        assert r.json()["error"]["type"] == "Bad Request"
         r = await client.post("/v1/chat/completions", json={"model": "gpt-4", "messages": [{"role": "user"}]})
-        assert r.status_code == 404 and r.json()["error"]["message"] == "The model `gpt-4` does not exist."
+        assert r.status_code == 404
+        assert r.json()["error"]["message"] == "The model `gpt-4` does not exist. Valid aliases: llama-3.1-8b."
+        r = await client.post("/v1/completions", json={"prompt": "hi", "n": 0})
+        assert (r.status_code, r.json()["error"]["message"]) == (400, "n must be at least 1, got 0.")
+        r = await client.post("/v1/completions", json={"prompt": "hi", "temperature": 2.5})
+        assert r.json()["error"]["param"] == "temperature"
+        assert r.json()["error"]["message"].startswith("temperature must be in [0, 2], got 2.5.")
+
+
+async def test_n_choices_each_their_own_output(served: tuple[Emulator, str]) -> None:
+    _, base = served
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        body = {"prompt": [5] * 20, "max_tokens": 6, "n": 3, "ignore_eos": True}
+        r = await client.post("/v1/completions", json=body)
+        assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2]
+        assert r.json()["usage"] == {"prompt_tokens": 20, "completion_tokens": 18, "total_tokens": 38,
+                                     "prompt_tokens_details": None, "completion_tokens_details": None}  # fmt: skip
+        stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        events = await _sse_events(client, "/v1/completions", stream)
+    chunks = [json.loads(e) for e in events[:-1]]
+    per_choice = {i: [c for c in chunks if c["choices"] and c["choices"][0]["index"] == i] for i in range(3)}
+    assert {i: len(cs) for i, cs in per_choice.items()} == {0: 6, 1: 6, 2: 6}
+    assert all(cs[-1]["choices"][0]["finish_reason"] == "length" for cs in per_choice.values())
+    assert chunks[-1]["usage"]["completion_tokens"] == 18 and "system_fingerprint" in chunks[-1]
+    assert not any("system_fingerprint" in c for c in chunks[:-1])
 
 
 async def test_metrics_have_vllm_names(served: tuple[Emulator, str]) -> None:
@@ -136,6 +185,20 @@ async def test_metrics_have_vllm_names(served: tuple[Emulator, str]) -> None:
     assert samples[("vllm:request_success_total", (*labels[:1], ("finished_reason", "length"), labels[1]))] == 3
     assert samples[("vllm:e2e_request_latency_seconds_count", labels)] == 3
     assert samples[("vllm:inter_token_latency_seconds_count", labels)] == 3 * 3  # one gap between two tokens
+    # Per step: each request's 4-token prefill ("hell", "o", "worl", "d"; it samples the first token), then 3
+    # one-token decode steps.
+    assert samples[("vllm:iteration_tokens_total_sum", labels)] == 3 * (4 + 3)
+    for phase in ("prefill", "decode", "inference"):
+        assert samples[(f"vllm:request_{phase}_time_seconds_count", labels)] == 3, phase
+    inference = samples[("vllm:request_inference_time_seconds_sum", labels)]
+    parts = (
+        samples[("vllm:request_prefill_time_seconds_sum", labels)]
+        + samples[("vllm:request_decode_time_seconds_sum", labels)]
+    )
+    assert inference == pytest.approx(parts) and inference > 0
+    assert samples[("vllm:request_params_max_tokens_sum", labels)] == 12
+    by_source = (*labels[:1], labels[1], ("source", "local_compute"))
+    assert samples[("vllm:prompt_tokens_by_source_total", tuple(sorted(by_source)))] == 3 * 4
     info = next(s for s in families["vllm:cache_config_info"].samples)
     assert info.labels["num_gpu_blocks"] == str(emu.plan.num_gpu_blocks)
     assert info.labels["block_size"] == "16" and info.labels["gpu_memory_utilization"] == "0.9"

@@ -104,11 +104,13 @@ def test_default_max_model_len_fails_on_rtx4090_with_vllms_message(procs: list[_
     plan = plan_startup(model, gpu, resolve(VllmFlags(), gpu, model))
     assert plan.estimated_max_model_len is not None and 30_000 <= plan.estimated_max_model_len <= 42_000
     assert re.search(
-        r"^\(EngineCore_DP0 pid=\d+\) ERROR \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] "
+        r"^\(EngineCore pid=\d+\) ERROR \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] "
         r"ValueError: To serve at least one request with the "
-        r"models's max seq len \(131072\), \(16\.00 GiB KV cache is needed, which is larger than the available KV "
-        rf"cache memory \(\d+\.\d\d GiB\)\. Based on the available memory, the estimated maximum model length is "
-        rf"{plan.estimated_max_model_len}\. Try increasing `gpu_memory_utilization` or decreasing `max_model_len`",
+        r"model's max seq len \(131072\), \(16\.0 GiB KV cache is needed, which is larger than the available KV "
+        rf"cache memory \(\d+\.\d+ GiB\)\. Based on the available memory, the estimated maximum model length is "
+        rf"{plan.estimated_max_model_len}\. Try increasing `gpu_memory_utilization` \(which also controls CPU memory "
+        r"on the CPU backend\) or decreasing `max_model_len` when initializing the engine\. "
+        r"See https://docs\.vllm\.ai/en/latest/configuration/conserving_memory/ for more details\.$",
         text,
         re.M,
     )
@@ -141,8 +143,8 @@ def test_start_up_lines_and_connections_refused_until_ready(procs: list[_Proc]) 
              "Graph capturing finished", "Application startup complete."]  # fmt: skip
     positions = [text.index(s) for s in order]
     assert positions == sorted(positions)
-    # vLLM v0.11's shape: the writing process, level, date, source; with one GPU the worker is the engine core.
-    line = r"^\(EngineCore_DP0 pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] Model loading took 14\.99 GiB"
+    # vLLM 0.32's shape: the writing process, level, date, source; with one GPU the worker is the engine core.
+    line = r"^\(EngineCore pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] Model loading took 14\.99 GiB"
     assert re.search(line, text, re.M)
     assert re.search(r"^\(APIServer pid=\d+\) INFO:     Application startup complete\.$", text, re.M)
     p.proc.terminate()

@@ -83,6 +83,12 @@ def test_kv_cache_too_small_carries_vllms_estimate() -> None:
             "initializing the engine.",
             "no_kv_memory",
         ),
+        (  # 0.32 (kv_cache_utils.py _check_enough_kv_cache_memory), as the emulator prints it
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
+            "engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+            "no_kv_memory",
+        ),
         (
             "CUDA out of memory occurred when warming up sampler with 1024 dummy requests. Please try lowering "
             "`max_num_seqs` or `gpu_memory_utilization` when initializing the engine.",

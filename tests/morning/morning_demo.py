@@ -217,7 +217,7 @@ def build_demo_study(path: Path | str) -> str:
                 baseline=spec.baseline,
                 outcome=spec.outcome,
                 reason=spec.reason,
-                message="To serve at least one request with the models's max seq len (32768), ..."
+                message="To serve at least one request with the model's max seq len (32768), ..."
                 if spec.reason == "kv_cache_too_small"
                 else None,
                 prediction={"kv_tokens": 480_000, "max_concurrency": 14.6, "verdict": "starts"},

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tuner.capacity import GIB, KV_CACHE_TOO_SMALL, StartupPlan
+from tuner.capacity import KV_CACHE_TOO_SMALL, StartupPlan, kv_too_small_message
 from tuner.flags import ResolvedFlags
 
 __all__ = ["override_blocks"]
@@ -31,11 +31,5 @@ def override_blocks(plan: StartupPlan, blocks: int | None, flags: ResolvedFlags)
     # whose blocks, rounded up, fit)
     est = max(0, (blocks - 1) * flags.block_size)
     needed = flags.max_model_len * plan.kv_bytes_per_token
-    message = (
-        f"To serve at least one request with the model's max seq len ({flags.max_model_len}), "
-        f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-        f"({available / GIB:.2f} GiB). Based on the available memory, the estimated maximum model length is {est}. "
-        "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. "
-        "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
-    )
+    message = kv_too_small_message(flags.max_model_len, needed, available, est)
     return dataclasses.replace(out, reason=KV_CACHE_TOO_SMALL, message=message, estimated_max_model_len=est)

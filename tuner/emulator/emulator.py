@@ -39,7 +39,7 @@ from tuner.emulator.blocks_override import override_blocks
 from tuner.emulator.config import EmulatorConfig, parse_config
 from tuner.emulator.frontend import FrontendEngine
 from tuner.emulator.logs import VllmLog
-from tuner.emulator.metrics import EmulatorMetrics
+from tuner.emulator.metrics import EmulatorMetrics, cache_config_labels
 from tuner.emulator.server import VLLM_VERSION, OpenAiApp
 from tuner.emulator.step_time import StepTimeModel
 from tuner.errors import ConfigError, LaunchError
@@ -94,7 +94,10 @@ class Emulator:
         if resolved.auto_max_model_len and self.memory_blocks.max_model_len:
             resolved = replace(resolved, max_model_len=self.memory_blocks.max_model_len)
         self.resolved: ResolvedFlags = resolved
-        self.log = VllmLog(log_stream, tensor_parallel_size=self.resolved.tensor_parallel_size)
+        # the CPU build's worker is a process of its own and writes as `(Worker pid=N)` (cpu_worker.py)
+        self.log = VllmLog(
+            log_stream, tensor_parallel_size=self.resolved.tensor_parallel_size, separate_worker=config.gpu.is_cpu
+        )
         self.plan: StartupPlan = override_blocks(self.memory_blocks, config.num_gpu_blocks_override, self.resolved)
         self.step_model = StepTimeModel.build(config.model, config.gpu, self.resolved, config.profile)
         self.exit_code: int | None = None
@@ -103,16 +106,13 @@ class Emulator:
         self._engine_task: asyncio.Task[None] | None = None
         self._startup_logged = False
         r = self.resolved
-        cache_info = {
-            "block_size": str(r.block_size),
-            "cache_dtype": r.kv_cache_dtype,
-            "enable_prefix_caching": str(r.enable_prefix_caching),
-            "gpu_memory_utilization": str(r.gpu_memory_utilization),
-            "num_gpu_blocks": str(self.plan.num_gpu_blocks),
-            "num_cpu_blocks": "0",
-            "swap_space": "4",
-            "sliding_window": "None",
-        }
+        p = self.plan
+        cache_info = cache_config_labels(
+            block_size=r.block_size, block_size_given="block_size" in config.non_default_args,
+            cache_dtype=r.kv_cache_dtype, prefix_caching=r.enable_prefix_caching,
+            utilization=r.gpu_memory_utilization, num_blocks=p.num_gpu_blocks, kv_tokens=p.kv_tokens,
+            max_concurrency=p.max_concurrency, kv_cache_memory_bytes=None,
+        )  # fmt: skip
         self.metrics = EmulatorMetrics(config.served_model_name, r.max_model_len, cache_info)
         self.engine = FrontendEngine(
             config.model,
@@ -211,7 +211,14 @@ class Emulator:
     def _log_launch(self) -> None:
         """The API server's first lines: version, the arguments as given, and the model and GPU resolved."""
         cfg, log = self.config, self.log
-        log.info("api_server.py:1896", f"vLLM API server version {VLLM_VERSION} (tuner emulator)")
+        # vLLM 0.32's banner (log_version_and_model in vllm/entrypoints/serve/utils/api_utils.py), monochrome.
+        log.info(
+            "api_utils.py:347",
+            "\n       █     █     █▄   ▄█\n"
+            f" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {VLLM_VERSION}\n"
+            f"  █▄█▀ █     █     █     █  model   {cfg.model_arg} (tuner emulator)\n"
+            "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀\n",
+        )
         log.info("utils.py:328", f"non-default args: {_fmt_args(cfg)}")
         if cfg.ignored_args:
             log.warning(
@@ -249,6 +256,7 @@ class Emulator:
             self._fail_cuda_oom()
             return False
         await self._pause(load_s, delays)
+        log.info("default_loader.py:501", f"Loading weights took {load_s:.2f} seconds", "worker")
         log.info(
             "gpu_model_runner.py:2007",
             f"Model loading took {p.weights_bytes / GIB:.2f} GiB memory and {load_s:.2f} seconds",
@@ -331,10 +339,11 @@ class Emulator:
                     f"in available KV cache memory ({memory})"
                 )
             log.info("kv_cache_utils.py:2476", text, "engine")
-        log.info("kv_cache_utils.py:1087", f"GPU KV cache size: {p.kv_tokens:,} tokens", "engine")
+        # One line since 0.2x, the device's name first (kv_cache_utils.py _report_kv_cache_config).
         log.info(
-            "kv_cache_utils.py:1091",
-            f"Maximum concurrency for {r.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x",
+            "kv_cache_utils.py:2327",
+            f"GPU KV cache size: {p.kv_tokens:,} tokens, Maximum concurrency for {r.max_model_len:,} tokens per "
+            f"request: {p.max_concurrency:.2f}x",
             "engine",
         )
 
@@ -409,7 +418,7 @@ class Emulator:
             )
         log.info(
             "core.py:214",
-            f"init engine (profile, create kv cache, warmup model) took {profile_s + graph_s:.2f} seconds",
+            f"init engine (profile, create kv cache, warmup model) took {profile_s + graph_s:.2f} s",
             "engine",
         )
         return True
@@ -468,7 +477,7 @@ class Emulator:
                 raise LaunchError("the HTTP server stopped during start-up", "unknown")
             shown = f"[{host}]" if ":" in host else host
             url = f"http://{shown}:{actual_port}"
-            self.log.info("api_server.py:1818", f"Starting vLLM API server 0 on {url}")
+            self.log.info("entry.py:140", f"Starting vLLM server on {url}")
             self.log.uvicorn(f"Started server process [{os.getpid()}]")
             self.log.uvicorn("Waiting for application startup.")
             self.log.uvicorn("Application startup complete.")

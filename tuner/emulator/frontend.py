@@ -1,19 +1,20 @@
 """The engine behind a front end that takes time: a request reaches the scheduler `request_latency_s` (emulated)
 after the HTTP handler hands it over, as in vLLM, where the API server process parses and tokenises it and passes
 it to the engine-core process over ZMQ before the scheduler sees it. A fitted device profile measures that delay
-(tuner.calibration); without one it is 0 and this is the plain engine."""
+(tuner.calibration); without one it is 0 and this is the metered engine (tuner.emulator.metered) alone."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from tuner.emulator.engine import WAITING, Engine, EngineRequest
+from tuner.emulator.engine import WAITING, EngineRequest
+from tuner.emulator.metered import MeteredEngine
 
 __all__ = ["FrontendEngine"]
 
 
-class FrontendEngine(Engine):
+class FrontendEngine(MeteredEngine):
     def __init__(self, *args: Any, request_latency_s: float = 0.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.request_latency_s = request_latency_s

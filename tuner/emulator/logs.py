@@ -1,10 +1,13 @@
-"""Log lines in vLLM's shape (v0.11): `(EngineCore_DP0 pid=41) INFO 12-02 10:15:00 [gpu_worker.py:241] ...`.
+"""Log lines in vLLM 0.32's shape: `(EngineCore pid=41) INFO 12-02 10:15:00 [gpu_worker.py:241] ...`.
 
 Launchers parse these lines exactly as they parse a real vLLM log, so the shape (process, level, date, source)
-matters. vLLM prefixes each line with the process that wrote it: the API server, the engine core, and, with
-tensor parallelism above 1, one worker per GPU, each printing its own copy of the worker lines (model loading,
-memory profiling, KV cache memory). The emulator is one process, so every prefix carries its one real pid.
-The last lines are also kept in memory for in-process users.
+matters. vLLM prefixes each line with the process that wrote it (set_process_title + decorate_logs): `APIServer`,
+`EngineCore` (`EngineCore_DP<n>` only with data parallelism, vllm/v1/engine/core.py run_engine_core), and the
+workers (WorkerProc.setup_proc_title_and_log_prefix in vllm/v1/executor/multiproc_executor.py): with one GPU the
+executor is in-process ("uni") and the worker lines come from the engine core; with tensor parallelism above 1,
+one `Worker_TP<rank>` per GPU, each printing its own copy of the worker lines (model loading, memory profiling, KV
+cache memory); the CPU build always runs its worker apart, as `Worker`. The emulator is one process, so every
+prefix carries its one real pid. The last lines are also kept in memory for in-process users.
 """
 
 from __future__ import annotations
@@ -19,11 +22,18 @@ Writer = Literal["api", "engine", "worker"]
 
 
 class VllmLog:
-    def __init__(self, stream: TextIO | None = None, keep: int = 2000, *, tensor_parallel_size: int = 1) -> None:
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        keep: int = 2000,
+        *,
+        tensor_parallel_size: int = 1,
+        separate_worker: bool = False,
+    ) -> None:
         self._stream = stream
         self.lines: deque[str] = deque(maxlen=keep)
         pid = os.getpid()
-        engine = f"(EngineCore_DP0 pid={pid}) "
+        engine = f"(EngineCore pid={pid}) "
         self._prefixes: dict[Writer, tuple[str, ...]] = {
             "api": (f"(APIServer pid={pid}) ",),
             "engine": (engine,),
@@ -31,6 +41,8 @@ class VllmLog:
             "worker": (
                 tuple(f"(Worker_TP{rank} pid={pid}) " for rank in range(tensor_parallel_size))
                 if tensor_parallel_size > 1
+                else (f"(Worker pid={pid}) ",)
+                if separate_worker
                 else (engine,)
             ),
         }

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -23,9 +25,10 @@ from starlette.types import Receive, Scope, Send
 
 from tuner.emulator.engine import Engine, EngineRequest, output_length
 from tuner.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
-from tuner.emulator.tokens import OUTPUT_WORDS, chat_token_ids, text_token_ids
+from tuner.emulator.tokens import OUTPUT_WORDS, chat_token_ids, text_token_ids, token_strs
+from tuner.vllm_pin import PINNED_VLLM
 
-VLLM_VERSION = "0.11.0"  # the surface served (log shape, metric names) and the default image's
+VLLM_VERSION = PINNED_VLLM  # the surface served (log shape, texts, metric names), checked by tests/emulator/fixtures
 _WORDS = tuple(w.encode() for w in OUTPUT_WORDS)
 _NWORDS = len(_WORDS)
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -43,6 +46,11 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         return error_response(self.status, self.message, self.type, self.param)
+
+
+def _with_value(message: str, parameter: str, value: object) -> str:
+    """VLLMValidationError's text (vllm/exceptions.py): the message, then the parameter and the value refused."""
+    return f"{message} (parameter={parameter}, value={value})"
 
 
 def error_response(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
@@ -114,53 +122,83 @@ class _Sink:
 
 
 class _StreamResponse(Response):
-    """Streams one request's SSE chunks as the engine produces them; aborts the request on disconnect."""
+    """Streams a request's SSE chunks (every choice's, for n > 1) as the engine produces them; aborts the request
+    on disconnect. The stream's last chunk carries `system_fingerprint`, as vLLM 0.32 sends it."""
 
-    def __init__(self, engine: Engine, req: EngineRequest, sink: _Sink, usage: Callable[[int], bytes] | None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        children: list[tuple[EngineRequest, _Sink]],
+        usage: Callable[[int], bytes] | None,
+        fingerprint: str,
+    ) -> None:
         self.engine = engine
-        self.req = req
-        self.sink = sink
+        self.children = children
+        self.sinks = [sink for _, sink in children]
         self.usage = usage
+        self.fingerprint_tail = b',"system_fingerprint":' + json.dumps(fingerprint).encode() + b"}\n\n"
         self.background = None
+
+    def _abort(self) -> None:
+        for req, sink in self.children:
+            if not sink.done:
+                self.engine.abort(req)
 
     async def _watch(self, receive: Receive) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                self.sink.disconnected = True
-                self.engine.abort(self.req)
-                self.sink._wake()
+                for sink in self.sinks:
+                    sink.disconnected = True
+                self._abort()
+                for sink in self.sinks:
+                    sink._wake()
                 return
 
+    def _fingerprinted(self, data: bytes) -> bytes:
+        # Every chunk ends in `}\n\n`: the last one gets the field before its closing brace.
+        return data[:-3] + self.fingerprint_tail
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        sink = self.sink
+        sinks = self.sinks
         engine = self.engine
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        engine.submit(self.req)
+        for req, _ in self.children:
+            engine.submit(req)
         watcher = asyncio.ensure_future(self._watch(receive))
         loop = asyncio.get_running_loop()
+        one = sinks[0] if len(sinks) == 1 else None
         try:
             while True:
-                buf = sink.buf
-                if buf:
-                    data: bytes = buf[0] if len(buf) == 1 else b"".join(buf)
+                if one is not None:
+                    buf = one.buf
+                    data: bytes = (buf[0] if len(buf) == 1 else b"".join(buf)) if buf else b""
                     buf.clear()
-                    if sink.done:
+                    done = one.done
+                else:
+                    data = b"".join(b"".join(s.buf) for s in sinks)
+                    for s in sinks:
+                        s.buf.clear()
+                    done = all(s.done for s in sinks)
+                if data:
+                    if done:
                         if self.usage is not None:
-                            data += self.usage(sink.count)
+                            data += self._fingerprinted(self.usage(sum(s.count for s in sinks)))
+                        else:
+                            data = self._fingerprinted(data)
                         await send({"type": "http.response.body", "body": data + _DONE, "more_body": False})
                         return
                     await send({"type": "http.response.body", "body": data, "more_body": True})
                     continue
-                if sink.cut or sink.disconnected:
+                if any(s.cut or s.disconnected for s in sinks):
                     return  # ends the response without its closing chunk: the client sees a cut stream
                 fut: asyncio.Future[None] = loop.create_future()
-                sink.waiter = fut
+                for s in sinks:
+                    s.waiter = fut
                 await fut
         finally:
             watcher.cancel()
-            if not sink.done:
-                engine.abort(self.req)
+            self._abort()
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -194,6 +232,9 @@ class OpenAiApp:
         self.created = int(time.time())
         self._counter = 0
         self._id_base = os.urandom(12).hex()
+        # vLLM's "full" fingerprint is its version and a hash of its config (serve/utils/fingerprint.py).
+        config_hash = hashlib.sha256(f"{served_names}|{max_model_len}".encode()).hexdigest()[:8]
+        self.fingerprint = f"vllm-{VLLM_VERSION}-{config_hash}"
         self.app = Starlette(
             routes=[
                 Route("/health", self.health, methods=["GET"]),
@@ -205,6 +246,7 @@ class OpenAiApp:
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/openapi.json", self.openapi, methods=["GET"]),
             ]
         )
 
@@ -243,11 +285,37 @@ class OpenAiApp:
                 "root": self.root,
                 "parent": None,
                 "max_model_len": self.max_model_len,
-                "permission": [],
+                "permission": [self._permission()],
             }
             for name in self.served_names
         ]
         return JSONResponse({"object": "list", "data": data})
+
+    def _permission(self) -> dict[str, object]:
+        """vLLM's ModelPermission defaults (vllm/entrypoints/serve/engine/protocol.py)."""
+        return {
+            "id": self._next_id("modelperm-"),
+            "object": "model_permission",
+            "created": self.created,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
+
+    async def openapi(self, request: Request) -> Response:
+        """The paths this server answers, in an OpenAPI document's shape (vLLM's FastAPI app serves its own)."""
+        paths: dict[str, dict[str, object]] = {}
+        for route in self.app.routes:
+            if isinstance(route, Route) and not route.path.startswith("/emulator/") and route.path != "/openapi.json":
+                paths[route.path] = {m.lower(): {} for m in sorted(route.methods or ()) if m != "HEAD"}
+        info = {"title": "vLLM API (tuner emulator)", "version": VLLM_VERSION}
+        return JSONResponse({"openapi": "3.1.0", "info": info, "paths": paths})
 
     # -- generation ----------------------------------------------------------------------------------------------
 
@@ -262,8 +330,13 @@ class OpenAiApp:
         raw = await request.body()
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"JSON decode error: {e}") from None
+        except json.JSONDecodeError as e:
+            # FastAPI's RequestValidationError for a body that is not JSON, as vLLM's handler words it.
+            detail = {"type": "json_invalid", "loc": f"body.{e.pos}", "msg": "JSON decode error",
+                      "input": "<dict of 0 items>", "ctx": {"error": e.msg}}  # fmt: skip
+            raise ApiError(400, f"1 validation error:\n  {detail}", "Bad Request", f"body.{e.pos}") from None
+        except UnicodeDecodeError as e:
+            raise ApiError(400, f"JSON decode error: {e}", "Bad Request", "body") from None
         if not isinstance(body, dict):
             raise ApiError(400, "The request body must be a JSON object.")
         return body
@@ -273,7 +346,11 @@ class OpenAiApp:
         if name is None:
             return self.served_names[0]
         if name not in self.served_names:
-            raise ApiError(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
+            # vllm/entrypoints/serve/engine/serving.py (_check_model)
+            aliases = ", ".join(self.served_names)
+            raise ApiError(
+                404, f"The model `{name}` does not exist. Valid aliases: {aliases}.", "NotFoundError", "model"
+            )
         return str(name)
 
     def _next_id(self, prefix: str) -> str:
@@ -289,38 +366,78 @@ class OpenAiApp:
             raise ApiError(400, f"{name} must be an integer, got {value!r}.", param=name)
         return value
 
-    def _limits(self, body: dict[str, Any], prompt_len: int, default_max: int | None) -> tuple[int, int, bool]:
-        max_tokens = self._int_field(body, "max_completion_tokens", None)
-        if max_tokens is None:
-            max_tokens = self._int_field(body, "max_tokens", default_max)
+    def _limits(self, body: dict[str, Any], prompt_len: int, default_max: int | None) -> tuple[int, int, bool, int]:
+        """max_tokens (shortened to fit), min_tokens, ignore_eos and n, refused in vLLM 0.32's order and words: the
+        renderer's limits (vllm/renderers/params.py: TokenizeParams.__post_init__, _token_len_check), the output
+        budget (get_max_tokens in vllm/entrypoints/serve/utils/api_utils.py: what fits beside the prompt, so a
+        prompt + max_tokens over the limit is shortened, not refused), then SamplingParams._verify_args
+        (vllm/sampling_params.py)."""
+        name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        requested = self._int_field(body, name, default_max if name == "max_tokens" else None)
         min_tokens = self._int_field(body, "min_tokens", 0) or 0
         ignore_eos = bool(body.get("ignore_eos", False))
-        n = body.get("n", 1)
-        if n not in (1, None):
-            raise ApiError(400, "The emulator serves n=1 only.", param="n")
         mml = self.max_model_len
-        if max_tokens is None:
-            if prompt_len >= mml:
-                raise ApiError(
-                    400,
-                    f"This model's maximum context length is {mml} tokens. However, you requested "
-                    f"{prompt_len} tokens in the messages, Please reduce the length of the messages.",
-                )
-            max_tokens = mml - prompt_len
-        if max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
-        if prompt_len + max_tokens > mml:
+        if requested is not None and requested > mml:
             raise ApiError(
                 400,
-                f"This model's maximum context length is {mml} tokens. However, you requested "
-                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
-                "Please reduce the length of the messages or completion.",
+                _with_value(
+                    f"{name}={requested} cannot be greater than max_model_len={mml}. Please request fewer output "
+                    "tokens.",
+                    name,
+                    requested,
+                ),
+                param=name,
             )
-        if min_tokens < 0 or min_tokens > max_tokens:
+        if prompt_len > mml:
+            # The tokenizer stops at max + 1 tokens, hence "at least" for exactly that count.
+            at_least = "at least " if prompt_len == mml + 1 else ""
             raise ApiError(
-                400, f"min_tokens must be in [0, max_tokens={max_tokens}], got {min_tokens}.", param="min_tokens"
+                400,
+                _with_value(
+                    f"This model's maximum context length is {mml} tokens. However, your prompt contains "
+                    f"{at_least}{prompt_len} input tokens, which exceeds this limit even without any output tokens. "
+                    "Please reduce the length of the input prompt.",
+                    "input_tokens",
+                    prompt_len,
+                ),
+                param="input_tokens",
             )
-        return max_tokens, min_tokens, ignore_eos
+        max_tokens = mml - prompt_len if requested is None else min(requested, mml - prompt_len)
+        n = body.get("n", 1)
+        if n is None:
+            n = 1
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ApiError(400, f"n must be an int, but is of type {type(n)}")
+        if n < 1:
+            raise ApiError(400, f"n must be at least 1, got {n}.")
+        self._check_temperature(body.get("temperature"))
+        if max_tokens < 1:
+            raise ApiError(
+                400, _with_value(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens),
+                param="max_tokens",
+            )  # fmt: skip
+        if min_tokens < 0:
+            raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
+        if min_tokens > max_tokens:
+            raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
+        return max_tokens, min_tokens, ignore_eos, n
+
+    @staticmethod
+    def _check_temperature(value: object) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ApiError(400, f"temperature must be a number, got {value!r}.", param="temperature")
+        t = float(value)
+        if not math.isfinite(t):
+            problem = f"temperature must be a finite number, got {t}."
+        elif t < 0.0:
+            problem = f"temperature must be non-negative, got {t}."
+        elif t > 2.0:
+            problem = f"temperature must be in [0, 2], got {t}."
+        else:
+            return
+        raise ApiError(400, _with_value(problem, "temperature", t), param="temperature")
 
     @staticmethod
     def _completion_prompt(body: dict[str, Any]) -> list[int]:
@@ -358,7 +475,9 @@ class OpenAiApp:
                 ids = self._completion_prompt(body)
         except ApiError as e:
             return e.response()
-        return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids})
+        # token_strs only when asked for (vllm/entrypoints/serve/tokenize/serving.py), else null.
+        strs = token_strs(ids) if body.get("return_token_strs") else None
+        return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs})
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, chat=False)
@@ -381,18 +500,17 @@ class OpenAiApp:
                     ids = chat_token_ids(messages)
                 except ValueError as e:
                     raise ApiError(400, str(e), param="messages") from None
-                max_tokens, min_tokens, ignore_eos = self._limits(body, len(ids), None)
+                max_tokens, min_tokens, ignore_eos, n = self._limits(body, len(ids), None)
             else:
                 ids = self._completion_prompt(body)
-                max_tokens, min_tokens, ignore_eos = self._limits(body, len(ids), 16)
+                max_tokens, min_tokens, ignore_eos, n = self._limits(body, len(ids), 16)
             if self.is_dead():
                 raise ApiError(500, _ENGINE_DEAD, "InternalServerError")
         except ApiError as e:
             return e.response()
+        self.metrics.request_params(n, max_tokens)
         seed = body.get("seed")
-        target, reason = output_length(
-            self.seed, ids, max_tokens, min_tokens, ignore_eos, seed if isinstance(seed, int) else None
-        )
+        seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else None
         stream = bool(body.get("stream", False))
         opts = body.get("stream_options") or {}
         include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
@@ -400,8 +518,21 @@ class OpenAiApp:
         created = int(time.time())
         word0 = self._counter * 7
         prompt_len = len(ids)
-        sink = self._stream_sink(rid, created, model, chat, word0) if stream else _Sink(b"", b"", {}, b"", word0)
-        req = EngineRequest(rid, ids, target, reason, sink, self.engine.block_size, self.engine.caching)
+        # n > 1: one engine request per choice, as vLLM fans a parent request out into child requests
+        # (vllm/v1/engine/parallel_sampling.py); each child draws its own natural length.
+        children: list[tuple[EngineRequest, _Sink]] = []
+        for i in range(n):
+            target, reason = output_length(
+                self.seed, ids, max_tokens, min_tokens, ignore_eos, seed if i == 0 else (seed or 0) * 1_000_003 + i
+            )
+            sink = (
+                self._stream_sink(rid, created, model, chat, word0 + 13 * i, i)
+                if stream
+                else _Sink(b"", b"", {}, b"", word0 + 13 * i)
+            )
+            engine_id = rid if n == 1 else f"{i}_{rid}"
+            req = EngineRequest(engine_id, ids, target, reason, sink, self.engine.block_size, self.engine.caching)
+            children.append((req, sink))
         if stream:
             usage = None
             if include_usage:
@@ -422,71 +553,117 @@ class OpenAiApp:
                     }
                     return b"data: " + _json_bytes(chunk) + b"\n\n"
 
-            return _StreamResponse(self.engine, req, sink, usage)
-        return await self._wait_full(req, sink, rid, created, model, chat, prompt_len)
+            return _StreamResponse(self.engine, children, usage, self.fingerprint)
+        return await self._wait_full(children, rid, created, model, chat, prompt_len)
 
-    def _stream_sink(self, rid: str, created: int, model: str, chat: bool, word0: int) -> _Sink:
+    def _stream_sink(self, rid: str, created: int, model: str, chat: bool, word0: int, index: int = 0) -> _Sink:
+        """Byte templates of one choice's chunks, in vLLM 0.32's key sets (serving.py of the completion and chat
+        entrypoints): a chat stream opens with the role and the prompt fields, completion chunks carry
+        prompt_token_ids and token_ids (null unless asked for)."""
         prefix = (
             f'data: {{"id":"{rid}","object":"{"chat.completion.chunk" if chat else "text_completion"}",'
-            f'"created":{created},"model":{json.dumps(model)},"choices":[{{"index":0,'
+            f'"created":{created},"model":{json.dumps(model)},"choices":[{{"index":{index},'
         )
         if chat:
             head = (prefix + '"delta":{"content":"').encode()
-            tail = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
+            tail = b'"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
             finals = {
-                r: f'"}},"logprobs":null,"finish_reason":"{r}","stop_reason":null}}]}}\n\n'.encode()
+                r: f'"}},"logprobs":null,"finish_reason":"{r}","stop_reason":null,"token_ids":null}}]}}\n\n'.encode()
                 for r in ("stop", "length")
             }
-            first = prefix + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+            first = (
+                prefix + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
+                '"prompt_token_ids":null,"prompt_text":null}\n\n'
+            )
             return _Sink(head, tail, finals, first.encode(), word0)
         head = (prefix + '"text":"').encode()
-        tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        tail = (
+            b'","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
+        )
         finals = {
-            r: f'","logprobs":null,"finish_reason":"{r}","stop_reason":null}}]}}\n\n'.encode()
+            r: (
+                f'","logprobs":null,"finish_reason":"{r}","stop_reason":null,"prompt_token_ids":null,'
+                '"token_ids":null}]}\n\n'
+            ).encode()
             for r in ("stop", "length")
         }
         return _Sink(head, tail, finals, b"", word0)
 
     async def _wait_full(
-        self, req: EngineRequest, sink: _Sink, rid: str, created: int, model: str, chat: bool, prompt_len: int
-    ) -> Response:
+        self, children: list[tuple[EngineRequest, _Sink]], rid: str, created: int, model: str, chat: bool,
+        prompt_len: int,
+    ) -> Response:  # fmt: skip
         loop = asyncio.get_running_loop()
-        self.engine.submit(req)
+        for req, _ in children:
+            self.engine.submit(req)
+        sinks = [sink for _, sink in children]
         try:
-            while not sink.done and not sink.cut:
+            while not all(s.done for s in sinks) and not any(s.cut for s in sinks):
                 fut: asyncio.Future[None] = loop.create_future()
-                sink.waiter = fut
+                for s in sinks:
+                    s.waiter = fut
                 await fut
         finally:
-            if not sink.done:
-                self.engine.abort(req)
-        if sink.cut:
-            return error_response(
-                500,
-                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                "InternalServerError",
-            )
-        usage = {"prompt_tokens": prompt_len, "total_tokens": prompt_len + sink.count, "completion_tokens": sink.count}
-        choice: dict[str, Any]
+            for req, sink in children:
+                if not sink.done:
+                    self.engine.abort(req)
+        if any(s.cut for s in sinks):
+            return error_response(500, _ENGINE_DEAD, "InternalServerError")
+        generated = sum(s.count for s in sinks)
+        usage = {
+            "prompt_tokens": prompt_len,
+            "total_tokens": prompt_len + generated,
+            "completion_tokens": generated,
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        }
+        choices = [_choice(index, sink, chat) for index, sink in enumerate(sinks)]
+        out: dict[str, Any] = {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            "usage": usage,
+        }
         if chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": sink.text(), "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": sink.finish_reason,
-                "stop_reason": None,
-            }
-            obj = "chat.completion"
-        else:
-            choice = {
-                "index": 0,
-                "text": sink.text(),
-                "logprobs": None,
-                "finish_reason": sink.finish_reason,
-                "stop_reason": None,
-                "prompt_logprobs": None,
-            }
-            obj = "text_completion"
-        return JSONResponse(
-            {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage}
-        )
+            out |= {"prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None}
+        out |= {"kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+        return JSONResponse(out)
+
+
+def _choice(index: int, sink: _Sink, chat: bool) -> dict[str, Any]:
+    """One choice of a whole (non-streamed) answer, in vLLM 0.32's key set: the fields it sends null unless asked
+    for (token ids, routed experts, logprobs) are there as null."""
+    if chat:
+        message = {
+            "role": "assistant",
+            "content": sink.text(),
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        }
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": sink.finish_reason,
+            "stop_reason": None,
+            "token_ids": None,
+            "routed_experts": None,
+        }
+    return {
+        "index": index,
+        "text": sink.text(),
+        "logprobs": None,
+        "finish_reason": sink.finish_reason,
+        "stop_reason": None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "token_ids": None,
+        "routed_experts": None,
+    }

@@ -32,13 +32,30 @@ def _piece_id(piece: str) -> int:
     return zlib.crc32(piece.encode()) % 128000
 
 
+_SPECIAL = {128000: "<|begin_of_text|>", 128006: "<|start_header_id|>", 128007: "<|end_header_id|>",
+            128009: "<|eot_id|>", 271: "ĊĊ"}  # fmt: skip
+_PIECES: dict[int, str] = {}  # id -> the piece it was made from, for /tokenize's token_strs
+
+
+def token_strs(ids: list[int]) -> list[str]:
+    """A string per token id: the text piece it came from where this process made it, else a placeholder."""
+    return [_SPECIAL.get(i) or _PIECES.get(i) or f"<id:{i}>" for i in ids]
+
+
+def _remember(piece: str) -> int:
+    token = _piece_id(piece)
+    if len(_PIECES) < 100_000:  # bounded: a long-running emulator must not grow without end
+        _PIECES.setdefault(token, piece)
+    return token
+
+
 def text_token_ids(text: str) -> list[int]:
     ids: list[int] = []
     for word in _WORD.findall(text):
         if len(word) <= 4:
-            ids.append(_piece_id(word))
+            ids.append(_remember(word))
         else:
-            ids.extend(_piece_id(word[i : i + 4]) for i in range(0, len(word), 4))
+            ids.extend(_remember(word[i : i + 4]) for i in range(0, len(word), 4))
     return ids
 
 

@@ -34,6 +34,18 @@ _ENGINE_INIT = re.compile(rf"init engine \(profile, create kv cache, warmup mode
 _ANSI = r"(?:\x1b\[[\d;]*m)*"
 _VERSION = re.compile(rf"(?:vLLM (?:API )?server version|█{_ANSI} +version) +{_ANSI}(\d+\.\d+[\w.+-]*)")
 
+# Every line the launchers read, by the fact it gives: the conformance fixtures record these lines from real vLLM
+# (tuner/conformance) and check that the emulator prints each where vLLM does.
+STARTUP_LINES: dict[str, re.Pattern[str]] = {
+    "version": _VERSION,
+    "weights": _WEIGHTS,
+    "weights_seconds": _WEIGHTS_SECONDS,
+    "kv_memory": _KV_MEMORY,
+    "kv_tokens": _KV_TOKENS,
+    "concurrency": _CONCURRENCY,
+    "engine_init": _ENGINE_INIT,
+}
+
 
 def _num(text: str) -> float:
     return float(text.replace(",", ""))

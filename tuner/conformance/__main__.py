@@ -1,0 +1,5 @@
+import sys
+
+from tuner.conformance.record import main
+
+sys.exit(main())
