@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Annotated, Any
 
@@ -24,6 +25,7 @@ from tuner.feasibility import FeasibilityModel
 from tuner.record import MEASURED, TrialRecord
 from tuner.report.tables import flag_label
 from tuner.store import make_engine, safe_url, upgrade
+from tuner.study.measure import Measure, measure_load
 
 console = Console(highlight=False)
 
@@ -47,6 +49,7 @@ def trial_line(t: FrozenTrial) -> str:
     r = TrialRecord.from_attrs(t.user_attrs)
     head = f"#{t.number:<3}{' (baseline)' if r.baseline else ''} {short_flags(r.flags)}"
     suffix = f"  [same flags as #{r.duplicate_of}, not relaunched]" if r.duplicate_of is not None else ""
+    suffix += f"  [GPU {','.join(r.devices)}]" if r.devices else ""
     if r.outcome != MEASURED:
         return f"{head} -> {r.outcome}: {r.reason}{suffix}"
     metric = r.latency_metric or "e2e_p95"
@@ -123,6 +126,27 @@ class _Log:
     def close(self) -> None:
         if self._f is not None:
             self._f.close()
+
+
+def make_progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("elapsed"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[best]}"),
+        console=console,
+        transient=False,
+    )
+
+
+def count_done(study: optuna.Study) -> int:
+    """As the budget counts: a repeat of a flag set already tried is not a trial of the budget."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return sum(t.user_attrs.get("duplicate_of") is None for t in done)
 
 
 def _best_text(study: optuna.Study) -> str:
@@ -202,8 +226,10 @@ def preflight_check(job: Job) -> None:
 @app.command(
     help="Run the tuning study of a job file to its budget: launch a server per proposed flag set, measure it under "
     "the job's load, keep the feasible Pareto front of throughput against P95 latency. Run it again to continue; "
-    "run it on several machines with one PostgreSQL --storage to scale out.\n\n"
-    "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]"
+    "run it on several machines with one PostgreSQL --storage to scale out, or on every GPU of this one with "
+    "--parallel.\n\n"
+    "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]\n\n"
+    "Example: [bold]tuner tune job.yaml --parallel auto[/bold]   (8 GPUs, tensor_parallel_size 2: 4 workers)"
 )
 def tune(
     job_file: Annotated[Path, typer.Argument(help="the job file (YAML)", metavar="JOB.yaml")],
@@ -227,21 +253,61 @@ def tune(
     ] = False,
     log_file: Annotated[Path | None, typer.Option(help="also write a plain-text log here")] = None,
     n_trials: Annotated[int | None, typer.Option(help="override the job's budget.n_trials")] = None,
+    parallel: Annotated[
+        str,
+        typer.Option(
+            "--parallel",
+            help="workers on this machine, each trial on GPUs of its own (CUDA_VISIBLE_DEVICES, Docker device_ids) "
+            "from the GPUs NVML sees (or CUDA_VISIBLE_DEVICES given to tuner); a trial takes tensor x pipeline "
+            "parallel size of them. auto: the GPUs over the largest trial's. One study, one storage.",
+            metavar="N|auto",
+        ),
+    ] = "1",
 ) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     job = load_job(job_file)
     if n_trials is not None:
         job = job.model_copy(update={"budget": job.budget.model_copy(update={"n_trials": n_trials})})
     url = storage or job.storage_url()
+    from tuner.study.parallel import worker_count
+
+    gpus = _parallel_gpus(parallel)
+    workers = worker_count(parallel, job, gpus)
     if dry_run_ or check:
         dry_run(job, url, launching=check)
+        if workers > 1:
+            console.print(f"--parallel {parallel}: {workers} workers on GPUs {', '.join(gpus)}")
         if check:
             preflight_check(job)
         return
-    run(job, url, log_file)
+    run(job, url, log_file, workers=workers, gpus=gpus)
 
 
-def run(job: Job, url: str, log_file: Path | None = None) -> None:
+def _parallel_gpus(parallel: str) -> tuple[str, ...]:
+    """The device ids the workers share: read only when --parallel asks for more than one worker."""
+    if parallel.strip() == "1":
+        return ()
+    from tuner.catalog.nvml import machine_devices
+    from tuner.launch.gpu_pool import visible_ids
+
+    return visible_ids([d.index for d in machine_devices()])
+
+
+def run(
+    job: Job,
+    url: str,
+    log_file: Path | None = None,
+    *,
+    workers: int = 1,
+    gpus: Sequence[str] = (),
+    measure: Measure | None = None,
+) -> None:
+    """The study to its budget: by this process, or by `workers` worker processes sharing `gpus`."""
+    if workers > 1:
+        from tuner.cli.tune_workers import run_workers
+
+        run_workers(job, url, log_file, workers=workers, gpus=gpus, measure=measure or measure_load)
+        return
     from tuner.launch.factory import build_launcher
     from tuner.study import TuningRun
 
@@ -251,28 +317,12 @@ def run(job: Job, url: str, log_file: Path | None = None) -> None:
     for line in launcher.cleanup_leftovers(job.study.name):
         console.print(f"cleaned up: {line}")
         log(f"cleaned up: {line}")
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("elapsed"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[best]}"),
-        console=console,
-        transient=False,
-    )
+    progress = make_progress()
     state: dict[str, Any] = {"task": None, "run": None}
 
     def say(line: str) -> None:
         progress.console.print(line)
         log(line)
-
-    def count_done(study: optuna.Study) -> int:
-        # As the budget counts: a repeat of a flag set already tried is not a trial of the budget.
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        return sum(t.user_attrs.get("duplicate_of") is None for t in done)
 
     def on_start(number: int) -> None:
         r = state["run"]
@@ -283,7 +333,15 @@ def run(job: Job, url: str, log_file: Path | None = None) -> None:
         say(trial_line(t))
         progress.update(state["task"], completed=count_done(r.study), best=_best_text(r.study))
 
-    tuning = TuningRun(job, launcher, storage_url=url, on_event=say, on_trial_start=on_start, on_trial_end=on_end)
+    tuning = TuningRun(
+        job,
+        launcher,
+        storage_url=url,
+        on_event=say,
+        on_trial_start=on_start,
+        on_trial_end=on_end,
+        measure=measure or measure_load,
+    )
     state["run"] = tuning
     started = time.monotonic()
     try:
