@@ -16,27 +16,27 @@ def _count() -> int:
     return int(os.environ.get("FAKE_NVML_GPUS", "4"))
 
 
-def nvmlInit() -> None:  # noqa: N802 - NVML's names
+def nvmlInit() -> None:
     pass
 
 
-def nvmlShutdown() -> None:  # noqa: N802
+def nvmlShutdown() -> None:
     pass
 
 
-def nvmlDeviceGetCount() -> int:  # noqa: N802
+def nvmlDeviceGetCount() -> int:
     return _count()
 
 
-def nvmlDeviceGetHandleByIndex(i: int) -> int:  # noqa: N802
+def nvmlDeviceGetHandleByIndex(i: int) -> int:
     if not 0 <= i < _count():
         raise ValueError(f"no GPU {i}")
     return i
 
 
-def nvmlDeviceGetName(handle: int) -> str:  # noqa: N802
+def nvmlDeviceGetName(handle: int) -> str:
     return "NVIDIA L4"
 
 
-def nvmlDeviceGetMemoryInfo(handle: int, version: object = None) -> SimpleNamespace:  # noqa: N802
+def nvmlDeviceGetMemoryInfo(handle: int, version: object = None) -> SimpleNamespace:
     return SimpleNamespace(total=23 * _GIB, used=0, free=23 * _GIB, reserved=0)
