@@ -138,9 +138,11 @@ def _job(launcher: str) -> dict[str, object]:
 
 def test_each_launcher_kind_is_told_its_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     process = build_launcher(parse_job(_job("process")), ("1", "3"))
     assert isinstance(process, ProcessLauncher)
     assert process._environment()["CUDA_VISIBLE_DEVICES"] == "1,3"
+    assert process._environment()["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # NVML's numbering, which the pool counts
     docker = build_launcher(parse_job(_job("docker")), ("1", "3"))
     assert isinstance(docker, DockerLauncher) and docker.gpus == ["1", "3"]
     (request,) = gpu_create_kwargs(docker.gpus)["device_requests"]

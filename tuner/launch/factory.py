@@ -7,6 +7,7 @@ section) in `tuner.config.TargetSection`.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,11 +82,16 @@ def build_launcher(job: Job, devices: Devices = None) -> Launcher:
 
 
 def visible_devices_env(devices: Devices, vendor: str = "nvidia") -> dict[str, str]:
-    """What a process is told of its GPUs: CUDA_VISIBLE_DEVICES (vLLM's ROCm build reads HIP_VISIBLE_DEVICES)."""
+    """What a process is told of its GPUs: CUDA_VISIBLE_DEVICES (vLLM's ROCm build reads HIP_VISIBLE_DEVICES).
+
+    The ids are NVML's, which count in PCI bus order; CUDA counts fastest first unless told otherwise, so on a box
+    of mixed cards index 1 would be another GPU than the one borrowed. CUDA_DEVICE_ORDER=PCI_BUS_ID makes them one
+    (a user's own choice of order is kept)."""
     if devices is None:
         return {}
     ids = ",".join(devices)
-    return {"CUDA_VISIBLE_DEVICES": ids} | ({"HIP_VISIBLE_DEVICES": ids} if vendor == "amd" else {})
+    order = {"CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")}
+    return {"CUDA_VISIBLE_DEVICES": ids} | order | ({"HIP_VISIBLE_DEVICES": ids} if vendor == "amd" else {})
 
 
 def _idle_waiter(devices: Devices) -> dict[str, Any]:
