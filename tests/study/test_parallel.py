@@ -317,3 +317,26 @@ def test_help_shows_parallel_with_an_example() -> None:
     result = CliRunner().invoke(app, ["tune", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert "--parallel" in result.stdout and "tuner tune job.yaml --parallel auto" in result.stdout
+
+
+@pytest.mark.postgres
+def test_parallel_workers_share_a_postgresql_study(tmp_path: Path, postgres_url: str) -> None:
+    (tmp_path / "barrier").mkdir()
+    (tmp_path / "barrier" / "release").touch()  # no waiting: the workers only share the study
+    run = Run(tmp_path, "--parallel", "2", "--storage", postgres_url)
+    try:
+        code, out = run.wait()
+    finally:
+        run.kill_all()
+    assert code == 0, out
+    storage = optuna.storages.RDBStorage(postgres_url)
+    try:
+        trials = optuna.load_study(study_name="par", storage=storage).get_trials(deepcopy=False)
+    finally:
+        storage.remove_session()
+        storage.engine.dispose()  # before the fixture drops the database
+    records = [TrialRecord.from_attrs(t.user_attrs) for t in trials]
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    assert len({json.dumps(r.flags, sort_keys=True) for r in records}) == 4
+    assert {d for r in records for d in r.devices} == {"0", "1"}
+    assert not (tmp_path / "par.db").exists()
