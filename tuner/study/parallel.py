@@ -228,6 +228,8 @@ def run_parallel(
         raise
     finally:
         events.close()
+    if len(report.died) == workers:
+        raise TunerError(f"all {workers} workers died (killed: exit {procs[0].exitcode}); the same command continues")
     if failure is not None:
         kind, message = failure.args
         if kind == "ConfigError":
