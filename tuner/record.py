@@ -39,7 +39,15 @@ RECORD_VERSION: Final = 1
 """1: the record as a model (adds `record_version`, `vllm_version`); 0: tuner 0.1.0's attributes, the same names."""
 
 # Written only when they say something, as tuner 0.1.0 did: a trial without them shows no empty attribute.
-_ONLY_WHEN_SET = ("repairs", "warnings", "message", "duplicate_of", "vllm_version", "twin_predicted_tok_s")
+_ONLY_WHEN_SET = (
+    "repairs",
+    "warnings",
+    "message",
+    "duplicate_of",
+    "vllm_version",
+    "twin_predicted_tok_s",
+    "devices",
+)
 
 
 class TrialRecord(BaseModel):
@@ -69,6 +77,7 @@ class TrialRecord(BaseModel):
     slo_stop: str | None = None  # the load stopped at a certain SLO miss: its figures cover part of the run
     kv_tokens: int | None = None
     vllm_version: str | None = None  # from the server's start-up facts
+    devices: list[str] = Field(default_factory=list)  # the GPUs its server was given (`--parallel`); [] when all
     feasible: bool | None = None
     server_seconds: float | None = None
     constraints: list[float] | None = None

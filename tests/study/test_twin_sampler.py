@@ -21,7 +21,7 @@ from tuner.load import RequestRecord
 from tuner.record import CRASHED, MEASURED, TrialRecord
 from tuner.report.overview import status
 from tuner.report.views import study_view
-from tuner.store import flag_key
+from tuner.store import Store, flag_key, open_store
 from tuner.study import TuningRun
 from tuner.study.samplers import make_sampler, sampler_name
 from tuner.study.verdict import DIRECTIONS
@@ -252,3 +252,42 @@ def test_a_rerun_counts_the_twins_errors_measured_before_it(tmp_path: Path) -> N
     assert sampler.fell_back
     assert any("falling back to TPE" in line and "after 4 real trials" in line for line in log)
     assert again.user_attrs["twin_fallback"]["after"] == 4
+
+
+def test_two_workers_never_propose_the_candidate_the_other_is_about_to_run(tmp_path: Path) -> None:
+    """Two workers of one study (their own sampler and store, one SQLite file), each with a trial RUNNING and no
+    parameters stored yet, propose in turn: the deterministic twin would give both its best; the claims table
+    reserves it for the first, so the second takes the next best. The first trial's own claim is that reservation."""
+    url = f"sqlite:///{tmp_path / 'twin.db'}"
+    j = job(sampler={"name": "twin", "seed": 1})
+    space = j.search_space()
+
+    def worker(reserving: bool) -> tuple[optuna.Study, TwinSampler, Store]:
+        sampler = TwinSampler(space, 1, optuna.samplers.TPESampler(seed=1), simulate_fn=fake_simulate)
+        sampler.bind(j)
+        store = open_store(url)
+        if reserving:
+            sampler.reserve_with(lambda key, number: store.claim("fake", key, number) == number)
+        study = optuna.create_study(
+            study_name="fake", storage=url, directions=DIRECTIONS, sampler=sampler, load_if_exists=True
+        )
+        return study, sampler, store
+
+    def propose(study: optuna.Study, sampler: TwinSampler) -> tuple[optuna.Trial, dict[str, Any]]:
+        trial = study.ask()
+        frozen = study._storage.get_trial(trial._trial_id)
+        return trial, sampler.sample_relative(study, frozen, dict(space.distributions))
+
+    (a, sampler_a, store_a), (b, sampler_b, store_b) = worker(True), worker(True)
+    (c, sampler_c, store_c) = worker(False)  # the control: a worker that reserves nothing
+    try:
+        trial_a, first = propose(a, sampler_a)
+        _, second = propose(b, sampler_b)
+        _, unreserved = propose(c, sampler_c)
+        assert first and second and first != second
+        assert unreserved == first  # without the reservation the second worker would have repeated the first
+        key = flag_key(space.repair(first).flags.as_dict())
+        assert store_a.claim("fake", key, trial_a.number) == trial_a.number  # the objective's claim: still its own
+    finally:
+        for s in (store_a, store_b, store_c):
+            s.close()

@@ -3,29 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import Annotated, Any
 
 import optuna
 import typer
 from optuna.trial import FrozenTrial, TrialState
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
 
 from tuner.cli import app
+from tuner.cli.trial_lines import TextLog, best_text, console, count_done, pareto_table, short_flags, trial_line
 from tuner.config import Job, job_schema, load_job
 from tuner.errors import ConfigError, TunerError
 from tuner.feasibility import FeasibilityModel
-from tuner.record import MEASURED, TrialRecord
-from tuner.report.tables import flag_label
 from tuner.store import make_engine, safe_url, upgrade
-
-console = Console(highlight=False)
+from tuner.study.measure import Measure, measure_load
 
 db_app = typer.Typer(
     name="db",
@@ -36,106 +32,19 @@ db_app = typer.Typer(
 app.add_typer(db_app)
 
 
-def short_flags(flags: dict[str, Any]) -> str:
-    return " ".join(
-        f"{flag_label(k)}={v:g}" if isinstance(v, float) else f"{flag_label(k)}={v}" for k, v in flags.items()
+def make_progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("elapsed"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[best]}"),
+        console=console,
+        transient=False,
     )
-
-
-def trial_line(t: FrozenTrial) -> str:
-    """One line a person reads in the morning: flags -> throughput, P95, success, verdict or reason."""
-    r = TrialRecord.from_attrs(t.user_attrs)
-    head = f"#{t.number:<3}{' (baseline)' if r.baseline else ''} {short_flags(r.flags)}"
-    suffix = f"  [same flags as #{r.duplicate_of}, not relaunched]" if r.duplicate_of is not None else ""
-    if r.outcome != MEASURED:
-        return f"{head} -> {r.outcome}: {r.reason}{suffix}"
-    metric = r.latency_metric or "e2e_p95"
-    latency = t.values[1] if t.values else None
-    verdict = "feasible" if r.feasible else "misses " + ", ".join(_missed(r))
-    if r.slo_stop:
-        verdict += " (load stopped early: the miss was certain)"
-    rate = r.request_rate
-    parts = [
-        f"{r.output_tok_s or 0:.1f} tok/s" + (f" at {rate:.2f} req/s" if rate else ""),
-        f"{metric} {latency:.2f}s" if latency is not None else "",
-        f"success {r.success_rate:.1%}" if r.success_rate is not None else "",
-        verdict,
-    ]
-    return f"{head} -> " + "  ".join(p for p in parts if p) + suffix
-
-
-def _missed(r: TrialRecord) -> list[str]:
-    names, values = r.constraint_names or [], r.constraints or []
-    return [n.removeprefix("slo:") for n, v in zip(names, values, strict=False) if v > 0] or ["SLOs"]
-
-
-def pareto_table(study: optuna.Study) -> Table:
-    """The end-of-run front in 80 columns: the figures in the table, each point's flags a line under it (in a cell
-    beside the figures an 80-column terminal cut them); `tuner pareto --wide` has every column."""
-    from tuner.report.tables import flag_lines
-    from tuner.study import feasible_front
-
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    records = {t.number: TrialRecord.from_attrs(t.user_attrs) for t in trials}
-    baseline = next((t for t in trials if records[t.number].baseline), None)
-    b = records[baseline.number] if baseline is not None else None
-    base_tput = (b.output_tok_s or 0.0) if b is not None else 0.0
-    metric = next((r.latency_metric for r in records.values() if r.latency_metric), "P95")
-    table = Table(title=f"Feasible Pareto front of {study.study_name} (output tok/s vs {metric})")
-    for col in ("trial", "tok/s", f"{metric} s", "success", "vs baseline"):
-        table.add_column(col, justify="right", no_wrap=col != "vs baseline")
-    flags: list[tuple[str, str]] = []
-    for t in feasible_front(study):
-        r = records[t.number]
-        assert t.values is not None
-        gain = f"{(t.values[0] / base_tput - 1):+.0%}" if base_tput else "baseline did not run"
-        table.add_row(
-            f"#{t.number}" + (" (baseline)" if r.baseline else ""),
-            f"{t.values[0]:,.1f}",
-            f"{t.values[1]:.2f}",
-            f"{r.success_rate or 0:.1%}",
-            gain,
-        )
-        flags.append((f"#{t.number}", short_flags(r.flags)))
-    if baseline is not None and b is not None:
-        tput = f"{base_tput:,.1f}" if b.outcome == MEASURED else f"{b.outcome}: {b.reason}"
-        table.caption = f"baseline #{baseline.number} (vLLM's defaults): {tput}; feasible: {bool(b.feasible)}"
-        if not any(key == f"#{baseline.number}" for key, _ in flags):
-            flags.append((f"#{baseline.number}", "baseline: " + (short_flags(b.flags) or "(vLLM defaults)")))
-    # One Table (the type callers print) holding the table and its flag lines.
-    both = Table.grid()
-    both.add_row(table)
-    both.add_row(flag_lines(flags))
-    return both
-
-
-class _Log:
-    """The plain --log-file: one timestamped line per event and per finished trial."""
-
-    def __init__(self, path: Path | None) -> None:
-        self._f: IO[str] | None = path.open("a", encoding="utf-8") if path else None
-
-    def __call__(self, line: str) -> None:
-        if self._f is not None:
-            self._f.write(f"{dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} {line}\n")
-            self._f.flush()
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-
-
-def _best_text(study: optuna.Study) -> str:
-    feasible = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if TrialRecord.from_attrs(t.user_attrs).feasible and t.values
-    ]
-    if not feasible:
-        return "best feasible: none yet"
-    best = max(feasible, key=lambda t: t.values[0] if t.values else 0.0)
-    assert best.values is not None
-    return f"best feasible: #{best.number} {best.values[0]:.1f} tok/s"
 
 
 def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
@@ -204,10 +113,11 @@ def preflight_check(job: Job) -> None:
 @app.command(
     help="Run the tuning study of a job file to its budget: launch a server per proposed flag set, measure it under "
     "the job's load, keep the feasible Pareto front of throughput against P95 latency. Run it again to continue; "
-    "run it on several machines with one PostgreSQL --storage to scale out. The job's `sampler` picks the search "
-    "(twin, tpe, gp, nsga2, random, grid) and its options, e.g. `sampler: {name: tpe, multivariate: false}`; "
-    "`tuner schema` lists them.\n\n"
-    "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]"
+    "run it on several machines with one PostgreSQL --storage to scale out, or on every GPU of this one with "
+    "--parallel. The job's `sampler` picks the search (twin, tpe, gp, nsga2, random, grid) and its options, e.g. "
+    "`sampler: {name: tpe, multivariate: false}`; `tuner schema` lists them.\n\n"
+    "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]\n\n"
+    "Example: [bold]tuner tune job.yaml --parallel auto[/bold]   (8 GPUs, tensor_parallel_size 2: 4 workers)"
 )
 def tune(
     job_file: Annotated[Path, typer.Argument(help="the job file (YAML)", metavar="JOB.yaml")],
@@ -231,52 +141,76 @@ def tune(
     ] = False,
     log_file: Annotated[Path | None, typer.Option(help="also write a plain-text log here")] = None,
     n_trials: Annotated[int | None, typer.Option(help="override the job's budget.n_trials")] = None,
+    parallel: Annotated[
+        str,
+        typer.Option(
+            "--parallel",
+            help="workers on this machine, each trial on GPUs of its own (CUDA_VISIBLE_DEVICES, Docker device_ids) "
+            "from the GPUs NVML sees (or CUDA_VISIBLE_DEVICES given to tuner); a trial takes tensor x pipeline "
+            "parallel size of them. auto: the GPUs over the largest trial's. One study, one storage.",
+            metavar="N|auto",
+        ),
+    ] = "1",
 ) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     job = load_job(job_file)
     if n_trials is not None:
         job = job.model_copy(update={"budget": job.budget.model_copy(update={"n_trials": n_trials})})
     url = storage or job.storage_url()
+    from tuner.study.parallel import worker_count
+
+    gpus = _parallel_gpus(parallel)
+    workers = worker_count(parallel, job, gpus)
     if dry_run_ or check:
         dry_run(job, url, launching=check)
+        if workers > 1:
+            console.print(f"--parallel {parallel}: {workers} workers on GPUs {', '.join(gpus)}")
         if check:
             preflight_check(job)
         return
-    run(job, url, log_file)
+    run(job, url, log_file, workers=workers, gpus=gpus)
 
 
-def run(job: Job, url: str, log_file: Path | None = None) -> None:
+def _parallel_gpus(parallel: str) -> tuple[str, ...]:
+    """The device ids the workers share: read only when --parallel asks for more than one worker."""
+    if parallel.strip() == "1":
+        return ()
+    from tuner.catalog.nvml import machine_devices
+    from tuner.launch.gpu_pool import visible_ids
+
+    return visible_ids([d.index for d in machine_devices()])
+
+
+def run(
+    job: Job,
+    url: str,
+    log_file: Path | None = None,
+    *,
+    workers: int = 1,
+    gpus: Sequence[str] = (),
+    measure: Measure | None = None,
+) -> None:
+    """The study to its budget: by this process, or by `workers` worker processes sharing `gpus`."""
+    if workers > 1:
+        from tuner.cli.tune_workers import run_workers
+
+        run_workers(job, url, log_file, workers=workers, gpus=gpus, measure=measure or measure_load)
+        return
     from tuner.launch.factory import build_launcher
     from tuner.study import TuningRun
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    log = _Log(log_file)
+    log = TextLog(log_file)
     launcher = build_launcher(job)
     for line in launcher.cleanup_leftovers(job.study.name):
         console.print(f"cleaned up: {line}")
         log(f"cleaned up: {line}")
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("elapsed"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[best]}"),
-        console=console,
-        transient=False,
-    )
+    progress = make_progress()
     state: dict[str, Any] = {"task": None, "run": None}
 
     def say(line: str) -> None:
         progress.console.print(line)
         log(line)
-
-    def count_done(study: optuna.Study) -> int:
-        # As the budget counts: a repeat of a flag set already tried is not a trial of the budget.
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        return sum(t.user_attrs.get("duplicate_of") is None for t in done)
 
     def on_start(number: int) -> None:
         r = state["run"]
@@ -285,16 +219,24 @@ def run(job: Job, url: str, log_file: Path | None = None) -> None:
     def on_end(t: FrozenTrial) -> None:
         r = state["run"]
         say(trial_line(t))
-        progress.update(state["task"], completed=count_done(r.study), best=_best_text(r.study))
+        progress.update(state["task"], completed=count_done(r.study), best=best_text(r.study))
 
-    tuning = TuningRun(job, launcher, storage_url=url, on_event=say, on_trial_start=on_start, on_trial_end=on_end)
+    tuning = TuningRun(
+        job,
+        launcher,
+        storage_url=url,
+        on_event=say,
+        on_trial_start=on_start,
+        on_trial_end=on_end,
+        measure=measure or measure_load,
+    )
     state["run"] = tuning
     started = time.monotonic()
     try:
         with progress:
             done = count_done(tuning.study)
             state["task"] = progress.add_task(
-                "starting", total=job.budget.n_trials, completed=done, best=_best_text(tuning.study)
+                "starting", total=job.budget.n_trials, completed=done, best=best_text(tuning.study)
             )
             say(f"study {job.study.name!r} in {safe_url(url)}: {done}/{job.budget.n_trials} trials done")
             report = tuning.run()

@@ -8,6 +8,7 @@ would be told an option it can safely ignore.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -196,6 +197,15 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
         raise ConfigError("emulator argument error: --tensor-parallel-size must be >= 1")
     if ns.kv_cache_memory_bytes is not None and ns.kv_cache_memory_bytes < 1:
         raise ConfigError("emulator argument error: --kv-cache-memory-bytes must be >= 1 (bytes, e.g. 4G)")
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if visible and ns.tensor_parallel_size > len(visible):
+        # The GPUs it was given, as vLLM counts them (vllm/config/parallel.py, ParallelConfig's world-size check
+        # against the node's visible devices); unset, the emulator imitates a box with enough.
+        raise ConfigError(
+            f"World size ({ns.tensor_parallel_size}) is larger than the number of available GPUs ({len(visible)}) in "
+            "this node. If this is intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.\n"
+            "- multiprocessing, set '--nnodes' appropriately."
+        )
     flags = VllmFlags(
         max_num_seqs=ns.max_num_seqs,
         max_model_len=ns.max_model_len,

@@ -68,6 +68,8 @@ class Server:
         self.facts = facts
         self.time_scale = time_scale
         self.launcher = launcher
+        # The GPUs this server was given (CUDA_VISIBLE_DEVICES, Docker device_ids); () when it was not told.
+        self.devices: tuple[str, ...] = ()
         self._handle = handle
         self._redactor = redactor
 

@@ -7,6 +7,7 @@ section) in `tuner.config.TargetSection`.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,10 +18,21 @@ from tuner.errors import ConfigError
 from tuner.launch.base import Launcher
 from tuner.launch.docker import DockerLauncher
 from tuner.launch.emulator import EmulatorLauncher
+from tuner.launch.gpu_idle import GpuIdleWaiter, nvml_probe
 from tuner.launch.process import ProcessLauncher
 
-__all__ = ["EMULATOR_MODEL", "LAUNCHERS", "VLLM_MODEL", "LaunchOptions", "LauncherKind", "build_launcher"]
+__all__ = [
+    "EMULATOR_MODEL",
+    "LAUNCHERS",
+    "VLLM_MODEL",
+    "Devices",
+    "LaunchOptions",
+    "LauncherKind",
+    "build_launcher",
+    "visible_devices_env",
+]
 
+Devices = tuple[str, ...] | None
 EMULATOR_MODEL = "llama-3.1-8b"
 VLLM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -53,20 +65,43 @@ class LauncherKind:
     """One kind of launcher: built from a job's target, or from `tuner launch`'s options."""
 
     name: str
-    from_job: Callable[[Job], Launcher]
+    from_job: Callable[[Job, Devices], Launcher]
     from_options: Callable[[LaunchOptions], Launcher]
     help: str
 
 
-def build_launcher(job: Job) -> Launcher:
-    """The job's launcher with its settings (secrets by name: values are read from the environment at start)."""
+def build_launcher(job: Job, devices: Devices = None) -> Launcher:
+    """The job's launcher with its settings (secrets by name: values are read from the environment at start).
+
+    `devices`: the GPUs its servers get (a `--parallel` worker's borrowed set); None leaves them to the launcher's
+    default (every GPU the machine shows it)."""
     kind = LAUNCHERS.get(job.target.launcher)
     if kind is None:
         raise ConfigError(f"target.launcher: unknown launcher {job.target.launcher!r}; use {', '.join(LAUNCHERS)}")
-    return kind.from_job(job)
+    return kind.from_job(job, devices)
 
 
-def _emulator_from_job(job: Job) -> Launcher:
+def visible_devices_env(devices: Devices, vendor: str = "nvidia") -> dict[str, str]:
+    """What a process is told of its GPUs: CUDA_VISIBLE_DEVICES (vLLM's ROCm build reads HIP_VISIBLE_DEVICES).
+
+    The ids are NVML's, which count in PCI bus order; CUDA counts fastest first unless told otherwise, so on a box
+    of mixed cards index 1 would be another GPU than the one borrowed. CUDA_DEVICE_ORDER=PCI_BUS_ID makes them one
+    (a user's own choice of order is kept)."""
+    if devices is None:
+        return {}
+    ids = ",".join(devices)
+    order = {"CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")}
+    return {"CUDA_VISIBLE_DEVICES": ids} | order | ({"HIP_VISIBLE_DEVICES": ids} if vendor == "amd" else {})
+
+
+def _idle_waiter(devices: Devices) -> dict[str, Any]:
+    # Other workers' servers hold the other GPUs: only this set's memory must be back to idle before a start.
+    if devices is None or not all(d.isdigit() for d in devices):
+        return {}
+    return {"gpu_idle": GpuIdleWaiter(nvml_probe([int(d) for d in devices]))}
+
+
+def _emulator_from_job(job: Job, devices: Devices) -> Launcher:
     t, e = job.target, job.target.emulator
     extra = [*e.extra_args, *(["--seed", str(e.seed)] if e.seed is not None else [])]
     if t.profile is not None:
@@ -80,11 +115,17 @@ def _emulator_from_job(job: Job) -> Launcher:
         memory_in_use_gib=e.memory_in_use_gib,
         extra_args=extra,
         startup_timeout_s=t.startup_timeout,
+        # The emulator holds no GPU; it is told its set as vLLM would be, and refuses a world size beyond it.
+        env=visible_devices_env(devices) or None,
     )
 
 
-def _docker_from_job(job: Job) -> Launcher:
+def _docker_from_job(job: Job, devices: Devices) -> Launcher:
     t, d = job.target, job.target.docker
+    options = dict(d.options)
+    if devices is not None:
+        options["gpus"] = list(devices)  # Docker's device_ids (AMD: HIP_VISIBLE_DEVICES, tuner.launch.docker)
+        options.update(_idle_waiter(devices))
     return DockerLauncher(
         image=d.image,
         model=d.model_id or job.model_profile().name,
@@ -92,19 +133,23 @@ def _docker_from_job(job: Job) -> Launcher:
         volumes=d.volumes,
         extra_args=d.extra_args,
         startup_timeout_s=t.startup_timeout,
-        **({"vendor": job.gpu_profile().vendor} | d.options),
+        **({"vendor": job.gpu_profile().vendor} | options),
     )
 
 
-def _process_from_job(job: Job) -> Launcher:
+def _process_from_job(job: Job, devices: Devices) -> Launcher:
     t, p = job.target, job.target.process
+    options = dict(p.options)
+    if devices is not None:
+        options["env"] = {**options.get("env", {}), **visible_devices_env(devices, job.gpu_profile().vendor)}
+        options.update(_idle_waiter(devices))
     return ProcessLauncher(
         command=p.command,
         model=p.model_id or job.model_profile().name,
         extra_args=p.extra_args,
         secret_env=tuple(dict.fromkeys([*p.env, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"])),
         startup_timeout_s=t.startup_timeout,
-        **p.options,
+        **options,
     )
 
 

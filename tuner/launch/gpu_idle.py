@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -22,9 +22,10 @@ MemoryProbe = Callable[[], list[int] | None]
 
 
 class _NvmlProbe:
-    def __init__(self) -> None:
+    def __init__(self, indices: Sequence[int] | None = None) -> None:
         self._nvml: Any = None
         self._failed = False
+        self._indices = None if indices is None else list(indices)
 
     def __call__(self) -> list[int] | None:
         if self._failed:
@@ -36,15 +37,16 @@ class _NvmlProbe:
                 pynvml.nvmlInit()
                 self._nvml = pynvml
             nvml = self._nvml
-            count = nvml.nvmlDeviceGetCount()
-            return [int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).used) for i in range(count)]
+            indices = self._indices if self._indices is not None else range(nvml.nvmlDeviceGetCount())
+            return [int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).used) for i in indices]
         except Exception:  # no package, no driver, no GPU: nothing to wait for, ever
             self._failed = True
             return None
 
 
-def nvml_probe() -> MemoryProbe:
-    return _NvmlProbe()
+def nvml_probe(indices: Sequence[int] | None = None) -> MemoryProbe:
+    """The memory in use on the GPUs of these NVML indices (None: every GPU)."""
+    return _NvmlProbe(indices)
 
 
 class GpuIdleWaiter:

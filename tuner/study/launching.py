@@ -107,6 +107,9 @@ async def _one_start(attempt: Attempt, flags: VllmFlags) -> tuple[Measurement, d
     async with attempt.launcher.start(flags, study=attempt.study_name, trial=attempt.number) as server:
         # The facts whole, as the launcher reports them: a field it learns to read flows through to the record.
         facts = server.facts.model_dump()
+        devices = getattr(server, "devices", ())  # a Server has them; a test's fake server may not
+        if devices:
+            facts["devices"] = list(devices)  # which GPUs measured it (a --parallel worker's borrowed set)
         if attempt.preflight is not None:
             # On this trial's own server, before its load: a workload the server refuses stops the study here.
             await attempt.preflight.run(server, attempt.job, flags, attempt.number)

@@ -23,9 +23,10 @@ from tuner.study.heartbeat import Heartbeat
 from tuner.study.measure import Measure, measure_load
 from tuner.study.objective import Objective
 from tuner.study.preflight import Check, WorkloadRejected
-from tuner.study.samplers import make_sampler
+from tuner.study.samplers import make_sampler, sampler_name
 from tuner.study.storage import make_storage, study_attrs
 from tuner.study.verdict import DIRECTIONS
+from tuner.twin.sampler import TwinSampler
 
 __all__ = ["REPEAT_CAP", "STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front"]
 
@@ -86,7 +87,9 @@ class TuningRun:
         on_trial_end: Callable[[FrozenTrial], None] | None = None,
         poll_s: float = 1.0,
         preflight: Check | None = None,
+        worker: int | None = None,
     ) -> None:
+        """`worker`: this worker's index among the `--parallel` workers of one box (its seed offset)."""
         self.job = job
         self.launcher = launcher
         self.url = storage_url or job.storage_url()
@@ -99,8 +102,19 @@ class TuningRun:
         try:
             distributed = not self.url.startswith("sqlite")
             # Workers of one study must not share a seed, or their first random proposals coincide.
-            offset = (os.getpid() % 100_000) if distributed else 0
-            sampler = make_sampler(job, self.space, seed_offset=offset, on_event=self.on_event)
+            offset = worker if worker is not None else (os.getpid() % 100_000) if distributed else 0
+            seeded = job
+            if sampler_name(job) == "grid":
+                # Except the grid: its seed shuffles the grid's order and a trial holds a grid *id*, so workers
+                # with orders of their own would run one point under two ids (and skip another).
+                offset = 0
+                if job.sampler.seed is None:
+                    seeded = job.model_copy(update={"sampler": job.sampler.model_copy(update={"seed": 0})})
+            sampler = make_sampler(seeded, self.space, seed_offset=offset, on_event=self.on_event)
+            if isinstance(sampler, TwinSampler):
+                # Deterministic: without a reservation two workers would propose the same best candidate.
+                store, name = self.store, job.study.name
+                sampler.reserve_with(lambda key, number: store.claim(name, key, number) == number)
             # Workers started together would race to create Optuna's tables and the study: one at a time.
             with self.store.exclusive(_SCHEMA_LOCK):
                 self.storage = make_storage(
@@ -137,6 +151,11 @@ class TuningRun:
     def stop(self) -> None:
         """Finish the running trial, then start no other."""
         self._stop.set()
+
+    def prepare(self) -> None:
+        """The study made ready to run (created with the baseline, interrupted trials retried), nothing run: what
+        `--parallel`'s parent does once before its workers start."""
+        self._prepare()
 
     def _prepare(self) -> None:
         """Under the workers' lock: a new study gets its attributes and the baseline; interrupted trials a retry."""

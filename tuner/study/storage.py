@@ -6,6 +6,7 @@ import dataclasses
 import warnings
 from typing import Any
 
+import sqlalchemy as sa
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
@@ -14,7 +15,22 @@ from tuner.config import Job
 from tuner.errors import StorageError
 from tuner.store import safe_url
 
-__all__ = ["make_storage", "study_attrs"]
+__all__ = ["make_storage", "sqlite_wal", "study_attrs"]
+
+
+def sqlite_wal(url: str) -> None:
+    """Put a SQLite study file in WAL mode (it stays so): the `--parallel` workers' readers no longer block the one
+    writer, nor it them. The mode is the file's, so every later connection, Optuna's and the store's, has it."""
+    engine = sa.create_engine(url, connect_args={"timeout": 60})
+    try:
+        if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+            with engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+    except sa.exc.SQLAlchemyError as e:
+        cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        raise StorageError(f"cannot put {safe_url(url)!r} in WAL mode: {cause}") from None
+    finally:
+        engine.dispose()
 
 
 def make_storage(url: str, *, heartbeat_interval: int, grace_period: int) -> RDBStorage:

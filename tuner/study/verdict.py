@@ -102,6 +102,7 @@ class Scorer:
             "diagnosis": (loaded.diagnosis if loaded is not None else None) or None,
             "kv_tokens": int(facts["kv_tokens"]) if facts.get("kv_tokens") else None,
             "vllm_version": str(facts["vllm_version"]) if facts.get("vllm_version") else None,
+            "devices": [str(d) for d in facts["devices"]] if facts.get("devices") else [],
             "feasible": all(v <= 0 for v in constraints.values()),
             "server_seconds": round(result.server_seconds, 3),
             "constraints": list(constraints.values()),

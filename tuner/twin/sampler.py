@@ -19,6 +19,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
@@ -41,6 +42,8 @@ PREDICTED_ATTR = "twin_predicted_tok_s"
 ERROR_ATTR = "twin_error"  # trial: |predicted - measured| / measured, for a trial measured in full as foreseen
 MISSED_ATTR = "twin_missed"  # trial: it started or crashed other than the twin predicted
 FALLBACK_ATTR = "twin_fallback"  # study: {"after": real trials, "why": ...} once the twin handed over to TPE
+
+Reserve = Callable[[str, int], bool]
 NEAR_BEST = 0.02  # candidates predicted within this of the best are equals: the most distant from the tried wins
 
 
@@ -94,6 +97,13 @@ class TwinSampler(BaseSampler):
         self._fitted_on = -1
         self._proposals = 0
         self._random = RandomSampler(seed=seed)
+        self._reserve: Reserve | None = None
+
+    def reserve_with(self, reserve: Reserve) -> None:
+        """`reserve(flag key, trial number)`: True when the flag set is now this trial's (the study's claims table),
+        False when another trial holds it. Workers of one study share no memory and a running trial's params are
+        stored only after the proposal, so without it two workers would both propose the best candidate."""
+        self._reserve = reserve
 
     def bind(self, job: Job, on_event: Callable[[str], None] | None = None) -> None:
         self.job = job
@@ -119,7 +129,7 @@ class TwinSampler(BaseSampler):
         self._refit(twin, done)
         if self._failing(study, done):
             return self.fallback.sample_relative(study, trial, self.fallback.infer_relative_search_space(study, trial))
-        choice = self._choose(twin, study, done)
+        choice = self._choose_reserved(twin, study, done, trial.number)
         if choice is None:
             return {}  # every candidate tried: the independent sampler draws the rest
         self._predicted[trial.number] = twin.predict(choice.key)
@@ -234,8 +244,20 @@ class TwinSampler(BaseSampler):
         )
         return True
 
-    def _choose(self, twin: Twin, study: Study, done: list[FrozenTrial]) -> Candidate | None:
-        tried = _tried_keys(study, self.space)
+    def _choose_reserved(self, twin: Twin, study: Study, done: list[FrozenTrial], number: int) -> Candidate | None:
+        """The choice, reserved for trial `number`; a candidate another running trial reserved is passed over."""
+        held: set[str] = set()
+        while True:
+            choice = self._choose(twin, study, done, held)
+            if choice is None or self._reserve is None or self._reserve(choice.key, number):
+                return choice
+            held.add(choice.key)
+            self._proposals -= 1  # the next candidate takes this turn (exploit or explore), not the one after
+
+    def _choose(
+        self, twin: Twin, study: Study, done: list[FrozenTrial], held: AbstractSet[str] = frozenset()
+    ) -> Candidate | None:
+        tried = _tried_keys(study, self.space) | held
         untried = [key for key in twin.pool if key not in tried]
         if not untried:
             return None

@@ -1,0 +1,131 @@
+"""What a study prints as it runs: a trial's line, the Pareto front's table, the best so far, the plain log file.
+
+Shared by `tuner tune`'s one-worker run (tuner/cli/tune.py) and its `--parallel` run (tuner/cli/tune_workers.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import IO, Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from rich.console import Console
+from rich.table import Table
+
+from tuner.record import MEASURED, TrialRecord
+from tuner.report.tables import flag_label
+
+__all__ = ["TextLog", "best_text", "console", "count_done", "pareto_table", "short_flags", "trial_line"]
+
+console = Console(highlight=False)
+
+
+def short_flags(flags: dict[str, Any]) -> str:
+    return " ".join(
+        f"{flag_label(k)}={v:g}" if isinstance(v, float) else f"{flag_label(k)}={v}" for k, v in flags.items()
+    )
+
+
+def trial_line(t: FrozenTrial) -> str:
+    """One line a person reads in the morning: flags -> throughput, P95, success, verdict or reason."""
+    r = TrialRecord.from_attrs(t.user_attrs)
+    head = f"#{t.number:<3}{' (baseline)' if r.baseline else ''} {short_flags(r.flags)}"
+    suffix = f"  [same flags as #{r.duplicate_of}, not relaunched]" if r.duplicate_of is not None else ""
+    suffix += f"  [GPU {','.join(r.devices)}]" if r.devices else ""
+    if r.outcome != MEASURED:
+        return f"{head} -> {r.outcome}: {r.reason}{suffix}"
+    metric = r.latency_metric or "e2e_p95"
+    latency = t.values[1] if t.values else None
+    verdict = "feasible" if r.feasible else "misses " + ", ".join(_missed(r))
+    if r.slo_stop:
+        verdict += " (load stopped early: the miss was certain)"
+    rate = r.request_rate
+    parts = [
+        f"{r.output_tok_s or 0:.1f} tok/s" + (f" at {rate:.2f} req/s" if rate else ""),
+        f"{metric} {latency:.2f}s" if latency is not None else "",
+        f"success {r.success_rate:.1%}" if r.success_rate is not None else "",
+        verdict,
+    ]
+    return f"{head} -> " + "  ".join(p for p in parts if p) + suffix
+
+
+def _missed(r: TrialRecord) -> list[str]:
+    names, values = r.constraint_names or [], r.constraints or []
+    return [n.removeprefix("slo:") for n, v in zip(names, values, strict=False) if v > 0] or ["SLOs"]
+
+
+def pareto_table(study: optuna.Study) -> Table:
+    """The end-of-run front in 80 columns: the figures in the table, each point's flags a line under it (in a cell
+    beside the figures an 80-column terminal cut them); `tuner pareto --wide` has every column."""
+    from tuner.report.tables import flag_lines
+    from tuner.study import feasible_front
+
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    records = {t.number: TrialRecord.from_attrs(t.user_attrs) for t in trials}
+    baseline = next((t for t in trials if records[t.number].baseline), None)
+    b = records[baseline.number] if baseline is not None else None
+    base_tput = (b.output_tok_s or 0.0) if b is not None else 0.0
+    metric = next((r.latency_metric for r in records.values() if r.latency_metric), "P95")
+    table = Table(title=f"Feasible Pareto front of {study.study_name} (output tok/s vs {metric})")
+    for col in ("trial", "tok/s", f"{metric} s", "success", "vs baseline"):
+        table.add_column(col, justify="right", no_wrap=col != "vs baseline")
+    flags: list[tuple[str, str]] = []
+    for t in feasible_front(study):
+        r = records[t.number]
+        assert t.values is not None
+        gain = f"{(t.values[0] / base_tput - 1):+.0%}" if base_tput else "baseline did not run"
+        table.add_row(
+            f"#{t.number}" + (" (baseline)" if r.baseline else ""),
+            f"{t.values[0]:,.1f}",
+            f"{t.values[1]:.2f}",
+            f"{r.success_rate or 0:.1%}",
+            gain,
+        )
+        flags.append((f"#{t.number}", short_flags(r.flags)))
+    if baseline is not None and b is not None:
+        tput = f"{base_tput:,.1f}" if b.outcome == MEASURED else f"{b.outcome}: {b.reason}"
+        table.caption = f"baseline #{baseline.number} (vLLM's defaults): {tput}; feasible: {bool(b.feasible)}"
+        if not any(key == f"#{baseline.number}" for key, _ in flags):
+            flags.append((f"#{baseline.number}", "baseline: " + (short_flags(b.flags) or "(vLLM defaults)")))
+    # One Table (the type callers print) holding the table and its flag lines.
+    both = Table.grid()
+    both.add_row(table)
+    both.add_row(flag_lines(flags))
+    return both
+
+
+class TextLog:
+    """The plain --log-file: one timestamped line per event and per finished trial."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._f: IO[str] | None = path.open("a", encoding="utf-8") if path else None
+
+    def __call__(self, line: str) -> None:
+        if self._f is not None:
+            self._f.write(f"{dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} {line}\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
+def count_done(study: optuna.Study) -> int:
+    """As the budget counts: a repeat of a flag set already tried is not a trial of the budget."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return sum(t.user_attrs.get("duplicate_of") is None for t in done)
+
+
+def best_text(study: optuna.Study) -> str:
+    feasible = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if TrialRecord.from_attrs(t.user_attrs).feasible and t.values
+    ]
+    if not feasible:
+        return "best feasible: none yet"
+    best = max(feasible, key=lambda t: t.values[0] if t.values else 0.0)
+    assert best.values is not None
+    return f"best feasible: #{best.number} {best.values[0]:.1f} tok/s"
