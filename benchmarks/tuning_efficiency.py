@@ -61,16 +61,14 @@ TARGETS = (0.97, 0.99)
 CATALOG = Coefficients()
 # GPSampler needs torch and scipy (not project dependencies): without them its rows are left out.
 _GP = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("scipy") is not None
-# A method: the job's `sampler` section (its name and options). The "before" rows rebuild the samplers as they were
-# made before the baseline's missing flags were modelled (Optuna's intersection space; GP's random independent
-# sampler): see run_sampler.
+# A method: the job's `sampler` section (its name and options). The GP "before" row rebuilds the sampler as it was
+# made before the baseline's missing flags were modelled (GP's random independent sampler): see run_sampler.
 METHODS: dict[str, dict[str, Any]] = {
     "twin": {"name": "twin"},
     "random": {"name": "random"},
     "tpe": {"name": "tpe"},
-    "tpe, intersection space (before)": {"name": "tpe"},
-    "tpe, group": {"name": "tpe", "group": True},
-    "tpe, independent": {"name": "tpe", "multivariate": False},
+    "tpe, group: false (before)": {"name": "tpe", "group": False},
+    "tpe, multivariate: false": {"name": "tpe", "multivariate": False},
     "nsga2": {"name": "nsga2"},
     **({"gp": {"name": "gp"}, "gp, random independent (before)": {"name": "gp"}} if _GP else {}),
 }
@@ -392,8 +390,6 @@ def run_sampler(sc: Scenario, sampler: str, seed: int, n_trials: int) -> list[tu
         twin = TwinSampler(job.search_space(), seed, made.fallback, simulate_fn=sc.twin)
         twin.bind(job, log.append)
         run.study.sampler = twin
-    elif sampler == "tpe, intersection space (before)":
-        run.study.sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     elif sampler == "gp, random independent (before)":
         run.study.sampler = optuna.samplers.GPSampler(seed=seed)
     try:

@@ -223,13 +223,12 @@ class SamplerSection(_Model):
     population_size: int | None = Field(default=None, ge=2, description="nsga2 population")
     multivariate: bool | None = Field(
         default=None,
-        description="tpe, and twin's fallback: model the flags jointly over the job's whole space (default true); "
-        "false: one flag at a time",
+        description="tpe, and twin's fallback: model the flags jointly (default true); false: one flag at a time",
     )
     group: bool | None = Field(
         default=None,
-        description="tpe, and twin's fallback: Optuna's group decomposition (flags that trials give together are "
-        "modelled together); needs multivariate",
+        description="tpe, and twin's fallback: Optuna's group decomposition, flags that trials give together "
+        "modelled together (default true: the baseline lacks some); false: only the flags every trial gives",
     )
 
 

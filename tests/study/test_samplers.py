@@ -60,9 +60,9 @@ def test_the_baseline_and_the_filters_skips_reach_the_sampler_as_recorded_trials
     assert not {t.number for t in skipped} & {t.number for t in study.best_trials}
 
 
-def test_tpe_models_the_flag_the_baseline_lacks_with_the_others(tmp_path: Path) -> None:
-    """Optuna's multivariate TPE models the intersection of the trials' parameters; with the baseline in the study
-    that leaves max_num_seqs, the flag that matters most, out of the joint model for good."""
+def test_tpe_models_the_flag_the_baseline_lacks_in_a_group_of_its_own(tmp_path: Path) -> None:
+    """Optuna's plain multivariate TPE models the intersection of the trials' parameters; with the baseline in the
+    study that leaves max_num_seqs, the flag that matters most, out of the joint model for good."""
     study = run_study(tmp_path, {"name": "tpe", "n_startup_trials": 3}, n_trials=6)
     j = job(space=SPACE, sampler={"name": "tpe", "seed": 1, "n_startup_trials": 3})
     ours = make_sampler(j, j.search_space())
@@ -70,7 +70,7 @@ def test_tpe_models_the_flag_the_baseline_lacks_with_the_others(tmp_path: Path) 
     assert set(ours.infer_relative_search_space(study, trial)) == set(SPACE)
     optunas = optuna.samplers.TPESampler(multivariate=True)
     assert "max_num_seqs" not in optunas.infer_relative_search_space(study, trial)
-    # and it proposes from the joint model: every flag a relative (not an independent) draw
+    # and it proposes from the model: every flag a relative (not an independent) draw
     plain = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{tmp_path / 's.db'}")  # no heartbeat
     running = plain._storage.get_trial(plain.ask()._trial_id)
     proposed = ours.sample_relative(plain, running, ours.infer_relative_search_space(plain, running))
@@ -86,12 +86,11 @@ def test_tpe_options_choose_the_model(tmp_path: Path) -> None:
         return set(make_sampler(j, j.search_space()).infer_relative_search_space(study, trial))
 
     assert relative(multivariate=False) == set()  # one flag at a time
-    # Optuna's group decomposition: the baseline's flags in one group, max_num_seqs in another
-    assert relative(group=True) == set(SPACE)
-    assert relative() == set(SPACE)
+    assert relative(group=False) == set(SPACE) - {"max_num_seqs"}  # Optuna's intersection: the baseline's flags
+    assert relative() == set(SPACE)  # the groups: the baseline's flags, and max_num_seqs
 
 
-def test_the_twins_fallback_is_the_joint_tpe_with_the_jobs_options() -> None:
+def test_the_twins_fallback_is_tpe_with_the_jobs_options() -> None:
     j = job(space=SPACE, sampler={"name": "twin", "seed": 1, "multivariate": False})
     made = make_sampler(j, j.search_space())
     fallback = made.fallback  # type: ignore[attr-defined]
@@ -156,11 +155,3 @@ def test_tuner_tune_shows_the_samplers_options_and_refuses_a_wrong_one_in_one_li
 def test_tuner_tune_help_names_the_sampler_options() -> None:
     result = CliRunner().invoke(app, ["tune", "--help"])
     assert result.exit_code == 0 and "multivariate: false" in " ".join(result.stdout.split())
-
-
-def test_a_flag_whose_range_changed_between_runs_stays_out_of_the_joint_model(tmp_path: Path) -> None:
-    study = run_study(tmp_path, {"name": "random"}, n_trials=4)
-    edited = {**SPACE, "max_num_seqs": {"choices": [8, 16, 128]}}
-    j = job(space=edited, sampler={"name": "tpe", "seed": 1})
-    relative = make_sampler(j, j.search_space()).infer_relative_search_space(study, study.trials[-1])
-    assert set(relative) == {"gpu_memory_utilization", "max_model_len"}

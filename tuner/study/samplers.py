@@ -8,8 +8,8 @@ deprecated there): SLO misses as their relative violation, failed and skipped st
 The baseline (trial 0, vLLM's defaults) often gives no value for a flag: a categorical whose choices lack vLLM's
 default (`max_num_seqs: {choices: [16, ..., 128]}` against vLLM's 256). Optuna's multivariate TPE and GP model the
 intersection of the trials' parameters, so that flag dropped out of the joint model for the whole study and was
-drawn one at a time (TPE) or at random (GP). TPE here models the job's whole space (the baseline is left out of
-the joint model, as Optuna leaves any trial lacking a parameter); GP draws such a flag with univariate TPE.
+drawn one at a time (TPE) or at random (GP). TPE here decomposes the space into groups (the baseline's flags, the
+rest), each modelled jointly; GP draws such a flag with univariate TPE.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from tuner.twin.sampler import TwinSampler, twin_unsupported
 __all__ = [
     "SAMPLERS",
     "AskTellGridSampler",
-    "JobSpaceTPESampler",
     "SamplerFactory",
     "make_sampler",
     "sampler",
@@ -85,26 +84,6 @@ def make_sampler(
     return made
 
 
-class JobSpaceTPESampler(optuna.samplers.TPESampler):
-    """Multivariate TPE over the job's whole space rather than the intersection of the trials' parameters (which
-    a baseline without some flag shrinks for good). A trial lacking a flag (the baseline) is left out of the joint
-    model by TPE itself (`TPESampler._get_internal_repr` keeps the trials that hold every parameter)."""
-
-    def __init__(self, space: SearchSpace, **kwargs: Any) -> None:
-        super().__init__(multivariate=True, **kwargs)
-        self._job_space = {n: d for n, d in space.distributions.items() if not d.single()}
-
-    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-        # A flag whose range a trial recorded otherwise (the job's space edited between runs) stays out, as
-        # Optuna's intersection leaves it out: TPE could not place the old values in the new range.
-        space = dict(self._job_space)
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            for name, dist in t.distributions.items():
-                if name in space and dist != space[name]:
-                    del space[name]
-        return space
-
-
 @sampler("tpe")
 def _tpe(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
     kwargs: dict[str, Any] = {"seed": seed, "constant_liar": True}
@@ -112,9 +91,11 @@ def _tpe(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samp
         kwargs["n_startup_trials"] = s.n_startup_trials
     if s.multivariate is False:
         return optuna.samplers.TPESampler(multivariate=False, **kwargs)
-    if s.group:
-        return optuna.samplers.TPESampler(multivariate=True, group=True, **kwargs)
-    return JobSpaceTPESampler(space, **kwargs)
+    # Group decomposition by default: the flags the baseline holds are one group, the ones it lacks another, each
+    # modelled jointly; Optuna's plain multivariate TPE (`group: false`) models only the flags every trial holds.
+    # Measured side by side (benchmarks/README.md): never worse here, and on rtx4090-long 16 trials to 97% of the
+    # best against 18; a model of the job's whole space that leaves the baseline out was worse (19 and 13 vs 11).
+    return optuna.samplers.TPESampler(multivariate=True, group=s.group is not False, **kwargs)
 
 
 @sampler("nsga2")
