@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+
+import httpx
 
 from tuner.clock import Clock
 from tuner.emulator import Emulator
 from tuner.load import Arrival, Workload, run_load
+from tuner.load.server_metrics import WANTED_SAMPLES, scrape_metrics
 
 SCALE = 20.0
 
@@ -75,3 +79,17 @@ async def test_a_prompt_and_output_over_the_limit_come_back_short() -> None:
             clock=Clock(SCALE), scrape_metrics=False,
         )  # fmt: skip
     assert result.summary.failures == {"short_output": 2}
+
+
+async def test_the_scrape_gets_the_filtered_page_below_metrics_as_from_vllm() -> None:
+    emu = emulator()
+    async with emu.serve_http(host="127.0.0.1", port=0) as url, httpx.AsyncClient(base_url=url) as client:
+        whole = (await client.get("/metrics")).text
+        part = (await client.get("/metrics/", params={"name[]": list(WANTED_SAMPLES)})).text
+        async with scrape_metrics(client, url, clock=Clock(SCALE), model="llama-3.1-8b") as scraper:
+            while not scraper.samples and not scraper.failures:
+                await asyncio.sleep(0.01)
+    assert "vllm:e2e_request_latency_seconds_bucket" in whole and "vllm:e2e_request_latency" not in part
+    assert "vllm:num_requests_running{" in part and "vllm:inter_token_latency_seconds_bucket{" in part
+    assert scraper.filtered and scraper.error is None
+    assert all(s.running == 0.0 and s.itl is not None for s in scraper.samples)

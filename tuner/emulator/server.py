@@ -13,14 +13,16 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry, make_asgi_app
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from tuner.emulator.engine import Engine, EngineRequest, output_length
@@ -247,6 +249,9 @@ class OpenAiApp:
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/tokenize", self.tokenize, methods=["POST"]),
                 Route("/openapi.json", self.openapi, methods=["GET"]),
+                # As vLLM mounts it (entrypoints/serve/instrumentator/metrics.py, attach_router): prometheus_client's
+                # own app below /metrics, which honours `name[]`; /metrics itself is the whole page above.
+                _metrics_mount(self.metrics.registry),
             ]
         )
 
@@ -667,3 +672,9 @@ def _choice(index: int, sink: _Sink, chat: bool) -> dict[str, Any]:
         "token_ids": None,
         "routed_experts": None,
     }
+
+
+def _metrics_mount(registry: CollectorRegistry) -> Mount:
+    mount = Mount("/metrics", make_asgi_app(registry=registry))
+    mount.path_regex = re.compile("^/metrics(?P<path>.*)$")  # vLLM's workaround for the 307 of /metrics/
+    return mount
