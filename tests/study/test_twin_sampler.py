@@ -14,6 +14,7 @@ import optuna
 import pytest
 from study_fakes import JOB, FakeLauncher, fake_measure, job
 
+from tuner.calibration.profile import FittedFrom, StepCoefficients, StepProfile
 from tuner.config import parse_job
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
@@ -25,8 +26,8 @@ from tuner.store import Store, flag_key, open_store
 from tuner.study import TuningRun
 from tuner.study.samplers import make_sampler, sampler_name
 from tuner.study.verdict import DIRECTIONS
-from tuner.twin.sampler import PREDICTED_ATTR, TwinSampler
-from tuner.twin.simulate import Coefficients, SimPoint
+from tuner.twin.sampler import PREDICTED_ATTR, TwinSampler, twin_unsupported
+from tuner.twin.simulate import Coefficients, SimPoint, simulate
 
 KV = 40_000
 
@@ -291,3 +292,31 @@ def test_two_workers_never_propose_the_candidate_the_other_is_about_to_run(tmp_p
     finally:
         for s in (store_a, store_b, store_c):
             s.close()
+
+
+def test_a_cpu_target_with_a_fitted_profile_gets_the_twin(tmp_path: Path) -> None:
+    """`gpu: cpu` alone keeps TPE (no CPU step times); with `target.profile` (tuner calibrate) the twin predicts it,
+    and its predictions move with the profile's coefficients."""
+    fast, slow = tmp_path / "fast.json", tmp_path / "slow.json"
+    for path, per_seq in ((fast, 50e-6), (slow, 500e-6)):
+        coefficients = StepCoefficients(
+            step_overhead_s=2e-3, prefill_token_s=50e-6, decode_seq_s=per_seq, context_token_s=1e-6,
+            request_latency_s=0.01,
+        )  # fmt: skip
+        StepProfile(
+            device="cpu", model="llama-3.1-8b", vllm_version="0.32.0", block_size=128, max_num_seqs=16,
+            max_num_batched_tokens=1024, coefficients=coefficients,
+            fitted_from=FittedFrom(source="synthetic", created="2026-01-01T00:00:00Z", points=[], relative_rms_error=0),
+        ).write(path)  # fmt: skip
+    target = {"launcher": "process", "model": "llama-3.1-8b", "gpu": "cpu"}
+    data = {**JOB, "sampler": {"seed": 1}, "space": {"max_num_seqs": {"choices": [4, 16]}, "max_model_len": 4096}}
+    assert twin_unsupported(parse_job({**data, "target": target})) is not None
+    jobs = {p: parse_job({**data, "target": {**target, "profile": str(p)}}) for p in (fast, slow)}
+    assert all(twin_unsupported(j) is None and sampler_name(j) == "twin" for j in jobs.values())
+    flags = jobs[fast].search_space().suggest(optuna.trial.FixedTrial({"max_num_seqs": 16})).flags
+    tok_s = {}
+    for p, j in jobs.items():
+        summary = simulate(j, flags).summary(j)
+        assert summary is not None  # started on the CPU's KV space, and held
+        tok_s[p] = summary.output_throughput
+    assert tok_s[fast] > tok_s[slow] > 0

@@ -48,16 +48,18 @@ NEAR_BEST = 0.02  # candidates predicted within this of the best are equals: the
 
 
 def twin_unsupported(job: Job) -> str | None:
-    """Why the twin cannot imitate this job's target, or None: it needs a GPU and a model the start-up arithmetic
-    knows, and a throughput objective (it predicts the job's fixed load, not a capacity search)."""
+    """Why the twin cannot imitate this job's target, or None: it needs a GPU (or a CPU with a fitted step-time
+    profile) and a model the start-up arithmetic knows, and a throughput objective (it predicts the job's fixed
+    load, not a capacity search)."""
     if job.objective != "throughput":
         return f"the objective is {job.objective} (the twin predicts throughput under the job's load)"
     try:
         gpu, model = job.gpu_profile(), job.model_profile()
     except TunerError as e:
         return str(e)
-    if gpu.is_cpu:
-        return "gpu: cpu (the twin imitates GPUs)"
+    if gpu.is_cpu and job.step_profile() is None:
+        # A CPU server's step times are nothing like a GPU's roofline; a fitted profile is (tuner calibrate).
+        return "gpu: cpu without target.profile (the twin knows a CPU server's step times only from `tuner calibrate`)"
     if not model.predictable:
         why = model.unknown_reason or "its architecture"
         return f"the start-up arithmetic does not know {job.target.model} ({why})"
