@@ -25,17 +25,15 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from servers import start_server, stop_server
 
 from tuner.calibration.build import engine_shape, fit_profile
 from tuner.calibration.fit import LoadPoint
@@ -95,31 +93,10 @@ def _env() -> dict[str, str]:
 
 
 def _start(cmd: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{cmd[0]} exited with {proc.returncode} at start; its log: {log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            pass
-        time.sleep(0.5)
-    _stop(proc)
-    raise SystemExit(f"not ready within 900 s; its log: {log}")
+    return start_server(cmd, port, log, _env())
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+_stop = stop_server
 
 
 def _real_cmd(python: str, model: str, port: int, flags: list[str]) -> list[str]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -36,6 +35,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from servers import start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED = "tiny"
@@ -85,31 +86,10 @@ def _start(python: str, model: str, port: int, log: Path) -> subprocess.Popen[by
         "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"vLLM exited with {proc.returncode} at start; its log: {log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            pass
-        time.sleep(1)
-    _stop(proc)
-    raise SystemExit(f"vLLM was not ready within 900 s; its log: {log}")
+    return start_server(cmd, port, log, env)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+_stop = stop_server
 
 
 def _vllm(python: str, model: str, base: str, args: argparse.Namespace, seed: int, out: Path) -> dict[str, float]:
