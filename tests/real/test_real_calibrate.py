@@ -41,7 +41,10 @@ def test_calibrate_writes_a_usable_profile_of_the_real_server(
     assert profile.device == "cpu" and profile.block_size == 128
     # 1 GiB of the tiny model's 2 KiB tokens (4 layers x 2 KV heads x 64 x 2 x 2 bytes) in blocks of 128
     assert profile.num_gpu_blocks == 4096
-    assert len(profile.fitted_from.points) == 4 and all(p.measured_tpot_mean_s > 0 for p in profile.fitted_from.points)
+    assert len(profile.fitted_from.points) == 4
+    # A busy server may hand a point's few tokens over in one read (a TPOT of 0 is then what the client saw); the
+    # fit needs gaps measured somewhere, not at every point.
+    assert any(p.measured_tpot_mean_s > 0 for p in profile.fitted_from.points)
     assert profile.coefficients.step_overhead_s + profile.coefficients.decode_seq_s > 0
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
