@@ -3,12 +3,15 @@ file, ready when /health answers 200. Shared by the scripts that start real vLLM
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_server(
@@ -39,3 +42,16 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def vllm_paths(args: argparse.Namespace) -> tuple[str, str]:
+    """The vLLM venv's python and the model directory: the options given, else the tests' variables, else what
+    scripts/real-vllm installs (cached)."""
+    python = args.vllm_python or os.environ.get("TUNER_TEST_VLLM_PYTHON")
+    model = args.model_dir or os.environ.get("TUNER_TEST_VLLM_MODEL")
+    if not python or not model:
+        out = subprocess.run([str(ROOT / "scripts" / "real-vllm")], check=True, capture_output=True, text=True).stdout
+        found = dict(line.removeprefix("export ").replace("'", "").split("=", 1) for line in out.splitlines())
+        python = python or found["TUNER_TEST_VLLM_PYTHON"]
+        model = model or found["TUNER_TEST_VLLM_MODEL"]
+    return python, model

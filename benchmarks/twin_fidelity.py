@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from servers import start_server, stop_server
+from servers import start_server, stop_server, vllm_paths
 
 from tuner.calibration.build import engine_shape, fit_profile
 from tuner.calibration.fit import LoadPoint
@@ -61,15 +61,7 @@ FLAG_SETS: list[tuple[int, int, int | None]] = [
 FIGURES = ("output_tok_s", "ttft_p50", "ttft_p95", "tpot_p50")
 
 
-def _paths(args: argparse.Namespace) -> tuple[str, str]:
-    python = args.vllm_python or os.environ.get("TUNER_TEST_VLLM_PYTHON")
-    model = args.model_dir or os.environ.get("TUNER_TEST_VLLM_MODEL")
-    if not python or not model:
-        out = subprocess.run([str(ROOT / "scripts" / "real-vllm")], check=True, capture_output=True, text=True).stdout
-        found = dict(line.removeprefix("export ").replace("'", "").split("=", 1) for line in out.splitlines())
-        python = python or found["TUNER_TEST_VLLM_PYTHON"]
-        model = model or found["TUNER_TEST_VLLM_MODEL"]
-    return python, model
+_paths = vllm_paths
 
 
 def _flag_args(seqs: int | None, tokens: int | None, blocks: int | None) -> list[str]:

@@ -36,7 +36,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from servers import start_server, stop_server
+from servers import start_server, stop_server, vllm_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED = "tiny"
@@ -60,15 +60,7 @@ TOOLS = ("vllm", "tuner", "tuner-quiet", "vllm-again")
 scraping; and vLLM's client once more, whose ratio to its first run is the noise floor of the machine."""
 
 
-def _paths(args: argparse.Namespace) -> tuple[str, str]:
-    python = args.vllm_python or os.environ.get("TUNER_TEST_VLLM_PYTHON")
-    model = args.model_dir or os.environ.get("TUNER_TEST_VLLM_MODEL")
-    if not python or not model:
-        out = subprocess.run([str(ROOT / "scripts" / "real-vllm")], check=True, capture_output=True, text=True).stdout
-        found = dict(line.removeprefix("export ").replace("'", "").split("=", 1) for line in out.splitlines())
-        python = python or found["TUNER_TEST_VLLM_PYTHON"]
-        model = model or found["TUNER_TEST_VLLM_MODEL"]
-    return python, model
+_paths = vllm_paths
 
 
 def _port_free(port: int) -> bool:
