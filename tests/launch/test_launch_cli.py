@@ -9,24 +9,39 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from launch_contract import new_marker, processes_with
 
 
-def tuner(*args: str, state_dir: Path) -> subprocess.Popen[str]:
+def tuner(*args: str, state_dir: Path, sigint: signal.Handlers = signal.SIG_DFL) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tuner", "launch", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "TUNER_STATE_DIR": str(state_dir), "COLUMNS": "100"},
+        # The disposition the process starts with, whatever the test runner's own is.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )
 
 
-def test_launch_prints_the_facts_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sent", "sigint"),
+    [
+        (signal.SIGINT, signal.SIG_DFL),  # Ctrl-C at a terminal
+        (signal.SIGINT, signal.SIG_IGN),  # `kill -INT` to a background job of a script, which starts with it ignored
+        (signal.SIGTERM, signal.SIG_DFL),  # `kill`
+    ],
+    ids=["ctrl-c", "sigint-ignored-at-start", "sigterm"],
+)
+def test_launch_prints_the_facts_and_stops_on_ctrl_c(
+    tmp_path: Path, sent: signal.Signals, sigint: signal.Handlers
+) -> None:
     marker = new_marker()
     proc = tuner(
-        "--time-scale", "100", "--", "--max-model-len", "8192", "--tuner-test-marker", marker, state_dir=tmp_path
-    )
+        "--time-scale", "100", "--", "--max-model-len", "8192", "--tuner-test-marker", marker, state_dir=tmp_path,
+        sigint=sigint,
+    )  # fmt: skip
     assert proc.stdout is not None
     lines = []
     deadline = time.monotonic() + 30
@@ -42,7 +57,7 @@ def test_launch_prints_the_facts_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     # H100 + Llama-3.1-8B at 0.90 with the CUDA graphs' 0.81 GiB out of the budget (vLLM 0.32)
     assert "422,640 tokens" in shown and "51.59x at 8,192 tokens a request" in shown
     assert processes_with(marker), "the server should run until Ctrl-C"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sent)
     rest, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0, rest
     assert "stopped." in rest

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import signal
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -146,7 +149,31 @@ def _on_screen(line: str) -> str:
     return _LOG_PREFIX.sub(lambda m: f"{m['writer']} {m['level']} ", line, count=1)
 
 
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """Ctrl-C and `kill` both end the wait and stop the server, even where SIGINT came in ignored (a background job of
+    a script, some CI runners), where asyncio.run would leave it ignored and the server running."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
 async def _serve(launcher: Launcher) -> int:
+    try:
+        with _stopped_by_signals():
+            return await _serve_until_stopped(launcher)
+    except asyncio.CancelledError:
+        console.print("stopped.")
+        return 0
+
+
+async def _serve_until_stopped(launcher: Launcher) -> int:
     try:
         async with launcher.start(VllmFlags()) as server:
             console.print(facts_table(server))
@@ -230,9 +257,6 @@ def launch(
     )
     try:
         code = asyncio.run(_serve(chosen))
-    except KeyboardInterrupt:
-        console.print("stopped.")
-        code = 0
     finally:
         if isinstance(chosen, DockerLauncher):
             chosen.close()
