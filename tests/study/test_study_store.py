@@ -152,7 +152,7 @@ def test_exclusive_lock_serialises_workers_on_postgres(postgres_url: str) -> Non
             t.start()
             time.sleep(0.3)
             order.append("a")
-        t.join(5)
+        t.join(60)
         assert order == ["a", "b"]
     finally:
         store_a.close()
@@ -161,25 +161,38 @@ def test_exclusive_lock_serialises_workers_on_postgres(postgres_url: str) -> Non
 
 def test_exclusive_lock_on_sqlite_is_a_file_lock_across_processes(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'l.db'}"
+    released = tmp_path / "released"
     code = (
-        "import sys, time; from tuner.store import open_store\n"
+        "import sys; from pathlib import Path; from tuner.store import open_store\n"
         f"s = open_store({url!r})\n"
         "with s.exclusive('s'):\n"
-        "    print('locked', flush=True); time.sleep(0.6)\n"
+        "    print('locked', flush=True); sys.stdin.readline()\n"
+        f"    Path({str(released)!r}).touch()\n"
         "s.close()\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    seen: list[bool] = []
+
+    def take() -> None:
+        with open_store(url) as store, store.exclusive("s"):
+            seen.append(released.exists())
+
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "locked"
-        with open_store(url) as store:
-            t0 = time.monotonic()
-            with store.exclusive("s"):
-                waited = time.monotonic() - t0
-        assert waited > 0.2
+        assert child.stdin is not None and child.stdout is not None
+        assert child.stdout.readline().strip() == "locked"
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        time.sleep(0.3)  # time to reach the lock; on a busy machine less of it only weakens the check
+        child.stdin.write("\n")
+        child.stdin.flush()
+        waiter.join(30)
+        # Taken only once the other process let go: never while it held the lock.
+        assert seen == [True]
     finally:
         child.wait(10)
-        assert child.stdout is not None
-        child.stdout.close()
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 @pytest.mark.parametrize(
