@@ -160,6 +160,16 @@ def test_a_failure_the_twin_predicted_is_agreement_but_not_a_throughput_error(
     assert line.endswith("; as predicted" if foreseen else "; not as predicted")
 
 
+def test_a_load_stopped_before_any_token_is_neither_an_error_nor_a_miss() -> None:
+    # The load ended at a certain SLO miss before a token came back: the server started as the twin said, and there
+    # is no throughput to hold its prediction against (nor, before, a 0% error to count).
+    study, sampler, log = twin_study()
+    run_trial(study, lambda f: (MEASURED, 0.0))
+    assert sampler.errors == {} and sampler.missed == {}
+    line = next(line for line in log if line.startswith("trial 0: "))
+    assert line.endswith("; started as predicted, no throughput to compare")
+
+
 def test_foreseen_crashes_do_not_hide_a_throughput_error_from_the_fallback() -> None:
     # Reality is 3x faster than the twin: the first prediction is 67% off the measurement, the refit (step time
     # x1/3) then predicts the next one exactly; between them two crashes the twin foresaw. The median of the

@@ -409,5 +409,10 @@ def _compare(p: Predicted, r: TrialRecord, foreseen: bool, error: float | None) 
         measured = f"measured {r.output_tok_s:,.0f} tok/s" + (" (stopped early)" if r.slo_stop else "")
     else:
         measured = f"measured: {r.outcome} ({r.reason})"
-    verdict = "not as predicted" if not foreseen else "as predicted" if error is None else f"error {error:.0%}"
+    if not foreseen:
+        verdict = "not as predicted"
+    elif error is not None:
+        verdict = f"error {error:.0%}"
+    else:  # a failed start or a crash foreseen; or a load stopped before any token (nothing to compare)
+        verdict = "as predicted" if r.outcome != MEASURED else "started as predicted, no throughput to compare"
     return f"twin {_describe(p)}; {measured}; {verdict}"
