@@ -7,6 +7,7 @@ recorded as the objective records it (flags, outcome, output tok/s, KV tokens) b
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,14 @@ from tuner.config import parse_job
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
 from tuner.load import RequestRecord
-from tuner.record import CRASHED, MEASURED, TrialRecord
+from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED, TrialRecord
 from tuner.report.overview import status
 from tuner.report.views import study_view
 from tuner.store import Store, flag_key, open_store
 from tuner.study import TuningRun
 from tuner.study.samplers import make_sampler, sampler_name
 from tuner.study.verdict import DIRECTIONS
-from tuner.twin.sampler import PREDICTED_ATTR, TwinSampler, twin_unsupported
+from tuner.twin.sampler import ERROR_ATTR, MISSED_ATTR, PREDICTED_ATTR, TwinSampler, twin_unsupported
 from tuner.twin.simulate import Coefficients, SimPoint, simulate
 
 KV = 40_000
@@ -63,7 +64,8 @@ def twin_study(*, slo: str = "e2e_p95 <= 2.5s", **options: Any) -> tuple[optuna.
     j = job(slos=[slo, "success_rate >= 0.9"], sampler={"name": "twin", "seed": 1})
     space = j.search_space()
     fallback = optuna.samplers.TPESampler(seed=1, n_startup_trials=0)
-    sampler = TwinSampler(space, 1, fallback, simulate_fn=fake_simulate, **options)
+    options.setdefault("simulate_fn", fake_simulate)
+    sampler = TwinSampler(space, 1, fallback, **options)
     log: list[str] = []
     sampler.bind(j, log.append)
     study = optuna.create_study(directions=DIRECTIONS, sampler=sampler)
@@ -123,6 +125,67 @@ def test_a_crash_the_twin_did_not_foresee_is_not_a_throughput_error() -> None:
     run_trial(study, lambda f: (CRASHED, None))
     assert sampler.missed == {0: True} and sampler.errors == {}
     assert any("not as predicted" in line for line in log)
+
+
+def crashing_at_64(job_: Any, flags: VllmFlags, c: Coefficients) -> SimPoint:
+    """The fake twin, except that 64 sequences at 0.95 crash under load and 8 sequences at 0.85 do not start."""
+    point = fake_simulate(job_, flags, c)
+    if (flags.max_num_seqs, flags.gpu_memory_utilization) == (64, 0.95):
+        return replace(point, crashed=True, records=[])
+    if (flags.max_num_seqs, flags.gpu_memory_utilization) == (8, 0.85):
+        return replace(point, reason="kv_cache_too_small", records=[])
+    return point
+
+
+@pytest.mark.parametrize(
+    ("seqs", "util", "outcome", "foreseen"),
+    [
+        (64, 0.95, CRASHED, True),  # a crash the twin predicted
+        (64, 0.95, LAUNCH_FAILED, False),  # it predicted a crash under load, the server did not start
+        (8, 0.85, LAUNCH_FAILED, True),  # a failed start it predicted
+        (8, 0.85, CRASHED, False),  # it predicted no start, the server started and crashed
+    ],
+)
+def test_a_failure_the_twin_predicted_is_agreement_but_not_a_throughput_error(
+    seqs: int, util: float, outcome: str, foreseen: bool
+) -> None:
+    study, sampler, log = twin_study(simulate_fn=crashing_at_64)
+    study.enqueue_trial({"max_num_seqs": seqs, "gpu_memory_utilization": util})
+    run_trial(study, lambda f: (outcome, None))
+    assert sampler.errors == {}  # no throughput was measured: nothing to pull the median error either way
+    assert sampler.missed == ({} if foreseen else {0: True})
+    assert study.trials[0].user_attrs.get(MISSED_ATTR) is (None if foreseen else True)
+    assert ERROR_ATTR not in study.trials[0].user_attrs
+    line = next(line for line in log if line.startswith("trial 0: "))
+    assert line.endswith("; as predicted" if foreseen else "; not as predicted")
+
+
+def test_a_load_stopped_before_any_token_is_neither_an_error_nor_a_miss() -> None:
+    # The load ended at a certain SLO miss before a token came back: the server started as the twin said, and there
+    # is no throughput to hold its prediction against (nor, before, a 0% error to count).
+    study, sampler, log = twin_study()
+    run_trial(study, lambda f: (MEASURED, 0.0))
+    assert sampler.errors == {} and sampler.missed == {}
+    line = next(line for line in log if line.startswith("trial 0: "))
+    assert line.endswith("; started as predicted, no throughput to compare")
+
+
+def test_foreseen_crashes_do_not_hide_a_throughput_error_from_the_fallback() -> None:
+    # Reality is 3x faster than the twin: the first prediction is 67% off the measurement, the refit (step time
+    # x1/3) then predicts the next one exactly; between them two crashes the twin foresaw. The median of the
+    # throughput errors (67%, 0%) is over the bound and the twin hands over at the 5th proposal. Had the crashes
+    # counted as 0% errors, the median of the last three would be 0% and the twin would go on.
+    study, sampler, log = twin_study(simulate_fn=crashing_at_64, check_after=4, error_bound=0.25)
+    run_trial(study, lambda f: (MEASURED, fake_tok_s(f) * 3))
+    for _ in range(2):
+        study.enqueue_trial({"max_num_seqs": 64, "gpu_memory_utilization": 0.95})
+        run_trial(study, lambda f: (CRASHED, None))
+    run_trial(study, lambda f: (MEASURED, fake_tok_s(f) * 3))
+    assert sampler.errors == {0: pytest.approx(2 / 3, rel=1e-3), 3: pytest.approx(0.0, abs=1e-6)}
+    assert not sampler.fell_back
+    run_trial(study, lambda f: (MEASURED, fake_tok_s(f) * 3))
+    assert sampler.fell_back
+    assert any("falling back to TPE" in line and "after 4 real trials" in line for line in log)
 
 
 def test_the_twin_falls_back_to_tpe_when_its_error_stays_high() -> None:

@@ -243,8 +243,8 @@ def run(
         took = time.monotonic() - started
         say(
             f"finished ({report.stopped_by}) after {took:.0f}s; {report.trials_run} trials run by this worker; "
-            f"{report.distinct} distinct flag sets tried, {report.repeats} sampler repeats answered from their first "
-            "trial (not counted in the budget)"
+            f"{report.distinct} distinct flag sets tried ({report.measured} measured), {report.repeats} sampler "
+            "repeats answered from their first trial (not counted in the budget)"
         )
         console.print(pareto_table(tuning.study))
         log(json.dumps([t.number for t in tuning.study.best_trials]))

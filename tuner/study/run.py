@@ -53,6 +53,12 @@ class RunReport:
         return len(_finished(self.study, repeats=False))
 
     @property
+    def measured(self) -> int:
+        """Of those, the flag sets whose server started and ran the load (not skipped, failed or crashed)."""
+        tried = _finished(self.study, repeats=False)
+        return sum(TrialRecord.from_attrs(t.user_attrs).outcome == MEASURED for t in tried)
+
+    @property
     def repeats(self) -> int:
         """Finished trials whose flag set an earlier trial had tried: answered from its result, not launched."""
         return len(_finished(self.study)) - self.distinct

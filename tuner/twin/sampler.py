@@ -40,7 +40,7 @@ __all__ = ["ERROR_ATTR", "FALLBACK_ATTR", "MISSED_ATTR", "PREDICTED_ATTR", "Twin
 
 PREDICTED_ATTR = "twin_predicted_tok_s"
 ERROR_ATTR = "twin_error"  # trial: |predicted - measured| / measured, for a trial measured in full as foreseen
-MISSED_ATTR = "twin_missed"  # trial: it started or crashed other than the twin predicted
+MISSED_ATTR = "twin_missed"  # trial: it started, crashed or failed to start other than the twin predicted
 FALLBACK_ATTR = "twin_fallback"  # study: {"after": real trials, "why": ...} once the twin handed over to TPE
 
 Reserve = Callable[[str, int], bool]
@@ -165,14 +165,14 @@ class TwinSampler(BaseSampler):
         self.twin.known.setdefault(key, VllmFlags.from_dict(record.flags))
         predicted = self._predicted.pop(trial.number, None) or self.twin.predict(key)
         study._storage.set_trial_user_attr(trial._trial_id, PREDICTED_ATTR, _shown(predicted))
-        error = _error(predicted, record)
-        if error is None:
+        foreseen, error = _error(predicted, record)
+        if not foreseen:
             self.missed[trial.number] = True
             study._storage.set_trial_user_attr(trial._trial_id, MISSED_ATTR, True)
-        elif record.slo_stop is None:
+        elif error is not None and record.slo_stop is None:
             self.errors[trial.number] = error
             study._storage.set_trial_user_attr(trial._trial_id, ERROR_ATTR, round(error, 6))
-        self.on_event(f"trial {trial.number}: {_compare(predicted, record, error)}")
+        self.on_event(f"trial {trial.number}: {_compare(predicted, record, foreseen, error)}")
 
     # -- the twin ------------------------------------------------------------------------------------------------
 
@@ -377,13 +377,22 @@ def _shown(p: Predicted) -> float:
     return round(p.output_tok_s, 1) if p.started and not p.crashed else 0.0
 
 
-def _error(p: Predicted, r: TrialRecord) -> float | None:
-    """The relative throughput error; None where the outcome itself was not as predicted (a start, a crash)."""
-    if (r.outcome == MEASURED) != (p.started and not p.crashed):
-        return None
+def _foreseen(p: Predicted) -> str:
+    """The outcome the twin predicts: a failed start, a crash under load, or a measured load."""
+    if not p.started:
+        return LAUNCH_FAILED
+    return CRASHED if p.crashed else MEASURED
+
+
+def _error(p: Predicted, r: TrialRecord) -> tuple[bool, float | None]:
+    """Whether the outcome was the one predicted, and the relative throughput error where a throughput was both
+    predicted and measured. A failed start or a crash the twin foresaw is agreement but no throughput error: a 0
+    there would pull the median the fallback reads toward "right" while the twin's throughput went untested."""
+    if r.outcome != _foreseen(p):
+        return False, None
     if r.outcome == MEASURED and r.output_tok_s:
-        return abs(p.output_tok_s - r.output_tok_s) / r.output_tok_s
-    return 0.0
+        return True, abs(p.output_tok_s - r.output_tok_s) / r.output_tok_s
+    return True, None
 
 
 def _describe(p: Predicted) -> str:
@@ -395,9 +404,15 @@ def _describe(p: Predicted) -> str:
     return f"predicted {p.output_tok_s:,.0f} tok/s, {slo}"
 
 
-def _compare(p: Predicted, r: TrialRecord, error: float | None) -> str:
+def _compare(p: Predicted, r: TrialRecord, foreseen: bool, error: float | None) -> str:
     if r.outcome == MEASURED and r.output_tok_s is not None:
         measured = f"measured {r.output_tok_s:,.0f} tok/s" + (" (stopped early)" if r.slo_stop else "")
     else:
         measured = f"measured: {r.outcome} ({r.reason})"
-    return f"twin {_describe(p)}; {measured}; " + ("not as predicted" if error is None else f"error {error:.0%}")
+    if not foreseen:
+        verdict = "not as predicted"
+    elif error is not None:
+        verdict = f"error {error:.0%}"
+    else:  # a failed start or a crash foreseen; or a load stopped before any token (nothing to compare)
+        verdict = "as predicted" if r.outcome != MEASURED else "started as predicted, no throughput to compare"
+    return f"twin {_describe(p)}; {measured}; {verdict}"
