@@ -53,6 +53,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
         # Environment: the study's storage is the job's own (beside the copy), whatever the caller's shell says.
         env={k: v for k, v in os.environ.items() if not k.startswith("TUNER_STORAGE")} | {"COLUMNS": "200"},
         check=False,
+        timeout=3600,  # not a bound on its speed: a hang must end the run rather than block CI
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return job, log.read_text(encoding="utf-8"), done.stdout
