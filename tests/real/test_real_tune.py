@@ -187,16 +187,16 @@ def test_the_winners_exports_start_real_vllm(tuned: Path, vllm_python: Path, tmp
 
 
 def test_verify_relaunches_the_winner_on_real_vllm(tuned: Path) -> None:
-    # What is proven is the loop: the stored job relaunched, the winner measured again twice, a verdict that agrees
-    # with the runs. Whether it is confirmed moves with the machine: a CPU server sharing two cores with the test run
-    # (and anything else running) measured half its recorded tok/s in CI. test_verify.py checks the verdict's logic.
-    run = _tuner("verify", STUDY, "--job", str(tuned), "--runs", "2", "--tolerance", "0.5", "--json", cwd=tuned.parent)
-    assert run.returncode in (0, 1), run.stdout[-3000:] + run.stderr[-3000:]
+    # The stored job relaunched, the winner measured again twice, and confirmed. The tolerance is this machine's
+    # noise, not a GPU's: the same flags started twice on this CPU build measured 1.5-2.5x apart
+    # (benchmarks/README.md, the real grid's repeats), and a server sharing two cores with the test run measured half
+    # its recorded tok/s in CI; 0.75 admits a run a quarter as fast. test_verify.py checks the verdict's logic.
+    run = _tuner("verify", STUDY, "--job", str(tuned), "--runs", "2", "--tolerance", "0.75", "--json", cwd=tuned.parent)
+    assert run.stdout.startswith("{"), run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads(run.stdout)
     assert len(doc["runs"]) == 2
     assert all(r["missed"] == [] and r["success_rate"] == 1.0 for r in doc["runs"]), doc  # SLOs wide for a CPU
-    confirmed = doc["change"] is None or doc["change"] >= -0.5
-    assert doc["confirmed"] is confirmed and run.returncode == (0 if confirmed else 1), doc
+    assert run.returncode == 0 and doc["confirmed"] is True, doc
 
 
 def test_a_wrong_model_path_stops_the_study_after_one_launch(
