@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 import types
 from collections.abc import Callable, Iterator
@@ -567,14 +568,39 @@ def _length_problems(job: Job, space: SearchSpace) -> Iterator[str]:
         return  # a dataset's lengths are estimated, and vLLM's own default is the model's limit (checked there)
     shortest = max(_lower(w.input_len), w.prefix_len + 1) + _lower(w.output_len)
     limit, said = largest
-    if shortest <= limit:
+    if shortest > limit:
+        slo = next((s for s in job.slos if parse_slo(s).metric == "success_rate"), None)
+        verdict = f"no trial can meet {slo!r}" if slo else "no request can succeed"
+        yield (
+            f"space.max_model_len: {said} is shorter than every request of the workload (at least {shortest} "
+            f"tokens: input_len + output_len): vLLM refuses or cuts them all and {verdict}; raise max_model_len to at "
+            f"least {w.max_request_tokens()} or shorten workload.input_len/output_len"
+        )
         return
-    slo = next((s for s in job.slos if parse_slo(s).metric == "success_rate"), None)
-    verdict = f"no trial can meet {slo!r}" if slo else "no request can succeed"
+    yield from _too_many_too_long(job, limit, said)
+
+
+# Requests drawn to judge a duration-bound run (whose count is not known before it runs).
+_LENGTH_SAMPLE = 1000
+
+
+def _too_many_too_long(job: Job, limit: int, said: str) -> Iterator[str]:
+    """Some requests longer than every max_model_len: an error only where they alone miss the success-rate SLO (the
+    run's own requests, drawn by its seed, counted); fewer stay the space's note."""
+    rate = next((parse_slo(s) for s in job.slos if parse_slo(s).metric == "success_rate"), None)
+    if rate is None or rate.op != ">=":
+        return
+    n = (job.arrival.requests or _LENGTH_SAMPLE) + job.arrival.warmup_requests
+    totals = job.workload.request_tokens(n)[job.arrival.warmup_requests :]
+    too_long = sum(t > limit for t in totals)
+    allowed = math.floor(len(totals) * (1 - rate.threshold) + 1e-9)
+    if too_long <= allowed:
+        return
+    needed = sorted(totals)[len(totals) - allowed - 1]
     yield (
-        f"space.max_model_len: {said} is shorter than every request of the workload (at least {shortest} tokens: "
-        f"input_len + output_len): vLLM refuses or cuts them all and {verdict}; raise max_model_len to at least "
-        f"{w.max_request_tokens()} or shorten workload.input_len/output_len"
+        f"space.max_model_len: {said} is shorter than {too_long} of the workload's {len(totals)} measured requests "
+        f"(input_len + output_len, as its seed draws them): vLLM refuses or cuts those, so no trial can meet "
+        f"'{rate}'; raise max_model_len to at least {needed} or shorten workload.input_len/output_len"
     )
 
 

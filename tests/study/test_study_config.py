@@ -8,6 +8,7 @@ import yaml
 
 from tuner.config import Job, job_schema, load_job, parse_duration, parse_job
 from tuner.errors import ConfigError
+from tuner.load import UniformLength, Workload
 from tuner.study.samplers import sampler_name
 
 GOOD = """
@@ -164,6 +165,42 @@ def test_a_length_no_request_fits_names_the_requests_and_the_change(tmp_path: Pa
         "space.max_model_len: max_model_len 100 is shorter than every request of the workload (at least 320" in message
     )
     assert "no trial can meet 'success_rate >= 0.99'; raise max_model_len to at least 320" in message
+
+
+def test_a_length_too_many_requests_exceed_misses_the_success_rate_and_says_how_long(tmp_path: Path) -> None:
+    # Prompts of 100..600 tokens + 64: about half of the 40 measured requests are over 400 tokens.
+    text = GOOD.replace("max_model_len: 4k", "max_model_len: 400").replace(
+        "input_len: 256", "input_len: {dist: uniform, low: 100, high: 600}"
+    )
+    workload = Workload(input_len=UniformLength(low=100, high=600), output_len=64)
+    totals = workload.request_tokens(40)
+    too_long = sum(t > 400 for t in totals)
+    assert 0 < too_long < 40  # some fit: not the every-request case
+    message = error_of(tmp_path, text)
+    assert message.count("\n") == 0
+    assert f"max_model_len 400 is shorter than {too_long} of the workload's 40 measured requests" in message
+    # 0.99 of 40 allows no failure: every request must fit, so the longest decides
+    assert f"no trial can meet 'success_rate>=0.99'; raise max_model_len to at least {max(totals)}" in message
+
+
+def test_a_length_few_enough_requests_exceed_stays_a_note(tmp_path: Path) -> None:
+    # success_rate >= 0.5 allows 20 of 40 failures: the same space is then a note, not an error.
+    text = (
+        GOOD.replace("max_model_len: 4k", "max_model_len: {choices: [400, 512]}")
+        .replace("input_len: 256", "input_len: {dist: uniform, low: 100, high: 600}")
+        .replace("success_rate >= 0.99", "success_rate >= 0.5")
+    )
+    job = load_job(write(tmp_path, text))
+    assert sum(t > 512 for t in job.workload.request_tokens(40)) <= 20
+    assert any("values from 400 are below the workload's longest request" in n for n in job.search_space().notes)
+
+
+def test_request_tokens_are_the_runs_own_requests() -> None:
+    from tuner.load import UniformLength, Workload
+
+    w = Workload(input_len=UniformLength(low=10, high=500), output_len=UniformLength(low=1, high=50), seed=4)
+    sent = [spec.prompt_len + spec.output_len for spec, _ in zip(w.prompts(), range(30), strict=False)]
+    assert w.request_tokens(30) == sent
 
 
 def test_schema_shows_the_constraints_the_loader_applies() -> None:

@@ -171,6 +171,16 @@ class Workload(BaseModel):
             )
         return max(self._input().upper, self.prefix_len + 1) + self._output().upper
 
+    def request_tokens(self, n: int) -> list[int]:
+        """Prompt + output tokens of the first `n` synthetic requests, as the seed draws them for every run (a chat
+        template's few tokens not counted); not for a dataset, whose lengths are only estimated."""
+        rng = random.Random(self.seed)  # the same draws, in the same order, as prompts()
+        lengths = []
+        for _ in range(n):
+            n_in = max(self._input().sample(rng), self.prefix_len + 1)
+            lengths.append(n_in + self._output().sample(rng))
+        return lengths
+
     def fingerprint(self) -> str:
         """A stable hash of everything that decides the request sequence (dataset contents included)."""
         h = hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode())
