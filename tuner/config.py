@@ -604,6 +604,35 @@ def _too_many_too_long(job: Job, limit: int, said: str) -> Iterator[str]:
     )
 
 
+# What the job's own fields (or the study) give each launcher: not for `options` to give again.
+_SET_BY_THE_JOB = {
+    "docker": {"image", "model", "env", "volumes", "extra_args", "startup_timeout_s", "vendor", "gpus", "client"},
+    "process": {"command", "model", "extra_args", "secret_env", "startup_timeout_s"},
+}
+
+
+def _launcher_option_problems(job: Job) -> Iterator[str]:
+    """`target.<kind>.options` reach the launcher as keyword arguments: a key it does not take would fail every
+    trial at its first launch, so it is named here, with the keys it does take."""
+    import inspect
+
+    from tuner.launch import DockerLauncher, ProcessLauncher
+
+    for kind, cls, given in (
+        ("docker", DockerLauncher, job.target.docker.options),
+        ("process", ProcessLauncher, job.target.process.options),
+    ):
+        params = inspect.signature(cls.__init__).parameters
+        allowed = sorted(n for n, p in params.items() if n != "self" and p.kind is not p.VAR_KEYWORD)
+        allowed = [n for n in allowed if n not in _SET_BY_THE_JOB[kind]]
+        for key in given:
+            if key not in allowed:
+                yield (
+                    f"target.{kind}.options.{key}: not an option of the {kind} launcher; allowed: "
+                    f"{', '.join(allowed)}{did_you_mean(key, allowed)}"
+                )
+
+
 def _check(job: Job, *, flags: bool = True) -> list[str]:
     """Everything pydantic cannot see alone: the catalog, the space against the model, vLLM (`flags`: the keys
     against its arguments) and the workload."""
@@ -629,6 +658,7 @@ def _check(job: Job, *, flags: bool = True) -> list[str]:
     except ConfigError as e:
         return [*problems, *str(e).splitlines()]
     problems += _length_problems(job, space)
+    problems += _launcher_option_problems(job)
     problems += _sampler_problems(job.sampler)
     if job.sampler.name == "grid" and not problems:
         try:

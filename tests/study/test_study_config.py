@@ -203,6 +203,18 @@ def test_request_tokens_are_the_runs_own_requests() -> None:
     assert w.request_tokens(30) == sent
 
 
+@pytest.mark.parametrize("kind", ["docker", "process"])
+def test_a_launcher_option_the_launcher_does_not_take_is_named_before_any_launch(tmp_path: Path, kind: str) -> None:
+    target = f"target: {{launcher: {kind}, model: llama-3.1-8b, gpu: l4, {kind}: {{options: {{stop_grace: 5}}}}}}"
+    text = GOOD.replace(GOOD.splitlines()[2], target)
+    message = error_of(tmp_path, text)
+    assert message.count("\n") == 0
+    assert f"target.{kind}.options.stop_grace: not an option of the {kind} launcher; allowed: " in message
+    assert message.endswith("did you mean stop_grace_s?")
+    good = text.replace("stop_grace: 5", "stop_grace_s: 5")
+    assert getattr(load_job(write(tmp_path, good, "good.yaml")).target, kind).options == {"stop_grace_s": 5}
+
+
 def test_schema_shows_the_constraints_the_loader_applies() -> None:
     defs = job_schema()["$defs"]
     assert {"minimum": 1}.items() <= defs["WorkloadSection"]["properties"]["input_len"]["anyOf"][0].items()
