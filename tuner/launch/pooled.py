@@ -20,10 +20,8 @@ Build = Callable[[tuple[str, ...]], Launcher]
 
 
 def gpus_needed(flags: VllmFlags) -> int:
-    """A server's GPUs: vLLM's world size, tensor x pipeline parallel (vllm/config/parallel.py,
-    ParallelConfig.world_size)."""
-    pp = flags.extra.get("pipeline_parallel_size", 1)
-    return max(1, int(flags.tensor_parallel_size)) * max(1, int(pp) if isinstance(pp, int | float | str) else 1)
+    """A server's GPUs: vLLM's world size."""
+    return flags.world_size
 
 
 class PooledLauncher:
