@@ -1,6 +1,10 @@
 """A trial's flags as something to paste: `vllm serve` flags, a `--config` YAML, `docker run`, a compose service,
 a Kubernetes Deployment + Service, JSON, or the `LLM(**kwargs)` of vLLM's Python API.
 
+The GPUs are asked for as the study's vendor needs them: NVIDIA through its container runtime (`--gpus`, compose's
+device reservation, `nvidia.com/gpu`), AMD through ROCm's device files (`/dev/kfd`, `/dev/dri`, the `video` group, as
+vLLM's ROCm docs run its image) and the AMD device plugin's `amd.com/gpu`.
+
 Every format that has comments carries the provenance (study, trial, image, GPU, model, workload hash, what was
 measured, when), so a pasted line can be traced back to the measurement behind it. Secrets appear only by name:
 `-e HF_TOKEN` passes the caller's variable through, compose interpolates `${HF_TOKEN}`, Kubernetes reads a Secret;
@@ -25,6 +29,8 @@ from tuner.flags import VllmFlags
 __all__ = [
     "DEFAULT_IMAGE",
     "FORMATS",
+    "K8S_GPU_RESOURCE",
+    "VENDORS",
     "DeployOptions",
     "Provenance",
     "container_args",
@@ -38,6 +44,15 @@ DEFAULT_IMAGE = "vllm/vllm-openai:latest"
 _CONTAINER_HF_CACHE = "/root/.cache/huggingface"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
+VENDORS = ("nvidia", "amd")
+# The extended resource each vendor's Kubernetes device plugin advertises.
+K8S_GPU_RESOURCE = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+# vLLM's ROCm docs' `docker run`: the compute (kfd) and render (dri) device files, their group, and the seccomp and
+# ptrace allowances ROCm's runtime needs.
+_AMD_DEVICE_FILES = ("/dev/kfd", "/dev/dri")
+_AMD_GROUP = "video"
+_AMD_CAPS = ("SYS_PTRACE",)
+_AMD_SECURITY = ("seccomp=unconfined",)
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -145,10 +160,13 @@ class DeployOptions:
     hf_cache: str | None = None  # host directory of the Hugging Face cache; None = $HOME/.cache/huggingface
     secret_env: tuple[str, ...] = ("HF_TOKEN",)
     k8s_secret: str = "hf-token"
+    gpu_vendor: str = "nvidia"  # how the deployment is given its GPUs (the study's GPU's vendor)
 
     def __post_init__(self) -> None:
         if not self.model.strip():
             raise ConfigError("export needs a model name (a Hugging Face id or a path), got an empty one")
+        if self.gpu_vendor not in VENDORS:
+            raise ConfigError(f"GPU vendor must be one of {', '.join(VENDORS)}, not {self.gpu_vendor!r}")
         if not 1 <= self.port <= 65535:
             raise ConfigError(f"port must be in 1..65535, got {self.port}")
         for name in self.secret_env:
@@ -255,10 +273,23 @@ def _typed(flags: VllmFlags, name: str, text: str) -> Any:
     return text
 
 
+def _docker_gpu_lines(vendor: str) -> list[str]:
+    if vendor == "amd":
+        return [
+            "docker run --ipc=host",
+            " ".join(f"--device {d}" for d in _AMD_DEVICE_FILES),
+            f"--group-add {_AMD_GROUP} "
+            + " ".join(f"--cap-add {c}" for c in _AMD_CAPS)
+            + " "
+            + " ".join(f"--security-opt {o}" for o in _AMD_SECURITY),
+        ]
+    return ["docker run --runtime nvidia --gpus all --ipc=host"]
+
+
 def _docker_lines(flags: VllmFlags, options: DeployOptions) -> list[str]:
     cache = '"$HOME/.cache/huggingface"' if options.hf_cache is None else shlex.quote(options.hf_cache)
     lines = [
-        "docker run --runtime nvidia --gpus all --ipc=host",
+        *_docker_gpu_lines(options.gpu_vendor),
         f"-p {options.port}:{options.port}",
         f"-v {cache}:{_CONTAINER_HF_CACHE}",
     ]
@@ -273,8 +304,22 @@ def _docker(flags: VllmFlags, options: DeployOptions, provenance: Provenance | N
     return _comments(provenance) + " \\\n  ".join(_docker_lines(flags, options)) + "\n"
 
 
+def _compose_gpus(flags: VllmFlags, vendor: str) -> dict[str, Any]:
+    """The service's keys that give it its GPUs."""
+    if vendor == "amd":
+        # Every AMD GPU is behind the two device files; vLLM takes the first world-size of them.
+        return {
+            "devices": [f"{d}:{d}" for d in _AMD_DEVICE_FILES],
+            "group_add": [_AMD_GROUP],
+            "cap_add": list(_AMD_CAPS),
+            "security_opt": list(_AMD_SECURITY),
+        }
+    n = flags.world_size
+    device = {"driver": "nvidia", "count": n if n > 1 else "all", "capabilities": ["gpu"]}
+    return {"deploy": {"resources": {"reservations": {"devices": [device]}}}}
+
+
 def _compose(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
-    tp = flags.tensor_parallel_size
     cache = "${HOME}/.cache/huggingface" if options.hf_cache is None else options.hf_cache.replace("$", "$$")
     service: dict[str, Any] = {
         "image": options.image,
@@ -284,13 +329,7 @@ def _compose(flags: VllmFlags, options: DeployOptions, provenance: Provenance | 
         "ipc": "host",
         "volumes": [f"{cache}:{_CONTAINER_HF_CACHE}"],
         "environment": {name: "${" + name + "}" for name in options.secret_env},
-        "deploy": {
-            "resources": {
-                "reservations": {
-                    "devices": [{"driver": "nvidia", "count": tp if tp > 1 else "all", "capabilities": ["gpu"]}]
-                }
-            }
-        },
+        **_compose_gpus(flags, options.gpu_vendor),
     }
     if not options.secret_env:
         del service["environment"]
@@ -338,7 +377,7 @@ def _kubernetes(
             {"name": env, "valueFrom": {"secretKeyRef": {"name": options.k8s_secret, "key": env}}}
             for env in options.secret_env
         ],
-        "resources": {"limits": {"nvidia.com/gpu": flags.tensor_parallel_size}},
+        "resources": {"limits": {K8S_GPU_RESOURCE[options.gpu_vendor]: flags.world_size}},
         "volumeMounts": [
             {"name": "hf-cache", "mountPath": _CONTAINER_HF_CACHE},
             # vLLM's workers share tensors through /dev/shm: the pod's answer to `--ipc=host`.

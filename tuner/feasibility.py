@@ -16,7 +16,7 @@ flag sets are checked for vLLM's argument rules only and launched, so the server
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tuner.capacity import (
@@ -50,6 +50,7 @@ class Prediction:
     kv_scale: float
     estimated_max_model_len: int | None = None
     predicted: bool = True  # False: the arithmetic does not know the model; `message` says so
+    memory_in_use_gib: float = 0.0  # what other processes held on the server's GPUs, taken out of their free memory
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,7 +96,13 @@ class FeasibilityModel:
     def plan(self, flags: VllmFlags) -> StartupPlan:
         return plan_startup(self.model, self.gpu, resolve(flags, self.gpu, self.model), self.memory_in_use_gib)
 
-    def predict(self, flags: VllmFlags) -> Prediction:
+    def predict(self, flags: VllmFlags, *, memory_in_use_gib: float | None = None) -> Prediction:
+        """Whether `flags` start; `memory_in_use_gib`: what other processes hold on the GPUs the server will have
+        (read just before its start), else the figure the model was made with."""
+        in_use = self.memory_in_use_gib if memory_in_use_gib is None else memory_in_use_gib
+        return replace(self._predict(flags, in_use), memory_in_use_gib=in_use)
+
+    def _predict(self, flags: VllmFlags, in_use: float) -> Prediction:
         resolved = resolve(flags, self.gpu, self.model)
         count = self.gpu.count
         if count is not None and resolved.tensor_parallel_size > count:
@@ -110,7 +117,7 @@ class FeasibilityModel:
                 return Prediction(False, INVALID_FLAGS, invalid, 0, 0, 0.0, 1.0)
             why = f" ({self.model.unknown_reason})" if self.model.unknown_reason else ""
             return Prediction(True, None, NO_PREDICTION + why, 0, 0, 0.0, 1.0, predicted=False)
-        plan = plan_startup(self.model, self.gpu, resolved, self.memory_in_use_gib)
+        plan = plan_startup(self.model, self.gpu, resolved, in_use)
         scale = self.kv_scale
         block = resolved.block_size
         raw = plan.kv_tokens

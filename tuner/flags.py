@@ -65,6 +65,13 @@ class VllmFlags(BaseModel):
                 args += [flag_name(name), str(value)]
         return args
 
+    @property
+    def world_size(self) -> int:
+        """The GPUs one server needs: tensor x pipeline parallel size (vllm/config/parallel.py,
+        ParallelConfig.world_size)."""
+        pp = self.extra.get("pipeline_parallel_size", 1)
+        return max(1, int(self.tensor_parallel_size)) * max(1, int(pp) if isinstance(pp, int | float | str) else 1)
+
     def as_dict(self) -> dict[str, Any]:
         """Only the fields that are set, with `extra` flattened in: the trial's parameters."""
         d = {k: v for k, v in self.model_dump(exclude={"extra"}).items() if v is not None}

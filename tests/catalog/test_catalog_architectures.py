@@ -4,9 +4,11 @@ formula in vLLM 0.32's source for each. The expected figures are written out by 
 | architecture | per layer, per token (bf16) | vLLM source |
 |---|---|---|
 | dense GQA | kv_heads x (head_dim K + head_dim V) x 2 | AttentionSpec.state_content_size_bytes; FullAttentionSpec |
+| no sliding_window (null) | every layer full attention | FullAttentionSpec (Attention's per-layer window None) |
 | explicit head_dim | the config's head_dim, not hidden / heads | ModelArchConfigConvertor.get_head_size |
 | MoE | as dense: experts change the weights, not the KV | (no MoE term in any KVCacheSpec) |
 | MLA | 1 x (kv_lora_rank + qk_rope_head_dim) x 2, no V, every rank | MLAAttentionSpec; get_num_kv_heads |
+| FP8 weights | the KV in the model dtype (kv_cache_dtype auto) | CacheConfig.cache_dtype "auto" |
 | sliding window | as dense, but a request holds cdiv(min(w-1+in-flight, len), 16)+1 blocks | SlidingWindowSpec |
 | hybrid groups | group size = the smaller kind's layer count; a block = group size layers | get_kv_cache_groups |
 | fp8 KV | 1 byte instead of 2 | --kv-cache-dtype fp8 |
@@ -73,6 +75,15 @@ TABLE = [
     ("Qwen--Qwen3-30B-A3B", 2 * 48 * 4 * 128 * 2, 682 * 16, "MoE: 128 experts, the KV of 48 layers x 4 heads"),
     ("moonshotai--Kimi-K2-Instruct", 61 * (512 + 64) * 2, 954 * 16, "MLA: one 576-wide latent a layer"),
     ("Qwen--Qwen3-VL-235B-A22B-Thinking", 2 * 94 * 4 * 128 * 2, 348 * 16, "multimodal: text_config's 94 layers"),
+    (
+        "mistralai--Mistral-7B-Instruct-v0.3",
+        2 * 32 * 8 * 128 * 2,
+        512 * 16,
+        "dense GQA; sliding_window null, so every layer is full attention",
+    ),
+    ("mistralai--Mixtral-8x7B-v0.1", 2 * 32 * 8 * 128 * 2, 512 * 16, "MoE: 8 experts, the KV of 32 layers x 8 heads"),
+    ("deepseek-ai--DeepSeek-V2-Lite", 27 * (512 + 64) * 2, 2157 * 16, "MLA: one 576-wide latent a layer, no q LoRA"),
+    ("deepseek-ai--DeepSeek-V3", 61 * (512 + 64) * 2, 954 * 16, "MLA; FP8 weights, the KV in bf16 (dtype auto)"),
 ]
 
 
@@ -246,3 +257,67 @@ def test_a_hybrid_model_too_long_for_its_kv_memory_gets_vllms_estimate() -> None
     usable = plan.available_kv_bytes - pool.block_bytes  # the null block is not the requests'
     assert pool.needed_bytes(est) <= usable < pool.needed_bytes(est + 1)
     assert f"the estimated maximum model length is {est}." in (plan.message or "")
+
+
+def test_gemma3_five_sliding_layers_to_one_global_group_as_vllm_groups_them() -> None:
+    """gemma-3-1b-it: 26 layers, every sixth global (Gemma3TextConfig.layer_types from sliding_window_pattern 6), the
+    others slide over 512 tokens; one KV head of 256. vLLM groups 4 full and 22 sliding layers by the smaller count:
+    one full group and cdiv(22, 4) = 6 sliding ones (kv_cache_utils._get_kv_cache_groups_uniform_page_size)."""
+    gemma = model("google--gemma-3-1b-it")
+    assert gemma.layer_groups == (LayerGroup(4, 1, 256, 256, None), LayerGroup(22, 1, 256, 256, 512))
+    assert gemma.kv_bytes_per_token_per_gpu(None, 1) == 26 * 1 * (256 + 256) * 2
+    f = flags(max_model_len=8192, batched=2048)
+    pool = kv_pool(gemma, f)
+    assert pool.windows == (None,) + (512,) * 6
+    assert pool.block_bytes == 4 * 16 * 1 * 512 * 2  # one block: 16 tokens of a group's 4 layers
+    blocks = GIB // pool.block_bytes
+    assert blocks == 16384
+    # a request of 8192: 512 blocks in the full group; in each sliding one the window and two batches in flight,
+    # cdiv(min(511 + 2 x 2048, 8192), 16) + 1 = 289
+    assert pool.blocks_per_request(8192) == 512 + 6 * 289
+    assert pool.tokens(blocks, 8192) == int(16384 / 2246 * 8192) == 59758
+
+
+def test_no_sliding_window_is_full_attention_on_every_layer() -> None:
+    mistral = model("mistralai--Mistral-7B-Instruct-v0.3")
+    assert mistral.layer_groups == (LayerGroup(32, 8, 128, 128, None),)
+    assert kv_pool(mistral, flags(max_model_len=32768)).windows == (None,)
+    assert mistral.max_position_embeddings == 32768
+
+
+def test_published_parameter_counts() -> None:
+    """The weights' arithmetic against the counts each model's publisher gives (model cards, release posts)."""
+    assert model("mistralai--Mistral-7B-Instruct-v0.3").num_params == pytest.approx(7.25e9, rel=1e-3)
+    mixtral = model("mistralai--Mixtral-8x7B-v0.1")
+    assert mixtral.moe is not None and (mixtral.moe.num_experts, mixtral.moe.experts_per_token) == (8, 2)
+    assert mixtral.num_params == pytest.approx(46.7e9, rel=2e-3)  # "46.7B total parameters"
+    assert mixtral.active_params == pytest.approx(12.9e9, rel=2e-3)  # "12.9B parameters per token"
+    lite = model("deepseek-ai--DeepSeek-V2-Lite")
+    assert lite.mla is not None and lite.mla.q_lora_rank is None  # q projected whole, no low-rank q
+    assert lite.moe is not None and lite.moe.moe_layers == 26  # first_k_dense_replace 1
+    assert lite.num_params == pytest.approx(15.7e9, rel=1e-3)  # "15.7B parameters"
+    v3 = model("deepseek-ai--DeepSeek-V3")
+    assert v3.num_params == pytest.approx(671e9, rel=1e-3)  # 671B main model (the 14B MTP module is not served)
+    assert v3.active_params == pytest.approx(37e9, rel=0.02)  # "37B activated"
+
+
+def test_an_fp8_checkpoint_weighs_a_byte_a_decoder_weight() -> None:
+    """DeepSeek-V3 ships FP8 (quant_method fp8, 128 x 128 blocks): vLLM loads its decoder weights as they are, one
+    byte each, and its bf16 embeddings at two; no index here, so the arithmetic decides."""
+    v3 = model("deepseek-ai--DeepSeek-V3")
+    assert (v3.quantization, v3.quant_bits) == ("fp8", 8)
+    assert v3.weight_bytes == v3.layer_params + 2 * v3.embedding_params
+    assert v3.weight_bytes < 0.51 * 2 * v3.num_params  # half what the same model weighs in bf16
+    from tuner.catalog import get_gpu
+    from tuner.feasibility import FeasibilityModel
+    from tuner.flags import VllmFlags
+
+    # 673 GB over 8 GPUs: 84 GB each starts on H200s (141 GB); on H100s (80 GB) the weights load but leave the
+    # 0.9 share no room for a KV cache. In bf16 (twice the bytes) even the H200s could not hold them.
+    tp8 = VllmFlags(tensor_parallel_size=8, max_model_len=8192)
+    assert FeasibilityModel(get_gpu("h200"), v3).predict(tp8).ok
+    assert FeasibilityModel(get_gpu("h100-80gb"), v3).predict(tp8).reason == "no_kv_memory"
+    bf16 = ModelProfile.from_config(
+        "bf16", {k: v for k, v in config("deepseek-ai--DeepSeek-V3").items() if k != "quantization_config"}
+    )
+    assert FeasibilityModel(get_gpu("h200"), bf16).predict(tp8).reason == "cuda_oom"

@@ -103,3 +103,16 @@ def test_an_unknown_gpu_named_with_its_memory_passes_the_dry_run(tmp_path: Path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "KV tokens" in out.stdout
     assert "on rtx-pro-6000 (94.5 GiB)" in out.stdout
+
+
+def test_an_unknown_architecture_passes_the_dry_run_without_a_prediction(tmp_path: Path) -> None:
+    model = tmp_path / "qwen3-next"
+    model.mkdir()
+    shutil.copy(DATA / "configs" / "Qwen--Qwen3-Next-80B-A3B-Thinking.json", model / "config.json")
+    out = _dry_run(_job(tmp_path, str(model), "h200"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "refuse" not in out.stdout.lower() and "predicted not to start" not in out.stdout
+    baseline = next(line for line in out.stdout.splitlines() if line.startswith("baseline (vLLM's defaults)"))
+    assert baseline.split(" -> ", 1)[1].startswith(NO_PREDICTION)  # launched to measure, never refused
+    assert "of 64 random flag sets: 64 no prediction" in out.stdout
+    assert "job file is valid; nothing was launched" in out.stdout

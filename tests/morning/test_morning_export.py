@@ -262,6 +262,8 @@ def test_bad_options_are_config_errors() -> None:
         DeployOptions(model="m", secret_env=("HF TOKEN",))
     with pytest.raises(ConfigError, match="model"):
         DeployOptions(model=" ")
+    with pytest.raises(ConfigError, match="GPU vendor must be one of nvidia, amd, not 'intel'"):
+        DeployOptions(model="m", gpu_vendor="intel")
 
 
 def test_custom_port_reaches_every_format() -> None:
@@ -271,3 +273,52 @@ def test_custom_port_reaches_every_format() -> None:
     deployment, service = yaml.safe_load_all(render("kubernetes", TUNED, options))
     assert deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 9000
     assert service["spec"]["ports"][0]["port"] == 9000
+
+
+# -- AMD GPUs: every format gives the server its GPUs as ROCm does ---------------------------------------------------
+
+AMD = DeployOptions(model="meta-llama/Llama-3.1-8B-Instruct", image="vllm/vllm-openai-rocm:v0.32.0", gpu_vendor="amd")
+
+
+def test_amd_docker_line_passes_rocm_devices_not_the_nvidia_runtime() -> None:
+    words = shell_words(render("docker", WIDE, AMD, PROV))
+    assert words[:2] == ["docker", "run"]
+    assert "--gpus" not in words and "--runtime" not in words and "nvidia" not in " ".join(words)
+    # vLLM's ROCm docs' docker run: both device files, the video group, ROCm's seccomp and ptrace allowances
+    devices = [words[i + 1] for i, w in enumerate(words) if w == "--device"]
+    assert devices == ["/dev/kfd", "/dev/dri"]
+    assert words[words.index("--group-add") + 1] == "video"
+    assert words[words.index("--security-opt") + 1] == "seccomp=unconfined"
+    assert words[words.index("--cap-add") + 1] == "SYS_PTRACE"
+    assert "--ipc=host" in words and words[words.index("-e") + 1] == "HF_TOKEN"
+    meta, back = flags_from(words[words.index("vllm/vllm-openai-rocm:v0.32.0") + 1 :])
+    assert back == WIDE and meta["model"] == AMD.model
+
+
+def test_amd_compose_service_maps_the_device_files() -> None:
+    service = yaml.safe_load(render("compose", WIDE, AMD, PROV))["services"]["vllm"]
+    assert service["image"] == "vllm/vllm-openai-rocm:v0.32.0"
+    assert service["devices"] == ["/dev/kfd:/dev/kfd", "/dev/dri:/dev/dri"]
+    assert service["group_add"] == ["video"] and service["security_opt"] == ["seccomp=unconfined"]
+    assert "deploy" not in service  # compose's device reservation is NVIDIA's runtime
+    assert flags_from(service["command"])[1] == WIDE
+
+
+def test_amd_kubernetes_asks_the_amd_device_plugin() -> None:
+    deployment, _ = yaml.safe_load_all(render("kubernetes", WIDE, AMD, PROV))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"] == {"amd.com/gpu": 2}
+    assert container["image"] == "vllm/vllm-openai-rocm:v0.32.0"
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+def test_a_deployment_asks_for_every_gpu_of_its_world_size(vendor: str) -> None:
+    # tensor x pipeline parallel: 2 x 2 ranks, each on a GPU of its own
+    flags = VllmFlags(tensor_parallel_size=2, extra={"pipeline_parallel_size": 2})
+    options = DeployOptions(model="m", gpu_vendor=vendor)
+    deployment, _ = yaml.safe_load_all(render("kubernetes", flags, options))
+    limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {f"{vendor}.com/gpu": 4}
+    if vendor == "nvidia":
+        service = yaml.safe_load(render("compose", flags, options))["services"]["vllm"]
+        assert service["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 4

@@ -7,10 +7,15 @@ from typing import Any
 
 import optuna
 
+from tuner.config import parse_job
 from tuner.export import DEFAULT_IMAGE, render
 from tuner.flags import VllmFlags
+from tuner.launch import DockerLauncher
+from tuner.launch.docker import ROCM_IMAGE
 from tuner.report.deployment import deploy_options, export_image, provenance
 from tuner.report.views import StudyView, trial_view
+from tuner.study.storage import study_attrs
+from tuner.vllm_pin import PINNED_VLLM
 
 
 def _view(attrs: dict[str, Any], version: str | None) -> StudyView:
@@ -64,3 +69,33 @@ def test_the_export_answers_to_the_served_name_the_study_used() -> None:
     assert "--served-model-name tiny" in render("vllm-args", VllmFlags(max_num_seqs=64), options)
     # A study whose servers answered to the model's own name exports none.
     assert deploy_options(_view({}, None)).served_model_name is None
+
+
+def test_an_amd_study_exports_the_rocm_image_and_rocm_devices() -> None:
+    amd = {"launcher": "docker", "image_pinned": False, "gpu_profile": {"vendor": "amd"}}
+    # A study that recorded the CUDA default as its image and no vLLM version: AMD GPUs ran the pinned ROCm one.
+    old = _view(amd | {"image": f"vllm/vllm-openai:v{PINNED_VLLM}"}, None)
+    assert export_image(old, old.trials[0]) == (f"vllm/vllm-openai-rocm:v{PINNED_VLLM}", None)
+    view = _view(amd, "0.32.0")
+    options = deploy_options(view, view.trials[0])
+    assert options.gpu_vendor == "amd" and options.image == "vllm/vllm-openai-rocm:v0.32.0"
+    needles = {"docker": "--device /dev/kfd", "compose": "/dev/kfd:/dev/kfd", "kubernetes": "amd.com/gpu"}
+    for fmt, needle in needles.items():
+        text = render(fmt, VllmFlags(max_num_seqs=64), options)
+        assert needle in text and "nvidia" not in text, fmt
+    # A job's own image stays, on AMD as anywhere.
+    pinned = _view(amd | {"image": "registry.local/rocm-vllm:1", "image_pinned": True}, None)
+    assert export_image(pinned, pinned.trials[0])[0] == "registry.local/rocm-vllm:1"
+
+
+def test_an_amd_docker_study_records_the_image_its_servers_ran() -> None:
+    job = parse_job(
+        {
+            "study": {"name": "mi300x"},
+            "target": {"launcher": "docker", "model": "llama-3.1-8b", "gpu": "mi300x"},
+            "space": {"max_num_seqs": {"choices": [8, 16]}},
+            "arrival": {"concurrency": 4, "requests": 8},
+        }
+    )
+    assert study_attrs(job)["image"] == ROCM_IMAGE == f"vllm/vllm-openai-rocm:v{PINNED_VLLM}"
+    assert DockerLauncher(model="m", vendor="amd", client=object()).image == ROCM_IMAGE

@@ -25,11 +25,17 @@ JOB: dict[str, Any] = {
 }
 
 
+# A stand-in pynvml: a box of 4 L4s, for `gpu: auto` (tests/study/fake_nvml)
+FAKE_NVML = Path(__file__).parent.parent / "study" / "fake_nvml"
+
+
 def export_workers(tmp_path: Path, doc: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     cmd = [sys.executable, "-m", "tuner", "export-workers", str(job), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    path = os.pathsep.join(p for p in (str(FAKE_NVML), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": path}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_the_manifest_names_the_study_the_secret_and_the_gpus_a_trial_needs(tmp_path: Path) -> None:
@@ -61,11 +67,35 @@ def test_one_gpu_a_pod_when_the_space_does_not_parallelise(tmp_path: Path) -> No
     assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
 
 
+def limits(done: subprocess.CompletedProcess[str]) -> Any:
+    assert done.returncode == 0, done.stderr
+    job = list(yaml.safe_load_all(done.stdout))[1]
+    return job["spec"]["template"]["spec"]["containers"][0].get("resources", {}).get("limits")
+
+
+@pytest.mark.parametrize(
+    ("gpu", "args", "expected"),
+    [
+        ("mi300x", [], {"amd.com/gpu": 2}),  # the job's GPU names its vendor: AMD's device plugin
+        ({"name": "mi325x", "memory_gib": 256, "vendor": "amd"}, [], {"amd.com/gpu": 2}),
+        ("auto", [], {"nvidia.com/gpu": 2}),  # the job resolves auto to this machine's GPUs (4 fake L4s)
+        ("auto", ["--gpu-resource", "amd.com/gpu"], {"amd.com/gpu": 2}),
+        ("h100-80gb", ["--gpu-resource", "nvidia.com/mig-3g.40gb"], {"nvidia.com/mig-3g.40gb": 2}),
+        ("cpu", [], None),  # vLLM's CPU build asks for no GPU
+    ],
+)
+def test_the_pods_gpu_resource_follows_the_gpu_vendor(
+    tmp_path: Path, gpu: str | dict[str, Any], args: list[str], expected: dict[str, int] | None
+) -> None:
+    assert limits(export_workers(tmp_path, {**JOB, "target": {**JOB["target"], "gpu": gpu}}, *args)) == expected
+
+
 @pytest.mark.parametrize(
     ("change", "args", "said"),
     [
         ({"target": {**JOB["target"], "launcher": "docker"}}, [], "target.launcher: 'docker'; the cluster's workers"),
         ({}, ["--nodes", "0"], "--nodes 0: give 1 or more"),
+        ({}, ["--gpu-resource", "gpu"], "--gpu-resource 'gpu': give an extended resource name such as amd.com/gpu"),
     ],
 )
 def test_mistakes_are_one_line(tmp_path: Path, change: dict[str, Any], args: list[str], said: str) -> None:

@@ -22,7 +22,10 @@ def export_workers_cmd(
     nodes: Annotated[int, typer.Option("--nodes", help="Workers to run at once: one a GPU node.")] = 2,
     image: Annotated[
         str,
-        typer.Option("--image", help="An image with vLLM and tuner, e.g. FROM vllm/vllm-openai + pip install tuner."),
+        typer.Option(
+            "--image",
+            help="An image with vLLM and tuner, e.g. FROM vllm/vllm-openai (-rocm on AMD) + pip install tuner.",
+        ),
     ] = "tuner-vllm:latest",
     secret: Annotated[
         str, typer.Option("--secret", help="The Secret whose key --secret-key holds the PostgreSQL storage URL.")
@@ -33,6 +36,14 @@ def export_workers_cmd(
         typer.Option(
             "--secret-env",
             help="A variable the workers get from the same Secret's key of that name.",
+            show_default=False,
+        ),
+    ] = None,
+    gpu_resource: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-resource",
+            help="The pods' GPU resource (default: nvidia.com/gpu or amd.com/gpu, from the vendor of target.gpu).",
             show_default=False,
         ),
     ] = None,
@@ -55,7 +66,14 @@ def export_workers_cmd(
     if job.workload.dataset is not None:
         raise ConfigError("workload.dataset: a dataset file does not travel in the manifest; bake it into --image")
     docs = worker_manifest(
-        job, text, nodes=nodes, image=image, secret=secret, secret_key=secret_key, secret_env=tuple(secret_env or ())
+        job,
+        text,
+        nodes=nodes,
+        image=image,
+        secret=secret,
+        secret_key=secret_key,
+        secret_env=tuple(secret_env or ()),
+        resource=gpu_resource,
     )
     manifest = "---\n".join(yaml.safe_dump(d, sort_keys=False, width=120) for d in docs)
     if output is None:

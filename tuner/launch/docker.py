@@ -53,10 +53,17 @@ def docker_sdk() -> Any:
     return importlib.import_module("docker")
 
 
-# AMD GPUs (ROCm): vLLM's ROCm image and the devices, group and seccomp profile its docs' `docker run` gives.
-ROCM_IMAGE = "vllm/vllm-openai-rocm:latest"
+# AMD GPUs (ROCm): vLLM's ROCm image and the devices, group and seccomp profile its docs' `docker run` gives. The
+# ROCm image is tagged as the CUDA one (v<release>), so an AMD study runs the vLLM the tuner is tested against too.
+ROCM_IMAGE = f"vllm/vllm-openai-rocm:v{PINNED_VLLM}"
 _AMD_DEVICES = ("/dev/kfd", "/dev/dri")
 _NO_AMD_DEVICES = ("/dev/kfd", "/dev/dri")
+
+
+def image_for(image: str, vendor: str) -> str:
+    """The image a server runs: AMD GPUs need vLLM's ROCm build, so the CUDA default is swapped for it (an image
+    the job chose is kept)."""
+    return ROCM_IMAGE if vendor == "amd" and image == DEFAULT_IMAGE else image
 
 
 def gpu_create_kwargs(gpus: Gpus, vendor: str = "nvidia") -> dict[str, Any]:
@@ -201,8 +208,7 @@ class DockerLauncher:
         if vendor not in ("nvidia", "amd"):
             raise ValueError(f"vendor must be nvidia or amd, not {vendor!r}")
         self.vendor = vendor
-        # AMD GPUs need vLLM's ROCm build: the CUDA image is swapped for it unless an image was chosen
-        self.image = ROCM_IMAGE if vendor == "amd" and image == DEFAULT_IMAGE else image
+        self.image = image_for(image, vendor)
         self.model = model
         self.served_model_name = served_model_name
         self.gpus = gpus

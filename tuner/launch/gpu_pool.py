@@ -15,7 +15,8 @@ import contextlib
 import fcntl
 import os
 import re
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -53,38 +54,64 @@ class GpuPool:
     async def borrow(self, n: int, prefer: Sequence[str] = ()) -> AsyncIterator[tuple[str, ...]]:
         """`n` GPUs held until the block ends; the `prefer`red ones first (a worker's own, so that a study of
         one-GPU trials keeps each worker on one GPU), then the lowest free ids."""
-        if not 1 <= n <= self.size:
-            raise ValueError(f"cannot borrow {n} of {self.size} GPUs")
-        order = [i for i in prefer if i in self.ids] + [i for i in self.ids if i not in prefer]
+        order = self._order(n, prefer)
         held: list[tuple[str, IO[str]]] = []
         try:
             with self._open(".queue") as queue:
-                await self._lock(queue)
+                while not _try_lock(queue):
+                    await asyncio.sleep(self.poll_s)
                 try:
-                    while True:
-                        for device in order:
-                            if len(held) == n:
-                                break
-                            f = self._open(f"gpu-{device}")
-                            if _try_lock(f):
-                                held.append((device, f))
-                            else:
-                                f.close()
-                        if len(held) == n:
-                            break
-                        # Not enough free: give back what was taken, so others' trials can end and free theirs.
-                        _release(held)
-                        held = []
+                    while not (held := self._take(n, order)):
                         await asyncio.sleep(self.poll_s)
                 finally:
                     fcntl.flock(queue, fcntl.LOCK_UN)
-            yield tuple(sorted((d for d, _ in held), key=self.ids.index))
+            yield self._sorted(held)
         finally:
             _release(held)
 
-    async def _lock(self, f: IO[str]) -> None:
-        while not _try_lock(f):
-            await asyncio.sleep(self.poll_s)
+    @contextlib.contextmanager
+    def hold(self, n: int, prefer: Sequence[str] = ()) -> Iterator[tuple[str, ...]]:
+        """`borrow` for a caller outside an event loop: the study holds a trial's GPUs from its prediction (which
+        reads their memory) through every start of its server, each start an event loop of its own."""
+        order = self._order(n, prefer)
+        held: list[tuple[str, IO[str]]] = []
+        try:
+            with self._open(".queue") as queue:
+                while not _try_lock(queue):
+                    time.sleep(self.poll_s)
+                try:
+                    while not (held := self._take(n, order)):
+                        time.sleep(self.poll_s)
+                finally:
+                    fcntl.flock(queue, fcntl.LOCK_UN)
+            yield self._sorted(held)
+        finally:
+            _release(held)
+
+    def _order(self, n: int, prefer: Sequence[str]) -> list[str]:
+        if not 1 <= n <= self.size:
+            raise ValueError(f"cannot borrow {n} of {self.size} GPUs")
+        return [i for i in prefer if i in self.ids] + [i for i in self.ids if i not in prefer]
+
+    def _take(self, n: int, order: Sequence[str]) -> list[tuple[str, IO[str]]]:
+        """`n` GPUs locked, in `order`'s preference; none when fewer are free (what was taken is given back, so
+        others' trials can end and free theirs)."""
+        held: list[tuple[str, IO[str]]] = []
+        for device in order:
+            if len(held) == n:
+                break
+            f = self._open(f"gpu-{device}")
+            if _try_lock(f):
+                held.append((device, f))
+            else:
+                f.close()
+        if len(held) < n:
+            _release(held)
+            return []
+        return held
+
+    def _sorted(self, held: Sequence[tuple[str, IO[str]]]) -> tuple[str, ...]:
+        return tuple(sorted((d for d, _ in held), key=self.ids.index))
 
     def busy(self) -> list[str]:
         """The ids some borrower holds now (for a progress line; a snapshot, stale at once)."""

@@ -7,23 +7,21 @@ for a process, Docker device_ids for a container, the emulator's imitation of th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 
 from tuner.flags import VllmFlags
 from tuner.launch.base import Launcher, Server
 from tuner.launch.gpu_pool import GpuPool
 
-__all__ = ["PooledLauncher", "gpus_needed"]
+__all__ = ["OnDevices", "PooledLauncher", "gpus_needed"]
 
 Build = Callable[[tuple[str, ...]], Launcher]
 
 
 def gpus_needed(flags: VllmFlags) -> int:
-    """A server's GPUs: vLLM's world size, tensor x pipeline parallel (vllm/config/parallel.py,
-    ParallelConfig.world_size)."""
-    pp = flags.extra.get("pipeline_parallel_size", 1)
-    return max(1, int(flags.tensor_parallel_size)) * max(1, int(pp) if isinstance(pp, int | float | str) else 1)
+    """A server's GPUs: vLLM's world size."""
+    return flags.world_size
 
 
 class PooledLauncher:
@@ -60,9 +58,16 @@ class PooledLauncher:
     async def _start(self, flags: VllmFlags, study: str | None, trial: int | None) -> AsyncIterator[Server]:
         async with self.pool.borrow(gpus_needed(flags), prefer=self.home) as devices:
             self._on_borrow(trial, devices)
-            async with self._launcher(devices).start(flags, study=study, trial=trial) as server:
-                server.devices = devices
+            async with OnDevices(self._launcher(devices), devices).start(flags, study=study, trial=trial) as server:
                 yield server
+
+    @contextmanager
+    def hold(self, flags: VllmFlags, trial: int | None = None) -> Iterator[tuple[Launcher, tuple[str, ...]]]:
+        """A trial's GPUs held across its prediction and every start of its server: the launcher that starts it
+        on them (its servers name them), and the GPUs."""
+        with self.pool.hold(gpus_needed(flags), prefer=self.home) as devices:
+            self._on_borrow(trial, devices)
+            yield OnDevices(self._launcher(devices), devices), devices
 
     def cleanup_leftovers(self, study: str | None) -> list[str]:
         return self._launcher(self.home or self.pool.ids[:1]).cleanup_leftovers(study)
@@ -72,3 +77,26 @@ class PooledLauncher:
             close = getattr(launcher, "close", None)
             if callable(close):
                 close()
+
+
+class OnDevices:
+    """The job's launcher built for `devices`, whose servers say which GPUs they ran on (the trial's record)."""
+
+    def __init__(self, launcher: Launcher, devices: tuple[str, ...]) -> None:
+        self.launcher = launcher
+        self.devices = devices
+        self.name = launcher.name
+
+    @asynccontextmanager
+    async def _start(self, flags: VllmFlags, study: str | None, trial: int | None) -> AsyncIterator[Server]:
+        async with self.launcher.start(flags, study=study, trial=trial) as server:
+            server.devices = self.devices
+            yield server
+
+    def start(
+        self, flags: VllmFlags, *, study: str | None = None, trial: int | None = None
+    ) -> AbstractAsyncContextManager[Server]:
+        return self._start(flags, study, trial)
+
+    def cleanup_leftovers(self, study: str | None) -> list[str]:
+        return self.launcher.cleanup_leftovers(study)

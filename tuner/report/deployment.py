@@ -7,6 +7,8 @@ from typing import Any
 from tuner import __version__
 from tuner.errors import ConfigError
 from tuner.export import DEFAULT_IMAGE, DeployOptions, Provenance
+from tuner.launch.docker import DEFAULT_IMAGE as LAUNCHER_IMAGE
+from tuner.launch.docker import image_for
 from tuner.record import StoredLauncherOptions
 from tuner.report.views import StudyView, TrialView
 
@@ -37,6 +39,7 @@ def deploy_options(
         port=port,
         name=name,
         secret_env=secret_env if secret_env is not None else _secret_names(view),
+        gpu_vendor=_vendor(view),
     )
 
 
@@ -96,12 +99,16 @@ def export_image(view: StudyView, t: TrialView | None) -> tuple[str, str | None]
     The trial's own vLLM version decides (vLLM's image of that release: what was measured is what ships) unless the
     job pinned an image; a study written before versions were recorded keeps the image it recorded.
     """
+    amd = _vendor(view) == "amd"
     stored = view.attrs.get("image") or view.job.target.docker.image
     measured = t.vllm_version if t is not None else None
     pinned = view.attrs.get("image_pinned")
     if measured and (pinned is False or not stored):
-        repo = ROCM_REPOSITORY if _vendor(view) == "amd" else IMAGE_REPOSITORY
+        repo = ROCM_REPOSITORY if amd else IMAGE_REPOSITORY
         return f"{repo}:v{measured}", None
+    if amd and not pinned:
+        # The CUDA image a job names by default (or none at all) is not what AMD GPUs run: the launcher's ROCm one.
+        stored = image_for(str(stored or LAUNCHER_IMAGE), "amd")
     image = str(stored or DEFAULT_IMAGE)
     tag = image.rpartition(":")[2].removeprefix("v") if ":" in image.rpartition("/")[2] else None
     if measured and tag != measured:

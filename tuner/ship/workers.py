@@ -12,13 +12,16 @@ from typing import Any
 
 from tuner.config import Job
 from tuner.errors import ConfigError
+from tuner.export import K8S_GPU_RESOURCE
 from tuner.space import Range
 
-__all__ = ["gpus_per_worker", "worker_manifest"]
+__all__ = ["gpu_resource", "gpus_per_worker", "worker_manifest"]
 
 JOB_PATH = "/etc/tuner/job.yaml"
 _DNS = re.compile(r"[^a-z0-9-]+")
 _LABEL = re.compile(r"[^A-Za-z0-9._-]+")
+# A Kubernetes extended resource: a domain-prefixed name (nvidia.com/gpu, amd.com/gpu, nvidia.com/mig-1g.10gb).
+_RESOURCE = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 
 
 def gpus_per_worker(job: Job) -> int:
@@ -33,6 +36,17 @@ def gpus_per_worker(job: Job) -> int:
     return n
 
 
+def gpu_resource(job: Job, given: str | None = None) -> str | None:
+    """The resource a worker pod asks for its GPUs: `given`, else the one of the vendor of the job's GPU as the job
+    resolves it (`gpu: auto`: this machine's); None for vLLM's CPU build, which needs none."""
+    if given is not None:
+        if not _RESOURCE.match(given):
+            raise ConfigError(f"--gpu-resource {given!r}: give an extended resource name such as amd.com/gpu")
+        return given
+    profile = job.gpu_profile()
+    return None if profile.is_cpu else K8S_GPU_RESOURCE[profile.vendor]
+
+
 def worker_manifest(
     job: Job,
     job_text: str,
@@ -42,9 +56,10 @@ def worker_manifest(
     secret: str,
     secret_key: str = "url",
     secret_env: tuple[str, ...] = (),
-    gpu_resource: str = "nvidia.com/gpu",
+    resource: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The ConfigMap holding the job file and the Indexed Job running `nodes` workers, one a pod."""
+    """The ConfigMap holding the job file and the Indexed Job running `nodes` workers, one a pod. `resource`: the
+    GPUs' extended resource name (default: from the job's GPU, `gpu_resource`)."""
     if job.target.launcher != "process":
         raise ConfigError(
             f"target.launcher: {job.target.launcher!r}; the cluster's workers start vLLM inside their own pod, so the "
@@ -54,6 +69,7 @@ def worker_manifest(
         raise ConfigError(f"--nodes {nodes}: give 1 or more")
     name = _DNS.sub("-", f"tuner-{job.study.name}".lower()).strip("-")[:52]
     gpus = gpus_per_worker(job)
+    resource = gpu_resource(job, resource)
     labels = {"app.kubernetes.io/name": "tuner", "tuner/study": _LABEL.sub("-", job.study.name)[:63].strip("-._")}
     env: list[dict[str, Any]] = [_from_secret("TUNER_STORAGE_URL", secret, secret_key)]
     env += [_from_secret(var, secret, var) for var in secret_env]  # HF_TOKEN & co.: keys of the same Secret
@@ -68,7 +84,7 @@ def worker_manifest(
         "image": image,
         "command": ["tuner", "tune", JOB_PATH],
         "env": env,
-        "resources": {"limits": {gpu_resource: gpus}},
+        **({"resources": {"limits": {resource: gpus}}} if resource else {}),
         "volumeMounts": [{"name": "job", "mountPath": "/etc/tuner", "readOnly": True}],
     }
     indexed = {

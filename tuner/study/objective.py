@@ -1,5 +1,6 @@
-"""One trial, orchestrated: suggest -> claim the flag set -> predict the start -> launch and measure -> verdict ->
-record. Each step is delegated (the space, `Claims`, the feasibility model, `launch_and_measure`, `Scorer`)."""
+"""One trial, orchestrated: suggest -> claim the flag set -> place it (its GPUs, their memory in use) -> predict the
+start -> launch and measure -> verdict -> record. Each step is delegated (the space, `Claims`, `placed`, the
+feasibility model, `launch_and_measure`, `Scorer`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Callable, Sequence
 import optuna
 from optuna.trial import TrialState
 
+from tuner.catalog.nvml import machine_devices
 from tuner.config import Job
-from tuner.feasibility import FeasibilityModel
+from tuner.feasibility import FeasibilityModel, Prediction
 from tuner.flags import VllmFlags
 from tuner.launch import Launcher
 from tuner.load import RequestRecord
@@ -28,6 +30,7 @@ from tuner.store import Store, flag_key
 from tuner.study.claims import Claims
 from tuner.study.launching import Attempt, launch_and_measure
 from tuner.study.measure import Measure, measure_load
+from tuner.study.placement import DeviceRead, in_use_gib, placed
 from tuner.study.preflight import Check, Preflight, WorkloadRejected, check_workload, workload_fault
 from tuner.study.trial import TrialLike, TrialResult
 from tuner.study.verdict import Scorer, Values
@@ -54,6 +57,7 @@ class Objective:
         on_event: Callable[[str], None] | None = None,
         poll_s: float = 1.0,
         preflight: Check | None = None,
+        read_devices: DeviceRead = machine_devices,
     ) -> None:
         self.job = job
         self.launcher = launcher
@@ -63,12 +67,11 @@ class Objective:
         self.space: SearchSpace = job.search_space()
         self.slos: list[Slo] = job.parsed_slos()
         self.latency_metric = job.primary_latency()
+        # The memory other processes hold is read per trial, on its GPUs (`in_use_gib`).
         self.feasibility = feasibility or FeasibilityModel(
-            job.gpu_profile(),
-            job.model_profile(),
-            memory_in_use_gib=job.target.emulator.memory_in_use_gib if job.target.launcher == "emulator" else 0.0,
-            margin=job.feasibility.margin,
+            job.gpu_profile(), job.model_profile(), margin=job.feasibility.margin
         )
+        self.read_devices = read_devices
         self.on_event = on_event or (lambda _msg: None)
         self.scorer = Scorer(
             self.slos, self.latency_metric, float(job.request_timeout), job.gpu_profile(), job.model_profile()
@@ -117,7 +120,40 @@ class Objective:
 
     def _evaluate(self, trial: TrialLike, flags: VllmFlags, known: TrialRecord) -> tuple[TrialResult, TrialRecord]:
         self._calibrate(trial)
-        prediction = self.feasibility.predict(flags)
+        # Memory other processes hold only takes from a start: flags that cannot start on idle GPUs borrow none.
+        prediction = self.feasibility.predict(flags, memory_in_use_gib=0.0)
+        if not self._may_start(trial, prediction):
+            return self._skipped(flags, prediction), self._predicted(trial, known, prediction)
+        # The trial's GPUs are held from the prediction, which reads their memory, until its server is done.
+        with placed(self.launcher, flags, trial.number) as placement:
+            in_use = in_use_gib(self.job, placement, flags, self.read_devices)
+            prediction = self.feasibility.predict(flags, memory_in_use_gib=in_use)
+            known = self._predicted(trial, known, prediction)
+            if not self._may_start(trial, prediction):
+                return self._skipped(flags, prediction), known
+            attempt = Attempt(
+                placement.launcher, self.job, self.measure, self.study_name, trial.number, self.on_event, self.preflight
+            )
+            result = launch_and_measure(attempt, flags, prediction)
+        loaded = result.measurement.result if result.measurement is not None else None
+        if result.outcome == MEASURED and loaded is not None:
+            fault = workload_fault(self.job, flags, loaded.records)
+            if fault is not None:
+                raise fault  # every request refused alike: nothing about these flags was measured
+        return result, known
+
+    def _may_start(self, trial: TrialLike, prediction: Prediction) -> bool:
+        if prediction.ok or not self.job.feasibility.enabled:
+            return True
+        self.on_event(f"trial {trial.number}: predicted not to start ({prediction.reason}); not launched")
+        return False
+
+    @staticmethod
+    def _skipped(flags: VllmFlags, prediction: Prediction) -> TrialResult:
+        return TrialResult(SKIPPED_INFEASIBLE, flags, prediction.reason, prediction.message, prediction)
+
+    @staticmethod
+    def _predicted(trial: TrialLike, known: TrialRecord, prediction: Prediction) -> TrialRecord:
         known = known.model_copy(
             update={
                 "predicted_kv_tokens": prediction.kv_tokens,
@@ -126,19 +162,7 @@ class Objective:
             }
         )
         _write(trial, known.model_dump(include={"predicted_kv_tokens", "predicted_kv_tokens_raw", "kv_scale"}))
-        if self.job.feasibility.enabled and not prediction.ok:
-            self.on_event(f"trial {trial.number}: predicted not to start ({prediction.reason}); not launched")
-            return TrialResult(SKIPPED_INFEASIBLE, flags, prediction.reason, prediction.message, prediction), known
-        attempt = Attempt(
-            self.launcher, self.job, self.measure, self.study_name, trial.number, self.on_event, self.preflight
-        )
-        result = launch_and_measure(attempt, flags, prediction)
-        loaded = result.measurement.result if result.measurement is not None else None
-        if result.outcome == MEASURED and loaded is not None:
-            fault = workload_fault(self.job, flags, loaded.records)
-            if fault is not None:
-                raise fault  # every request refused alike: nothing about these flags was measured
-        return result, known
+        return known
 
     def _finish(self, trial: TrialLike, result: TrialResult, known: TrialRecord, key: str) -> Values:
         values, constraints = self.scorer.values_and_constraints(result)

@@ -13,6 +13,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from tuner import __version__
 from tuner.config import Job
 from tuner.errors import StorageError
+from tuner.launch.docker import image_for
 from tuner.store import safe_url
 
 __all__ = ["make_storage", "sqlite_wal", "study_attrs"]
@@ -62,7 +63,8 @@ def study_attrs(job: Job) -> dict[str, Any]:
         "gpu_profile": dataclasses.asdict(job.gpu_profile()),
         "model": job.target.model,
         "launcher": launcher,
-        "image": job.target.docker.image if launcher == "docker" else None,
+        # What the launcher runs: on AMD GPUs the ROCm image in place of the CUDA default.
+        "image": image_for(job.target.docker.image, job.gpu_profile().vendor) if launcher == "docker" else None,
         # An image the job chose stays in exports; else they follow the vLLM version each trial measured.
         "image_pinned": "image" in job.target.docker.model_fields_set,
         "workload_hash": job.workload.fingerprint(),
