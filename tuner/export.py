@@ -25,6 +25,7 @@ import yaml
 
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
+from tuner.vllm_pin import PINNED_VLLM
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 FORMATS = ("vllm-args", "vllm-config", "docker", "compose", "kubernetes", "json", "python")
-DEFAULT_IMAGE = "vllm/vllm-openai:latest"
+DEFAULT_IMAGE = f"vllm/vllm-openai:v{PINNED_VLLM}"  # the vLLM tuner is tested against, not whatever :latest is today
 _CONTAINER_HF_CACHE = "/root/.cache/huggingface"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")

@@ -14,7 +14,7 @@ import yaml
 
 from tuner.catalog import get_gpu, load_model
 from tuner.errors import ConfigError
-from tuner.export import FORMATS, DeployOptions, Provenance, container_args, render
+from tuner.export import DEFAULT_IMAGE, FORMATS, DeployOptions, Provenance, container_args, render
 from tuner.flags import VllmFlags, default_flags
 
 TUNED = VllmFlags(
@@ -112,7 +112,7 @@ def test_quoting_survives_awkward_model_paths() -> None:
     options = DeployOptions(model="/models/my model's dir", served_model_name="llama 8b")
     for fmt in ("vllm-args", "docker"):
         words = shell_words(render(fmt, WIDE, options))
-        meta, back = flags_from(words[words.index("vllm/vllm-openai:latest") + 1 :] if fmt == "docker" else words[3:])
+        meta, back = flags_from(words[words.index(DEFAULT_IMAGE) + 1 :] if fmt == "docker" else words[3:])
         assert back == WIDE
         assert meta["served_model_name"] == "llama 8b"
     assert shell_words(render("vllm-args", WIDE, options))[2] == "/models/my model's dir"
