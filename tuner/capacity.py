@@ -87,9 +87,10 @@ class StartupPlan:
         return self.cuda_graph_bytes / self.total_bytes if self.total_bytes else 0.0
 
 
-# vLLM 0.32 schedules asynchronously by default on a GPU (VllmConfig: async_scheduling unless an incompatible option),
-# so two batches are in flight (`max_concurrent_batches`); sliding-window groups keep their blocks for both.
-ASYNC_BATCHES_GPU = 2
+# With asynchronous scheduling (vLLM 0.32's default on a GPU: tuner.flags.async_scheduling_default) two batches are in
+# flight (VllmConfig.max_concurrent_batches), one scheduled while the other runs; sliding-window groups keep their
+# blocks for both. Without it (the CPU build, --no-async-scheduling) one.
+ASYNC_BATCHES = 2
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -155,7 +156,7 @@ def kv_pool(model: ModelProfile, flags: ResolvedFlags, *, cpu: bool = False) -> 
     b = flags.kv_dtype_bytes if flags.kv_dtype_bytes is not None else model.dtype_bytes
     groups: list[LayerGroup] = list(model.layer_groups)
     windows = {g.sliding_window for g in groups}
-    in_flight = flags.max_num_batched_tokens * (1 if cpu else ASYNC_BATCHES_GPU)
+    in_flight = flags.max_num_batched_tokens * (ASYNC_BATCHES if flags.async_scheduling and not cpu else 1)
     if len(windows) > 1 and cpu:
         # The CPU platform has no hybrid KV cache manager: sliding layers are cached as full ones
         # (unify_hybrid_kv_cache_specs).

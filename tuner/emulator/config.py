@@ -101,6 +101,12 @@ def build_parser(prog: str = "python -m tuner.emulator") -> argparse.ArgumentPar
     v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     v.add_argument("--enforce-eager", action="store_true")
     v.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule step N+1 while step N runs (vLLM's default on a GPU; the CPU build never does)",
+    )
+    v.add_argument(
         "--num-gpu-blocks-override", type=int, default=None, help="KV cache of N blocks, whatever the memory"
     )
     v.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput log line")
@@ -217,6 +223,7 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
         enable_chunked_prefill=ns.enable_chunked_prefill,
         enable_prefix_caching=ns.enable_prefix_caching,
         enforce_eager=ns.enforce_eager,
+        async_scheduling=ns.async_scheduling,
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
     )
     defaults = vars(parser.parse_args([]))
