@@ -340,12 +340,7 @@ def plan_startup(
     if weights > free:
         return plan(CUDA_OOM, _weights_oom_message(total, free, weights))
     if available <= 0:
-        return plan(
-            NO_KV_MEMORY,
-            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
-            "engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
-            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
-        )
+        return plan(NO_KV_MEMORY, NO_KV_MEMORY_MESSAGE)
     needed = pool.needed_bytes(max_len)
     if needed > check:
         est = pool.longest_fitting(check, max_len)
@@ -356,6 +351,14 @@ def plan_startup(
     if headroom < _RUNTIME_SLACK_BYTES:
         return plan(CUDA_OOM, cuda_oom_message(_RUNTIME_SLACK_BYTES, total, max(0, headroom)))
     return plan()
+
+
+# _check_enough_kv_cache_memory (vllm/v1/core/kv_cache_utils.py, 0.32.0), on a GPU and on the CPU build alike
+NO_KV_MEMORY_MESSAGE = (
+    "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine "
+    "(this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
+    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+)
 
 
 def kv_too_small_message(max_len: int, needed: int, available: int, est: int) -> str:
@@ -475,12 +478,12 @@ def plan_cpu_startup(
             f"{node} on kv cache allocation is less than requested memory for kv ({available / GIB:.2f} GiB). "
             "Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.",
         )
-    if available <= 0:
-        return plan(
-            NO_KV_MEMORY,
+    if available <= 0:  # an explicit 0 (VLLM_CPU_KVCACHE_SPACE=0) passes the worker's check, not the KV cache's
+        auto = (
             f"{node} on kv cache allocation is less than requested memory for kv ({available / GIB:.2f}/"
-            f"{requested / GIB:.2f} GiB). Reduce CPU memory used by other processes.",
+            f"{requested / GIB:.2f} GiB). Reduce CPU memory used by other processes."
         )
+        return plan(NO_KV_MEMORY, NO_KV_MEMORY_MESSAGE if explicit else auto)
     needed = pool.needed_bytes(max_len)
     if needed > check:
         est = pool.longest_fitting(check, max_len)
