@@ -87,9 +87,10 @@ class StartupPlan:
         return self.cuda_graph_bytes / self.total_bytes if self.total_bytes else 0.0
 
 
-# vLLM 0.32 schedules asynchronously by default on a GPU (VllmConfig: async_scheduling unless an incompatible option),
-# so two batches are in flight (`max_concurrent_batches`); sliding-window groups keep their blocks for both.
-ASYNC_BATCHES_GPU = 2
+# With asynchronous scheduling (vLLM 0.32's default on a GPU: tuner.flags.async_scheduling_default) two batches are in
+# flight (VllmConfig.max_concurrent_batches), one scheduled while the other runs; sliding-window groups keep their
+# blocks for both. Without it (the CPU build, --no-async-scheduling) one.
+ASYNC_BATCHES = 2
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -155,7 +156,7 @@ def kv_pool(model: ModelProfile, flags: ResolvedFlags, *, cpu: bool = False) -> 
     b = flags.kv_dtype_bytes if flags.kv_dtype_bytes is not None else model.dtype_bytes
     groups: list[LayerGroup] = list(model.layer_groups)
     windows = {g.sliding_window for g in groups}
-    in_flight = flags.max_num_batched_tokens * (1 if cpu else ASYNC_BATCHES_GPU)
+    in_flight = flags.max_num_batched_tokens * (ASYNC_BATCHES if flags.async_scheduling and not cpu else 1)
     if len(windows) > 1 and cpu:
         # The CPU platform has no hybrid KV cache manager: sliding layers are cached as full ones
         # (unify_hybrid_kv_cache_specs).
@@ -339,12 +340,7 @@ def plan_startup(
     if weights > free:
         return plan(CUDA_OOM, _weights_oom_message(total, free, weights))
     if available <= 0:
-        return plan(
-            NO_KV_MEMORY,
-            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
-            "engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
-            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
-        )
+        return plan(NO_KV_MEMORY, NO_KV_MEMORY_MESSAGE)
     needed = pool.needed_bytes(max_len)
     if needed > check:
         est = pool.longest_fitting(check, max_len)
@@ -355,6 +351,14 @@ def plan_startup(
     if headroom < _RUNTIME_SLACK_BYTES:
         return plan(CUDA_OOM, cuda_oom_message(_RUNTIME_SLACK_BYTES, total, max(0, headroom)))
     return plan()
+
+
+# _check_enough_kv_cache_memory (vllm/v1/core/kv_cache_utils.py, 0.32.0), on a GPU and on the CPU build alike
+NO_KV_MEMORY_MESSAGE = (
+    "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine "
+    "(this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
+    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+)
 
 
 def kv_too_small_message(max_len: int, needed: int, available: int, est: int) -> str:
@@ -474,12 +478,12 @@ def plan_cpu_startup(
             f"{node} on kv cache allocation is less than requested memory for kv ({available / GIB:.2f} GiB). "
             "Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.",
         )
-    if available <= 0:
-        return plan(
-            NO_KV_MEMORY,
+    if available <= 0:  # an explicit 0 (VLLM_CPU_KVCACHE_SPACE=0) passes the worker's check, not the KV cache's
+        auto = (
             f"{node} on kv cache allocation is less than requested memory for kv ({available / GIB:.2f}/"
-            f"{requested / GIB:.2f} GiB). Reduce CPU memory used by other processes.",
+            f"{requested / GIB:.2f} GiB). Reduce CPU memory used by other processes."
         )
+        return plan(NO_KV_MEMORY, NO_KV_MEMORY_MESSAGE if explicit else auto)
     needed = pool.needed_bytes(max_len)
     if needed > check:
         est = pool.longest_fitting(check, max_len)

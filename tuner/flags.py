@@ -38,6 +38,8 @@ class VllmFlags(BaseModel):
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
     enforce_eager: bool = False
+    # --async-scheduling / --no-async-scheduling; None: vLLM decides (on for a GPU server, never on the CPU build)
+    async_scheduling: bool | None = None
     # vLLM's --kv-cache-memory-bytes: the KV cache's size given outright (no profiling, utilization ignored)
     kv_cache_memory_bytes: int | None = None
     extra: dict[str, ExtraValue] = Field(default_factory=dict)
@@ -50,7 +52,7 @@ class VllmFlags(BaseModel):
             default = {"tensor_parallel_size": 1, "kv_cache_dtype": "auto", "block_size": 16}.get(name)
             if value is not None and value != default:
                 args += [flag_name(name), str(value)]
-        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"):
             value = getattr(self, name)
             if value is not None:
                 args.append(flag_name(name) if value else flag_name("no_" + name))
@@ -114,6 +116,8 @@ class ResolvedFlags:
     kv_cache_memory_bytes: int | None = None
     # `--max-model-len auto` (or -1): max_model_len is the model's own limit until the start fits it to memory
     auto_max_model_len: bool = False
+    # the scheduler decides step N+1 while step N runs (see async_scheduling_default)
+    async_scheduling: bool = True
 
     @property
     def kv_dtype_bytes(self) -> int | None:
@@ -141,6 +145,17 @@ _DEFAULT_BLOCK_SIZE = VllmFlags.model_fields["block_size"].default
 
 
 AUTO_MAX_MODEL_LEN = -1  # vLLM's `--max-model-len auto` / `-1`: fit the longest request the KV cache holds
+
+
+def async_scheduling_default(gpu: GpuProfile, given: bool | None) -> bool:
+    """Whether vLLM 0.32.0 schedules asynchronously. VllmConfig.__post_init__ (vllm/config/vllm.py) turns it on
+    when the flag is left unset, unless something incompatible is (a pooling model, speculative decoding other than
+    EAGLE/MTP/n-gram/draft model, pipeline parallelism on the V1 model runner: none of them a flag the tuner sets);
+    CpuPlatform.check_and_update_config (vllm/platforms/cpu.py), which runs after it and "has the last word", sets
+    it off on the CPU build whatever the flag says ("async scheduling is not required on CPU")."""
+    if gpu.is_cpu:
+        return False
+    return True if given is None else given
 
 
 def batch_defaults(gpu: GpuProfile, tensor_parallel_size: int = 1) -> tuple[int, int]:
@@ -186,6 +201,7 @@ def resolve(flags: VllmFlags, gpu: GpuProfile, model: ModelProfile) -> ResolvedF
         enforce_eager=flags.enforce_eager,
         kv_cache_memory_bytes=flags.kv_cache_memory_bytes,
         auto_max_model_len=auto_len,
+        async_scheduling=async_scheduling_default(gpu, flags.async_scheduling),
     )
 
 

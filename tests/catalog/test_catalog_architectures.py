@@ -17,6 +17,7 @@ formula in vLLM 0.32's source for each. The expected figures are written out by 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,9 @@ def test_gemma2_sliding_window_layers_group_as_vllm_groups_them() -> None:
     assert pool.tokens(blocks, 8192) == int(1260 / 833 * 8192) == 12391
     # more than the 10,080 a full-attention reading of the same layers would promise
     assert pool.tokens(blocks, 8192) > GIB // (16 * gemma.kv_bytes_per_token()) * 16
+    # --no-async-scheduling: one batch in flight (VllmConfig.max_concurrent_batches), cdiv(4095 + 512, 16) + 1 = 289
+    synchronous = kv_pool(gemma, dataclasses.replace(f, async_scheduling=False))
+    assert synchronous.blocks_per_request(8192) == 512 + 289
 
 
 def test_sliding_window_is_cached_whole_on_the_cpu_build() -> None:

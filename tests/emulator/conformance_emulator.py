@@ -1,6 +1,8 @@
 """The conformance recording of the emulator: the recorder's own probes (tuner/conformance), put to an in-process
-emulator that imitates the recorded server (its model's config.json from the fixture, its served name and
-max_model_len), through httpx.ASGITransport; its start-up log and refusals from Emulator.startup."""
+emulator that imitates the recorded server (vLLM's CPU build, `--device cpu` with the recording's
+VLLM_CPU_KVCACHE_SPACE; its model's config.json from the fixture, its served name and max_model_len), through
+httpx.ASGITransport; its start-up log from Emulator.startup, and each refusal asked with the flags and environment
+real vLLM was refused with."""
 
 from __future__ import annotations
 
@@ -10,21 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from tuner.conformance.fixtures import read_fixture
 from tuner.conformance.log_lines import failure_shape, startup_lines
 from tuner.conformance.metrics_shape import metrics_shape
 from tuner.conformance.probes import probe_http
 from tuner.conformance.record import MAX_MODEL_LEN, SERVED_NAME
 from tuner.emulator import Emulator
-from tuner.emulator.config import parse_config
+from tuner.emulator.config import VllmRefusal, parse_config
+from tuner.errors import ConfigError
 
-# The refusals the fixtures hold, asked of the emulator in its own terms: the same flag pair for SchedulerConfig;
-# for a KV cache too small, the emulator has no --num-gpu-blocks-override and an 8B model on a 24 GiB card at its
-# full 131,072-token context is the same check failing (kv_cache_utils.py _check_enough_kv_cache_memory).
-FAILURE_ARGS: dict[str, list[str]] = {
-    "invalid_flags": ["--max-model-len", "1024", "--max-num-seqs", "64", "--max-num-batched-tokens", "32"],
-    "kv_cache_too_small": ["--model", "llama-3.1-8b", "--gpu", "rtx4090"],
-}
+# The program name argparse gives the recorded entry point (python -m vllm.entrypoints.openai.api_server): a refusal
+# of the command line is printed after it, as the emulator prints its own after `tuner emulate`.
+RECORDED_PROG = "api_server.py"
 
 
 def model_dir(fixtures: Path, tmp: Path) -> Path:
@@ -36,34 +37,45 @@ def model_dir(fixtures: Path, tmp: Path) -> Path:
 
 
 def emulator_args(model: Path) -> list[str]:
-    return ["--model", str(model), "--served-model-name", SERVED_NAME, "--max-model-len", str(MAX_MODEL_LEN),
-            "--time-scale", "1000"]  # fmt: skip
+    return ["--model", str(model), "--device", "cpu", "--served-model-name", SERVED_NAME,
+            "--max-model-len", str(MAX_MODEL_LEN), "--time-scale", "1000"]  # fmt: skip
 
 
-async def record_emulator(model: Path) -> dict[str, dict[str, Any]]:
-    emu = Emulator.from_args(emulator_args(model), log_stream=io.StringIO())
-    await emu.startup(delays=False)
-    async with emu.running():
-        transport = httpx.ASGITransport(app=emu.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://emulator", timeout=60) as client:
-            http = await probe_http(client, SERVED_NAME, MAX_MODEL_LEN)
-            text = (await client.get("/metrics")).text
-    failures: dict[str, Any] = {}
-    for name, args in FAILURE_ARGS.items():
-        argv = args if "--model" in args else ["--model", str(model), *args]
-        failed = Emulator(parse_config(argv), log_stream=io.StringIO())
-        started = await failed.startup(delays=False)
-        log = "\n".join(failed.log.lines)
-        failures[name] = {"flags": FAILURE_ARGS_RECORDED[name], **failure_shape(log, None if started else 1)}
+async def _refusal(model: Path, flags: list[str]) -> dict[str, Any]:
+    """A start the recording holds as refused, asked of the emulator: its log and exit code as the process form
+    gives them (a command-line refusal is one line and exit 1 or 2, a start-up one the engine's lines and exit 1)."""
+    argv = ["--model", str(model), "--device", "cpu", *flags]
+    try:
+        config = parse_config(argv)
+    except ConfigError as e:
+        return failure_shape(f"{RECORDED_PROG}: error: {e}", 1 if isinstance(e, VllmRefusal) else 2)
+    failed = Emulator(config, log_stream=io.StringIO())
+    started = await failed.startup(delays=False)
+    return failure_shape("\n".join(failed.log.lines), None if started else 1)
+
+
+async def record_emulator(fixtures: Path, model: Path) -> dict[str, dict[str, Any]]:
+    env = read_fixture(fixtures, "server")["env"]
+    recorded = read_fixture(fixtures, "startup")["failures"]
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        emu = Emulator.from_args(emulator_args(model), log_stream=io.StringIO())
+        await emu.startup(delays=False)
+        async with emu.running():
+            transport = httpx.ASGITransport(app=emu.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://emulator", timeout=60) as client:
+                http = await probe_http(client, SERVED_NAME, MAX_MODEL_LEN)
+                text = (await client.get("/metrics")).text
+        failures: dict[str, Any] = {}
+        for name, asked in recorded.items():
+            with pytest.MonkeyPatch.context() as refused:
+                for var, value in asked.get("env", {}).items():
+                    refused.setenv(var, value)
+                shape = await _refusal(model, asked["flags"])
+            failures[name] = {"flags": asked["flags"], **({"env": asked["env"]} if "env" in asked else {}), **shape}
     return {
         "http": http,
         "metrics": {"families": metrics_shape(text)},
         "startup": {"lines": startup_lines(emu.log.text()), "failures": failures},
     }
-
-
-# The flags the fixtures name for each refusal (what real vLLM was started with).
-FAILURE_ARGS_RECORDED: dict[str, list[str]] = {
-    "invalid_flags": ["--max-model-len", "1024", "--max-num-seqs", "64", "--max-num-batched-tokens", "32"],
-    "kv_cache_too_small": ["--max-model-len", "4096", "--num-gpu-blocks-override", "16"],
-}

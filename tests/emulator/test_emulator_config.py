@@ -9,6 +9,7 @@ import pytest
 
 from tuner.capacity import CUDA_OOM, INSUFFICIENT_FREE_MEMORY, INVALID_FLAGS, KV_CACHE_TOO_SMALL, NO_KV_MEMORY
 from tuner.emulator import Emulator, EmulatorStartupError, parse_config
+from tuner.emulator.config import VllmRefusal
 from tuner.errors import CatalogError, ConfigError, LaunchError
 
 
@@ -24,8 +25,8 @@ def test_vllm_flag_names_and_defaults() -> None:
 
 
 def test_unknown_vllm_flags_are_kept_for_a_warning() -> None:
-    c = parse_config(["--model", "llama-3.1-8b", "--swap-space", "4", "--trust-remote-code", "--dtype=auto"])
-    assert c.ignored_args == ("--swap-space", "4", "--trust-remote-code", "--dtype=auto")
+    c = parse_config(["--model", "llama-3.1-8b", "--max-logprobs", "4", "--trust-remote-code", "--dtype=auto"])
+    assert c.ignored_args == ("--max-logprobs", "4", "--trust-remote-code", "--dtype=auto")
     emu = Emulator(c, log_stream=io.StringIO())
     assert emu.plan.reason == KV_CACHE_TOO_SMALL or emu.plan.ok
 
@@ -38,6 +39,13 @@ def test_unknown_vllm_flags_are_kept_for_a_warning() -> None:
         (["--model", "llama-3.1-8b", "--block-size", "7"], ConfigError, r"--block-size: invalid choice"),
         (["--model", "llama-3.1-8b", "--time-scale", "-1"], ConfigError, r"--time-scale: must be > 0"),
         (["--model", "llama-3.1-8b", "stray"], ConfigError, r"unrecognized argument 'stray'"),
+        # options vLLM 0.32 lacks, as its argparse names them (the word after one goes to its model_tag positional)
+        (
+            ["--model", "llama-3.1-8b", "--swap-space", "4", "--no-such-flag"],
+            ConfigError,
+            r"^unrecognized arguments: --swap-space --no-such-flag$",
+        ),
+        (["--model", "/nonexistent/model"], VllmRefusal, r"^Repo id must be in the form 'repo_name' or 'namespace/"),
         ([], ConfigError, r"--model is required"),
     ],
 )

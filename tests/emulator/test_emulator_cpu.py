@@ -100,7 +100,7 @@ def test_a_profile_replaces_the_roofline_with_its_linear_step(tmp_path: Path, mo
     emu = _emulator("--max-model-len", "2048", "--profile", str(path))
     step = emu.step_model
     # 8 decodes over 100-token contexts and a 500-token prefill chunk, 1,308 context tokens read
-    assert step.step_seconds(508, 8, 1308, 0) == pytest.approx(2e-3 + 500 * 1e-5 + 8 * 3e-4 + 1308 * 1e-7)
+    assert step.step_seconds(508, 8, 1308, 0, 9) == pytest.approx(2e-3 + 500 * 1e-5 + 8 * 3e-4 + 1308 * 1e-7)
     assert emu.engine.request_latency_s == 0.01
 
 

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -159,6 +160,8 @@ def test_start_up_lines_and_connections_refused_until_ready(procs: list[_Proc]) 
         (EMULATOR, ["--model", "llama-3.1-8b", "--max-num-seqs", "many"], "--max-num-seqs: invalid int value"),
         (EMULATOR, ["--model", "llama-3.1-8b", "--max-model-len", "8q"], "--max-model-len"),
         (EMULATOR, ["--gpu", "h100-80gb"], "--model is required"),
+        # an option vLLM 0.32 does not have (its --swap-space went): argparse's line, as vLLM prints it
+        (EMULATOR, ["--model", "llama-3.1-8b", "--swap-space", "4"], ": error: unrecognized arguments: --swap-space"),
         (TUNER_EMULATE, ["--model", "llama-3.1-8b", "--gpu", "tpu-v5"], "known GPUs: rtx4090"),
     ],
 )
@@ -167,6 +170,14 @@ def test_bad_arguments_give_one_line_and_exit_2(command: list[str], args: list[s
     assert r.returncode == 2
     assert needle in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_model_path_that_is_not_there_is_vllms_refusal_and_exit_1(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no" / "model")
+    r = subprocess.run([*EMULATOR, "--model", missing], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert f"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{missing}'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
@@ -212,9 +223,9 @@ def test_fault_crash_after_requests_exits_1_with_a_cuda_error(procs: list[_Proc]
 
 def test_unknown_vllm_flags_are_accepted_with_a_warning(procs: list[_Proc]) -> None:
     p = _Proc(["--model", "llama-3.1-8b", "--max-model-len", "4k", "--port", "0", "--host", "127.0.0.1",
-               "--time-scale", "1000", "--swap-space", "8", "--disable-custom-all-reduce"])  # fmt: skip
+               "--time-scale", "1000", "--max-logprobs", "8", "--disable-custom-all-reduce"])  # fmt: skip
     procs.append(p)
-    line = p.wait_for(r"^\(APIServer pid=\d+\) WARNING .*--swap-space 8 --disable-custom-all-reduce").string
+    line = p.wait_for(r"^\(APIServer pid=\d+\) WARNING .*--max-logprobs 8 --disable-custom-all-reduce").string
     assert "ignores" in line
     p.wait_for("Using max model len 4000")
     p.wait_for("Uvicorn running on")

@@ -1,8 +1,9 @@
 """What the launcher contract tests share: one factory for the three launchers around the emulator, and the
 checks that nothing was left behind.
 
-Every launch carries a unique marker flag (the emulator accepts unknown vLLM-style flags with a warning), so a
-leftover server can be found among the host's processes whatever launched it, containers included.
+Every launch carries a unique marker (MARKER_FLAG's value: a vLLM option the emulator accepts and does not model,
+with a warning; one vLLM lacks it refuses, as vLLM does), so a leftover server can be found among the host's
+processes whatever launched it, containers included.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def missing_service(what: str, why: str) -> None:
     pytest.skip(message)
 
 
+MARKER_FLAG = "--code-revision"
+
+
 def new_marker() -> str:
     return f"m{uuid.uuid4().hex[:12]}"
 
@@ -52,7 +56,7 @@ def make_launcher(
     startup_timeout_s: float = 60.0,
     secret_env: tuple[str, ...] = (),
 ) -> Launcher:
-    extra = ("--tuner-test-marker", marker, *extra_args)
+    extra = (MARKER_FLAG, marker, *extra_args)
     if kind == "emulator":
         return EmulatorLauncher(
             MODEL,

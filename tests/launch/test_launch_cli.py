@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_contract import new_marker, processes_with
+from launch_contract import MARKER_FLAG, new_marker, processes_with
 
 
 def tuner(*args: str, state_dir: Path, sigint: signal.Handlers = signal.SIG_DFL) -> subprocess.Popen[str]:
@@ -39,7 +39,7 @@ def test_launch_prints_the_facts_and_stops_on_ctrl_c(
 ) -> None:
     marker = new_marker()
     proc = tuner(
-        "--time-scale", "100", "--", "--max-model-len", "8192", "--tuner-test-marker", marker, state_dir=tmp_path,
+        "--time-scale", "100", "--", "--max-model-len", "8192", MARKER_FLAG, marker, state_dir=tmp_path,
         sigint=sigint,
     )  # fmt: skip
     assert proc.stdout is not None

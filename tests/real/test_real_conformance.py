@@ -1,5 +1,5 @@
 """The conformance fixtures against real vLLM itself: re-recorded from the pinned CPU build (the session's shared
-server for the HTTP probes, /metrics and the start-up lines; two refused starts of their own) into a temporary
+server for the HTTP probes, /metrics and the start-up lines; each refused start of its own) into a temporary
 directory, and compared with the committed ones, shapes only and with no allowance: any difference is vLLM's
 surface moving under the pin, and the fixtures (tests/emulator/fixtures, scripts/record-vllm-conformance) must be
 re-recorded and the emulator brought along.

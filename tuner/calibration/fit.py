@@ -9,7 +9,9 @@ linear in the coefficients (`StepCoefficients`):
     mean TPOT  = mean over requests of (the steps after its first token to its last) / (tokens - 1)
     duration   = the steps from the first measured request's arrival to the last one's end (throughput's inverse)
 
-Running the emulator's own engine in virtual time over the probe's load gives those sums of step features; the
+Running the emulator's own engine in virtual time over the probe's load gives those sums of step features (the
+engine's own step order: with asynchronous scheduling, a GPU server's default, each step is scheduled before the
+previous one's results, Engine.begin_step; a profile's step period stays linear either way); the
 coefficients are then ordinary non-negative least squares over every (point, figure) row, each row divided by its
 measured value so that a 5 ms TPOT weighs as much as a 5 s duration. numpy's lstsq does the solving; with four
 coefficients the non-negative solution is found exactly by trying each subset of them (16 solves), which saves a
@@ -170,17 +172,18 @@ def step_features(shape: EngineShape, point: LoadPoint, guess: StepCoefficients)
         t = float(now[0] @ c)
         while arriving and float(arriving[0][0] @ c) <= t + 1e-12:
             engine.submit(arriving.popleft()[1])
-        items, num_decode, kv_read, _attn = engine.schedule() if (engine.running or engine.waiting) else ([], 0, 0, 0)
-        if not items:
+        batch = engine.begin_step() if (engine.running or engine.waiting) else None
+        if batch is None or not batch.items:
             if not arriving:
                 raise ConfigError("the probe's load does not fit the server's KV cache (the engine stalled)")
             now[0] = arriving[0][0]  # idle until the next request arrives
             continue
-        num_tokens = sum(n for _, n in items)
-        now[0] = now[0] + np.array([1.0, num_tokens - num_decode, num_decode, kv_read, 0.0])
+        d = batch.num_decode
+        # a profile's step (StepTimeModel.with_coefficients): its period, linear, whatever the scheduling mode
+        now[0] = now[0] + np.array([1.0, batch.num_tokens - d, d, batch.kv_read, 0.0])
         clock.at[0] = float(now[0] @ c)
         before = engine.stats.finished
-        engine.complete(items, clock.at[0])
+        engine.complete(batch.items, clock.at[0])
         for _ in range(engine.stats.finished - before):
             done += 1
             if len(sinks) < total:

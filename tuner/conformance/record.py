@@ -3,8 +3,8 @@
     scripts/record-vllm-conformance            # -> tests/emulator/fixtures/vllm-<pin>/ (needs scripts/real-vllm)
 
 One server answers the HTTP probes and gives its start-up log and `/metrics` (after the probes, so that every
-family that appears only once requests ran is there); two more start with flags vLLM refuses, for the start-up
-failure messages. Every server is stopped (its process group) before the recorder returns.
+family that appears only once requests ran is there); one more for each start-up refusal (FAILURES), with the flags
+or the environment vLLM refuses. Every server is stopped (its process group) before the recorder returns.
 """
 
 from __future__ import annotations
@@ -36,11 +36,27 @@ from tuner.vllm_pin import PINNED_VLLM
 
 SERVED_NAME = "tiny"
 MAX_MODEL_LEN = 1024
-# The two refusals of shared/docs/real-vllm.md: a flag pair SchedulerConfig rejects, and a KV cache (16 CPU blocks
-# of 128 tokens) too small for one request of max_model_len.
-FAILURES: dict[str, tuple[str, ...]] = {
-    "invalid_flags": ("--max-model-len", "1024", "--max-num-seqs", "64", "--max-num-batched-tokens", "32"),
-    "kv_cache_too_small": ("--max-model-len", "4096", "--num-gpu-blocks-override", "16"),
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A start vLLM refuses: the arguments after the recorder's own, and the environment it changes."""
+
+    flags: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+
+# The start-up refusals a launcher tells apart (tuner/launch/failures.py), each as the CPU build gives it: a flag pair
+# SchedulerConfig rejects; a KV cache (16 CPU blocks of 128 tokens) too small for one request of max_model_len; an
+# option vLLM does not have (argparse); a model path that does not exist (a fixed one, so the sentence does not change
+# from recording to recording); and no KV memory at all (VLLM_CPU_KVCACHE_SPACE=0: CpuPlatform turns it into
+# kv_cache_memory_bytes=0, which _check_enough_kv_cache_memory refuses in vllm/v1/core/kv_cache_utils.py, 0.32.0).
+FAILURES: dict[str, Refusal] = {
+    "invalid_flags": Refusal(("--max-model-len", "1024", "--max-num-seqs", "64", "--max-num-batched-tokens", "32")),
+    "kv_cache_too_small": Refusal(("--max-model-len", "4096", "--num-gpu-blocks-override", "16")),
+    "unknown_flag": Refusal(("--no-such-flag", "1")),
+    "model_not_found": Refusal(("--model", "/nonexistent/tiny-model")),
+    "no_kv_memory": Refusal((), (("VLLM_CPU_KVCACHE_SPACE", "0"),)),
 }
 READY_LIMIT_S = 900.0  # a bound for a busy 2-core machine, not a measurement
 
@@ -65,25 +81,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def vllm_env() -> dict[str, str]:
-    """The CPU KV space (GiB, an integer) the fixtures were recorded with; no usage reports leave the machine."""
+def vllm_env(changes: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
+    """The CPU KV space (GiB, an integer) the fixtures were recorded with, and a refusal's `changes`; no usage
+    reports leave the machine."""
     return {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "PYTHONUNBUFFERED": "1",
+        **dict(changes),
     }
 
 
 @contextmanager
-def start_vllm(python: Path, model_dir: Path, port: int, extra: Sequence[str], workdir: Path) -> Iterator[Started]:
+def start_vllm(
+    python: Path,
+    model_dir: Path,
+    port: int,
+    extra: Sequence[str],
+    workdir: Path,
+    env: Sequence[tuple[str, str]] = (),
+) -> Iterator[Started]:
     """A real vLLM in its own process group, its output in a file; the group is stopped on exit."""
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port), *extra]  # fmt: skip
     log_path = workdir / f"vllm-{port}-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(), start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(env), start_new_session=True)
     try:
         yield Started(f"http://127.0.0.1:{port}", log_path, proc)
     finally:
@@ -127,11 +152,13 @@ def record_server(
     return {"http": http, "metrics": metrics, "startup": {"lines": startup_lines(log)}}
 
 
-def record_failure(python: Path, model_dir: Path, extra: Sequence[str], workdir: Path) -> dict[str, Any]:
-    with start_vllm(python, model_dir, _free_port(), extra, workdir) as server:
+def record_failure(python: Path, model_dir: Path, refusal: Refusal, workdir: Path) -> dict[str, Any]:
+    with start_vllm(python, model_dir, _free_port(), refusal.flags, workdir, refusal.env) as server:
         if wait_ready(server):
-            raise RecordError(f"vLLM started with {' '.join(extra)}, which it should refuse")
-        return {"flags": list(extra), **failure_shape(server.log(), server.proc.returncode)}
+            given = " ".join([*(f"{k}={v}" for k, v in refusal.env), *refusal.flags])
+            raise RecordError(f"vLLM started with {given}, which it should refuse")
+        env = {"env": dict(refusal.env)} if refusal.env else {}
+        return {"flags": list(refusal.flags), **env, **failure_shape(server.log(), server.proc.returncode)}
 
 
 def record_all(python: Path, model_dir: Path, out: Path, *, port: int | None = None) -> list[Path]:
@@ -147,7 +174,7 @@ def record_all(python: Path, model_dir: Path, out: Path, *, port: int | None = N
                 raise RecordError(f"the server is vLLM {version}, the pin (tuner/vllm_pin.py) is {PINNED_VLLM}")
             parts = record_server(server.base_url, server.log())
         parts["startup"]["failures"] = {
-            name: record_failure(python, model_dir, flags, workdir) for name, flags in FAILURES.items()
+            name: record_failure(python, model_dir, refusal, workdir) for name, refusal in FAILURES.items()
         }
     parts["server"] = {
         "recorded": datetime.now(UTC).strftime("%Y-%m-%d"),

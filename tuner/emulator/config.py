@@ -2,7 +2,9 @@
 
 One parser serves `python -m tuner.emulator` and `tuner emulate`. Bad values are a `ConfigError` (one line,
 exit 2); vLLM flags the emulator does not model are accepted and reported in a WARNING line, as a newer vLLM
-would be told an option it can safely ignore.
+would be told an option it can safely ignore; an option the pinned vLLM does not have is refused as vLLM refuses it
+(argparse's "unrecognized arguments", exit 2), and a model vLLM would look for on the hub and refuse as a name is
+a `VllmRefusal` in vLLM's words (exit 1).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import NoReturn
 
 from tuner.calibration.profile import StepProfile, load_profile
 from tuner.catalog import CPU, GPUS, GpuProfile, ModelProfile, get_gpu, load_model
-from tuner.errors import ConfigError
+from tuner.errors import CatalogError, ConfigError
 from tuner.flags import BLOCK_SIZES, KV_CACHE_DTYPES, VllmFlags, parse_human_int, parse_model_len
+from tuner.vllm_args import vllm_args
 
 EXAMPLE = (
     "example:\n"
@@ -24,6 +27,10 @@ EXAMPLE = (
     "  curl -N localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
     '    -d \'{{"model": "llama-3.1-8b", "prompt": "Hello", "max_tokens": 32, "stream": true}}\'\n'
 )
+
+
+class VllmRefusal(ConfigError):
+    """A command line vLLM parses and then refuses while it builds its config: its exit code is 1, not argparse's 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,6 +108,12 @@ def build_parser(prog: str = "python -m tuner.emulator") -> argparse.ArgumentPar
     v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     v.add_argument("--enforce-eager", action="store_true")
     v.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule step N+1 while step N runs (vLLM's default on a GPU; the CPU build never does)",
+    )
+    v.add_argument(
         "--num-gpu-blocks-override", type=int, default=None, help="KV cache of N blocks, whatever the memory"
     )
     v.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput log line")
@@ -158,15 +171,46 @@ class EmulatorConfig:
         return self.served_model_names[0]
 
 
+def _is_vllms(option: str) -> bool:
+    """Whether the pinned vLLM has this `--option` (or `--no-option` of a switch)."""
+    known = vllm_args()
+    name = option[2:].split("=", 1)[0].replace("-", "_")
+    negated = known.get(name.removeprefix("no_")) if name.startswith("no_") else None
+    return name in known or (negated is not None and negated.kind == "switch")
+
+
 def _split_unknown(extras: list[str]) -> list[str]:
-    """Unknown `--flag [value]` pairs are ignored with a warning; a stray word is an error."""
+    """Options the emulator's parser lacks, kept for a warning with their values when the pinned vLLM has them; a
+    `--option` vLLM lacks is refused in argparse's words, as vLLM refuses it (the word after it is not named: vLLM's
+    optional `model_tag` positional takes it); a stray word is an error."""
     ignored: list[str] = []
+    unknown: list[str] = []
     for i, arg in enumerate(extras):
-        if arg.startswith("-") or (i > 0 and extras[i - 1].startswith("--") and "=" not in extras[i - 1]):
+        value = i > 0 and extras[i - 1].startswith("--") and "=" not in extras[i - 1]
+        if arg.startswith("--") and not _is_vllms(arg):
+            unknown.append(arg)
+        elif value and extras[i - 1] in unknown:
+            continue
+        elif arg.startswith("-") or value:
             ignored.append(arg)
         else:
             raise ConfigError(f"emulator argument error: unrecognized argument {arg!r}")
+    if unknown:
+        raise ConfigError(f"unrecognized arguments: {' '.join(unknown)}")
     return ignored
+
+
+def _load_model(model_arg: str) -> ModelProfile:
+    try:
+        return load_model(model_arg)
+    except CatalogError:
+        if model_arg.count("/") > 1 and not os.path.isdir(model_arg):
+            # vLLM takes what is not a directory for a hub id, which huggingface_hub's validate_repo_id refuses
+            raise VllmRefusal(
+                f"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{model_arg}'. Use `repo_type` "
+                "argument if needed."
+            ) from None
+        raise
 
 
 def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> EmulatorConfig:
@@ -184,7 +228,7 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
             "emulator argument error: --model is required (built-in profiles: llama-3.1-8b, llama-3.1-8b-awq, "
             "llama-3.1-70b, qwen2.5-7b; or a directory with a config.json)"
         )
-    model = load_model(model_arg)
+    model = _load_model(model_arg)
     gpu = _device(ns.device, ns.gpu)
     profile = load_profile(ns.profile) if ns.profile else None
     if not 0 < ns.port < 65536 and ns.port != 0:
@@ -217,6 +261,7 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
         enable_chunked_prefill=ns.enable_chunked_prefill,
         enable_prefix_caching=ns.enable_prefix_caching,
         enforce_eager=ns.enforce_eager,
+        async_scheduling=ns.async_scheduling,
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
     )
     defaults = vars(parser.parse_args([]))

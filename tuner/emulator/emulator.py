@@ -36,7 +36,7 @@ from tuner.capacity import (
 )
 from tuner.clock import Clock
 from tuner.emulator.blocks_override import override_blocks
-from tuner.emulator.config import EmulatorConfig, parse_config
+from tuner.emulator.config import EmulatorConfig, VllmRefusal, parse_config
 from tuner.emulator.frontend import FrontendEngine
 from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics, cache_config_labels
@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tuner.emulator") 
         config = parse_config(args, prog)
     except ConfigError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, VllmRefusal) else 2
     emu = Emulator(config)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:

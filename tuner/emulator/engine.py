@@ -7,6 +7,13 @@ below `max_num_seqs`, nothing was preempted and the free blocks hold the whole p
 newest running request is preempted by recompute. The step's duration comes from the step-time model; the
 task sleeps until an absolute deadline (previous deadline + step time) so Python overhead does not
 accumulate, then emits one token to every request that finished its prompt.
+
+With asynchronous scheduling (vLLM 0.32's default on a GPU) the scheduler runs one step ahead, as vLLM's
+AsyncScheduler under EngineCore.step_with_batch_queue does: step N+1 is scheduled when step N starts, before N's
+tokens exist, counting them as placeholders (`in_flight`, `pending`). So what N finishes (a request's last token,
+its seat, its blocks) and what arrives while N runs are seen by step N+2's scheduling, not N+1's; a request whose
+last token is known in advance (max_tokens, max_model_len) gets no step beyond it, one that stops at EOS gets one
+wasted decode. The step-time model gives the period that overlap allows (StepTimeModel.overlap_host).
 """
 
 from __future__ import annotations
@@ -50,9 +57,11 @@ class EngineRequest:
         "first_scheduled",
         "first_token",
         "hashes",
+        "in_flight",
         "last_token",
         "num_computed",
         "num_output",
+        "pending",
         "prompt_len",
         "request_id",
         "sink",
@@ -79,6 +88,9 @@ class EngineRequest:
         self.state = WAITING
         self.num_computed = 0
         self.num_output = 0
+        # scheduled but not completed (asynchronous scheduling only): tokens being computed, tokens to be sampled
+        self.in_flight = 0
+        self.pending = 0
         self.blocks: list[int] = []
         self.arrival = 0.0
         self.first_scheduled: float | None = None
@@ -100,6 +112,28 @@ def output_length(
     if natural >= max_tokens:
         return max_tokens, "length"
     return max(natural, min_tokens, 1), "stop"
+
+
+@dataclass
+class Batch:
+    """One step's scheduled work: (request, tokens) pairs, and the counts the step-time model reads."""
+
+    items: list[tuple[EngineRequest, int]]
+    num_decode: int = 0
+    kv_read: int = 0
+    attn: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.items)
+
+    def seconds(self, model: StepTimeModel) -> float:
+        """The step's period under `model`."""
+        return model.step_seconds(self.num_tokens, self.num_decode, self.kv_read, self.attn, self.num_requests)
 
 
 @dataclass
@@ -148,6 +182,8 @@ class Engine:
         self.log_stats = log_stats
         self.block_size = flags.block_size
         self.caching = flags.enable_prefix_caching
+        self.async_scheduling = flags.async_scheduling
+        self._ahead: Batch | None = None  # asynchronous: the next step's batch, scheduled while this one runs
         # BlockPool keeps block 0 as the null block: the requests share the rest (vllm/v1/core/block_pool.py)
         self.pool = KvBlockPool(max(0, plan.num_gpu_blocks - 1), flags.block_size, self.caching)
         self.running: list[EngineRequest] = []
@@ -204,14 +240,27 @@ class Engine:
     def _preempt(self, victim: EngineRequest) -> None:
         self.pool.free_blocks(victim.blocks)
         victim.num_computed = 0
+        # a token it had in flight is recomputed rather than delivered (vLLM delivers it): one token of a recompute
+        victim.in_flight = victim.pending = 0
         victim.state = WAITING
         self.waiting.appendleft(victim)
         self.stats.preemptions += 1
         self.metrics.preemptions.inc()
 
-    def schedule(self) -> tuple[list[tuple[EngineRequest, int]], int, int, int]:
-        """One V1 scheduler pass: the scheduled (request, tokens) pairs, decode count, KV tokens read, attention
-        pairs."""
+    def begin_step(self) -> Batch:
+        """The batch the next step runs. Synchronous: scheduled now, from every result so far. Asynchronous: the
+        one scheduled when the previous step started (unless every request in it has since finished), and the
+        batch after it is scheduled now, before this step's results, as EngineCore.step_with_batch_queue keeps
+        two batches in flight (vllm/v1/engine/core.py, 0.32.0)."""
+        ahead, self._ahead = self._ahead, None
+        live = ahead is not None and any(r.state == RUNNING for r, _ in ahead.items)
+        batch = ahead if ahead is not None and live else self.schedule()
+        if self.async_scheduling and batch.items:
+            self._ahead = self.schedule()
+        return batch
+
+    def schedule(self) -> Batch:
+        """One V1 scheduler pass."""
         if self._has_aborted:
             self._drop_aborted()
         items: list[tuple[EngineRequest, int]] = []
@@ -221,7 +270,16 @@ class Engine:
             admitted_kv_read, admitted_attn = self._schedule_waiting(items, budget)
             kv_read += admitted_kv_read
             attn += admitted_attn
-        return items, num_decode, kv_read, attn
+        return Batch(items, num_decode, kv_read, attn)
+
+    def _ends_in_flight(self, req: EngineRequest) -> bool:
+        """Whether the token `req` has in flight is its last and the scheduler knows it (max_tokens or max_model_len
+        reached; an EOS is not known until it is sampled): AsyncScheduler gives it no further step (the
+        `num_output_placeholders` check in Scheduler.schedule, vllm/v1/core/sched/scheduler.py)."""
+        out = req.num_output + req.pending
+        return (out >= req.target_output and req.finish_reason == "length") or (
+            req.prompt_len + out >= self.flags.max_model_len
+        )
 
     def _schedule_running(self, items: list[tuple[EngineRequest, int]]) -> tuple[int, int, int, int, bool]:
         """The running requests first, in order, each taking what it still needs of the token budget; the budget
@@ -234,8 +292,13 @@ class Engine:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            c = req.num_computed
-            n = req.prompt_len + req.num_output - c
+            if req.pending and self._ends_in_flight(req):
+                i += 1
+                continue
+            # computed = done + in flight; known = prompt + outputs + the ones in flight (0 and 0 when synchronous)
+            c = req.num_computed + req.in_flight
+            known = req.prompt_len + req.num_output + req.pending
+            n = known - c
             if n > budget:
                 n = budget
             need = (c + n + bs - 1) // bs - len(req.blocks)
@@ -244,6 +307,8 @@ class Engine:
                 if not self._preempt_until_allocated(req, need):
                     break
             items.append((req, n))
+            req.in_flight += n
+            req.pending += int(c + n == known)
             budget -= n
             kv_read += c + n
             if n == 1:
@@ -301,6 +366,8 @@ class Engine:
             need = (c + n + bs - 1) // bs - len(hits)
             self._admit(req, hits, need, num_tokens, now)
             items.append((req, n))
+            req.in_flight = n
+            req.pending = int(c + n == num_tokens)
             budget -= n
             kv_read += c + n
             attn += n * c + n * (n + 1) // 2
@@ -342,12 +409,14 @@ class Engine:
             c = req.num_computed
             new = c + n
             req.num_computed = new
+            req.in_flight -= n
             hashes = req.hashes
             if hashes and c < len(hashes) * bs:
                 for k in range(c // bs, min(new // bs, len(hashes))):
                     pool.register(req.blocks[k], hashes[k])
             if new < req.prompt_len + req.num_output:
                 continue  # a prefill chunk: nothing sampled yet
+            req.pending -= 1
             idx = req.num_output
             req.num_output = idx + 1
             generated += 1
@@ -403,7 +472,8 @@ class Engine:
                 base = clock.now()
                 busy_mark = None
                 continue
-            items, num_decode, kv_read, attn = self.schedule()
+            batch = self.begin_step()
+            items = batch.items
             if not items:
                 self._wakeup.clear()  # nothing can run until a request leaves or arrives
                 with contextlib.suppress(TimeoutError):
@@ -414,8 +484,7 @@ class Engine:
             if len(self.running) >= self.oom_running_threshold:
                 self._runtime_oom()
                 return
-            num_tokens = sum(n for _, n in items)
-            dt = step_model.step_seconds(num_tokens, num_decode, kv_read, attn)
+            dt = batch.seconds(step_model)
             deadline = base + dt
             delay = (deadline - clock.now()) / scale
             await asyncio.sleep(delay if delay > 0 else 0)

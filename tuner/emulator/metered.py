@@ -32,8 +32,10 @@ class MeteredEngine(Engine):
         if self.stats.finished == finished:
             return  # most steps finish nothing: no second pass over the batch
         for req, _ in items:
-            if req.state == FINISHED and req.first_token is not None:
-                hit = cached.pop(req.request_id, 0)
+            # still cached: not reported yet (an EOS that finished a step earlier can be in this batch, its wasted
+            # decode under asynchronous scheduling)
+            if req.state == FINISHED and req.first_token is not None and req.request_id in cached:
+                hit = cached.pop(req.request_id)
                 start = req.first_scheduled if req.first_scheduled is not None else req.arrival
                 metrics.phases(
                     req.first_token - start,

@@ -143,14 +143,14 @@ class _ClosedLoop:
     def _step(self) -> bool:
         """One scheduler pass and its step time on the clock; False if the batch would hit CUDA OOM."""
         engine = self.engine
-        items, num_decode, kv_read, attn = engine.schedule()
-        if not items:
+        batch = engine.begin_step()
+        if not batch.items:
             raise RuntimeError("the simulated engine stalled")  # cannot happen for a flag set that starts
         if len(engine.running) >= engine.oom_running_threshold:
             self.fatal.append("cuda_oom")
             return False
-        self.clock.t[0] += self.step_model.step_seconds(sum(n for _, n in items), num_decode, kv_read, attn)
-        engine.complete(items, self.clock.t[0])
+        self.clock.t[0] += batch.seconds(self.step_model)
+        engine.complete(batch.items, self.clock.t[0])
         return True
 
     def result(self) -> SimulationResult:

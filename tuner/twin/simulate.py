@@ -40,7 +40,7 @@ class Coefficients:
     step_scale: float = 1.0  # every step's time (a throughput error the twin fits)
     memory_scale: float = 1.0  # the memory-bound part of a step (weights and KV reads)
     compute_scale: float = 1.0  # the compute-bound part (prefill GEMMs)
-    overhead_scale: float = 1.0  # the per-step scheduler/launch overhead
+    overhead_scale: float = 1.0  # the per-step overheads: the device's fixed cost and the host's scheduling work
     kv_scale: float = 1.0  # KV tokens the server gets against plan_startup's figure
     headroom_gib: float = 0.0  # memory outside vLLM's budget, added (negative: the runtime OOM comes sooner)
 
@@ -48,6 +48,8 @@ class Coefficients:
         return dataclasses.replace(
             base,
             overhead_s=base.overhead_s * self.overhead_scale,
+            host_s=base.host_s * self.overhead_scale,
+            host_per_request_s=base.host_per_request_s * self.overhead_scale,
             bytes_per_s=base.bytes_per_s / self.memory_scale,
             kv_bytes_per_s=base.kv_bytes_per_s / self.memory_scale,
             flop_per_s=base.flop_per_s / self.compute_scale,
@@ -272,16 +274,15 @@ class _Load:
                 continue
             if not self._arrive():
                 continue
-            items, num_decode, kv_read, attn = engine.schedule()
-            if not items:
+            batch = engine.begin_step()
+            if not batch.items:
                 break  # nothing schedulable: cannot happen after a good start
             point.peak_running = max(point.peak_running, len(engine.running))
             if len(engine.running) >= self.oom_at:
                 point.crashed = True
                 break
-            dt = engine.step_model.step_seconds(sum(n for _, n in items), num_decode, kv_read, attn)
-            self.clock.at[0] += dt * self.step_scale
-            engine.complete(items, self.clock.t)
+            self.clock.at[0] += batch.seconds(engine.step_model) * self.step_scale
+            engine.complete(batch.items, self.clock.t)
             self._collect()
         for index, (_req, sink, spec) in self.in_flight.items():  # a crash cuts every open stream
             self.records.append(self._record(index, sink, spec, ok=False, error="stream_cut"))
