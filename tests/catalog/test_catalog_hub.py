@@ -116,3 +116,16 @@ def test_an_unknown_architecture_passes_the_dry_run_without_a_prediction(tmp_pat
     assert baseline.split(" -> ", 1)[1].startswith(NO_PREDICTION)  # launched to measure, never refused
     assert "of 64 random flag sets: 64 no prediction" in out.stdout
     assert "job file is valid; nothing was launched" in out.stdout
+
+
+def test_a_cpu_target_is_shown_as_the_cpu_with_its_kv_space(tmp_path: Path) -> None:
+    """`gpu: cpu`: the prediction uses the CPU build's KV space, and the report names no GPU (issue 11 item 4)."""
+    doc = yaml.safe_load(_job(tmp_path, "Qwen/Qwen3-8B", "cpu").read_text())
+    doc["target"]["launcher"] = "process"
+    doc["space"] = {"max_num_seqs": {"choices": [4, 8]}, "max_model_len": 4096}
+    job = tmp_path / "cpu.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    out = _dry_run(job)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Qwen/Qwen3-8B on CPU via process" in out.stdout and "GiB)" not in out.stdout.splitlines()[0]
+    assert "KV tokens" in out.stdout

@@ -103,6 +103,7 @@ def test_show_has_the_stored_detail(tuner_cli: RunCli, tuned: tuple[Path, str]) 
     assert r.code == 0, r.err
     assert "baseline" in r.out and "p99" in r.out and "start-up facts" in r.out
     assert "Application startup complete" in r.out or "Uvicorn running" in r.out
+    assert f"vLLM version: {EMULATED_VLLM}" in r.out  # read from the server's /version, stored with the trial
     doc = json.loads(tuner_cli("show", NAME, "0", "--storage", url, "--json").out)
     assert doc["detail"]["load_summary"]["requests_sent"] == 24
 
