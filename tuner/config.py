@@ -310,6 +310,12 @@ class Job(_Model):
         spec = self.target.gpu
         return self._resolved("gpu", json.dumps(spec, sort_keys=True), lambda: resolve_gpu(spec))
 
+    def assume_gpu(self, profile: GpuProfile) -> None:
+        """Check and plan against `profile` where the job says `gpu: auto`, for a machine that writes what other
+        machines run (the cluster's workers read their own GPUs)."""
+        if self.target.gpu == "auto":
+            self._parsed["gpu"] = (json.dumps("auto"), profile)
+
     def model_profile(self) -> ModelProfile:
         # A model directory's config.json is read once, not at every trial.
         return self._resolved("model", self.target.model, lambda: load_model(self.target.model))
@@ -683,13 +689,21 @@ def _sampler_problems(s: SamplerSection) -> list[str]:
     return problems
 
 
-def parse_job(data: Any, *, where: str = "job", source: Path | None = None, stored: bool = False) -> Job:
+def parse_job(
+    data: Any,
+    *,
+    where: str = "job",
+    source: Path | None = None,
+    stored: bool = False,
+    auto_gpu: GpuProfile | None = None,
+) -> Job:
     """A Job from already-parsed YAML/JSON; ConfigError naming `where`, the field path and what is allowed, one
     line per problem.
 
     `stored`: the job a study was run with, read back from it. Its flag keys are not checked against the pinned
     vLLM's arguments again: the vLLM the study ran accepted them, and an older study's flag (swap_space, gone from
-    0.32) must not lock its own trials out of `tuner verify`, `plan` or an export.
+    0.32) must not lock its own trials out of `tuner verify`, `plan` or an export. `auto_gpu`: the GPU `gpu: auto`
+    stands for in the checks (Job.assume_gpu), where the job runs on other machines than this one.
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: a job file is a mapping with study, target, space, arrival, ...")
@@ -702,6 +716,8 @@ def parse_job(data: Any, *, where: str = "job", source: Path | None = None, stor
     if job.workload.dataset is not None and source is not None and not job.workload.dataset.is_absolute():
         dataset = source.parent / job.workload.dataset
         job = job.model_copy(update={"workload": job.workload.model_copy(update={"dataset": dataset})})
+    if auto_gpu is not None:
+        job.assume_gpu(auto_gpu)
     problems = _check(job, flags=not stored)
     if problems:
         raise ConfigError("\n".join(f"{where}: {line}" for line in problems))
@@ -753,8 +769,8 @@ def _read_yaml(p: Path, text: str) -> Any:
         raise ConfigError(f"{p}: not valid YAML{at}: {problem}") from None
 
 
-def load_job(path: str | Path) -> Job:
-    """Read and validate a job file (YAML or JSON)."""
+def load_job(path: str | Path, *, auto_gpu: GpuProfile | None = None) -> Job:
+    """Read and validate a job file (YAML or JSON); `auto_gpu` as parse_job says."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -763,7 +779,7 @@ def load_job(path: str | Path) -> Job:
     except OSError as e:
         raise ConfigError(f"job file {p}: cannot read it ({e.strerror})") from None
     data = _read_yaml(p, _decode(p, raw))
-    return parse_job(data, where=str(p), source=p.resolve())
+    return parse_job(data, where=str(p), source=p.resolve(), auto_gpu=auto_gpu)
 
 
 __all__ = [

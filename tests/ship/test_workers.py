@@ -29,12 +29,12 @@ JOB: dict[str, Any] = {
 FAKE_NVML = Path(__file__).parent.parent / "study" / "fake_nvml"
 
 
-def export_workers(tmp_path: Path, doc: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+def export_workers(tmp_path: Path, doc: dict[str, Any], *args: str, gpus: int = 4) -> subprocess.CompletedProcess[str]:
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     cmd = [sys.executable, "-m", "tuner", "export-workers", str(job), *args]
     path = os.pathsep.join(p for p in (str(FAKE_NVML), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": path}
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": path, "FAKE_NVML_GPUS": str(gpus)}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -57,6 +57,21 @@ def test_the_manifest_names_the_study_the_secret_and_the_gpus_a_trial_needs(tmp_
     assert pod["volumes"][0]["configMap"]["name"] == config_map["metadata"]["name"] == "tuner-night-qwen"
     spread = pod["topologySpreadConstraints"][0]
     assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "DoNotSchedule"
+
+
+def test_gpu_auto_is_left_to_the_nodes_when_the_writing_machine_has_no_gpu(tmp_path: Path) -> None:
+    """The manifest is written on a laptop or a CI runner; `gpu: auto` is each node's to read when it runs."""
+    doc = {**JOB, "target": {**JOB["target"], "gpu": "auto"}}
+    done = export_workers(tmp_path, doc, "--nodes", "2", gpus=0)
+    assert done.returncode == 0, done.stderr
+    _, job = list(yaml.safe_load_all(done.stdout))
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    (note,) = done.stderr.splitlines()
+    assert note.startswith("note: target.gpu auto is read on each node; this machine has no GPU")
+    assert "--gpu-resource amd.com/gpu" in note
+    # With a GPU here, the job resolves it as `tuner tune` would: no stand-in, no note.
+    here = export_workers(tmp_path, doc, "--nodes", "2")
+    assert here.returncode == 0 and "note:" not in here.stderr, here.stderr
 
 
 def test_one_gpu_a_pod_when_the_space_does_not_parallelise(tmp_path: Path) -> None:

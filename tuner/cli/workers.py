@@ -8,8 +8,10 @@ from typing import Annotated
 import typer
 import yaml
 
+from tuner.catalog.gpus import get_gpu
+from tuner.catalog.nvml import machine_devices
 from tuner.cli import app
-from tuner.config import load_job
+from tuner.config import Job, load_job
 from tuner.errors import ConfigError, TunerError
 from tuner.ship.workers import worker_manifest
 
@@ -53,12 +55,13 @@ def export_workers_cmd(
 ) -> None:
     """A Kubernetes Indexed Job of --nodes `tuner tune` workers, one a GPU node, on one PostgreSQL study (its URL
     from a Secret by reference), and the ConfigMap holding the job file. Each pod asks for the GPUs a trial can
-    need (tensor x pipeline parallel size, the largest the space allows).
+    need (tensor x pipeline parallel size, the largest the space allows). `gpu: auto` is each node's to read: on a
+    machine without a GPU the job is checked against an H100's figures.
 
     Example: [bold]tuner export-workers job.yaml --nodes 8 --image registry/tuner-vllm:0.32 --secret-env HF_TOKEN
     -o workers.yaml[/bold]
     """
-    job = load_job(job_file)
+    job = _job_for_the_nodes(job_file, gpu_resource)
     try:
         text = job_file.read_text(encoding="utf-8")
     except OSError as e:
@@ -84,3 +87,21 @@ def export_workers_cmd(
     except OSError as e:
         raise TunerError(f"cannot write {output}: {e.strerror or e}") from None
     typer.echo(f"wrote {output} (ConfigMap, Indexed Job of {nodes} workers)", err=True)
+
+
+# What `gpu: auto` is checked against on a machine with no GPU of its own (the nodes read theirs).
+_STAND_IN_GPU = "h100-80gb"
+
+
+def _job_for_the_nodes(job_file: Path, gpu_resource: str | None) -> Job:
+    """The job as the worker nodes will read it. `gpu: auto` is each node's GPU: the machine writing the manifest
+    (a laptop, a CI runner) often has none, so there the rest of the job is checked against a stand-in's figures."""
+    here = bool(machine_devices())
+    job = load_job(job_file, auto_gpu=None if here else get_gpu(_STAND_IN_GPU))
+    if job.target.gpu == "auto" and not here and gpu_resource is None:
+        typer.echo(
+            f"note: target.gpu auto is read on each node; this machine has no GPU, so the job was checked against "
+            f"{_STAND_IN_GPU}'s figures and the pods ask for nvidia.com/gpu (--gpu-resource amd.com/gpu on AMD nodes)",
+            err=True,
+        )
+    return job
