@@ -30,7 +30,7 @@ __all__ = ["WireRequest", "read_capture"]
 @dataclass
 class WireRequest:
     conn: str
-    """The client's end of the connection (port), for grouping."""
+    """The connection: the client's end, and a number (a port may come round again)."""
     sent_ns: int
     """The request's first byte on the wire."""
     sent_end_ns: int
@@ -82,7 +82,10 @@ def _time_at(offset: int, starts: list[int], times: list[int]) -> int:
 
 def read_capture(path: str, port: int) -> list[WireRequest]:
     """Every complete request/reply on connections to `port`, in order of their first byte."""
-    streams: dict[tuple[bytes, int, bytes, int], _Stream] = {}
+    # A client port comes round again (a client that opens a connection a request, the server closing first):
+    # a SYN on a 4-tuple already seen starts a new connection.
+    conns: list[tuple[str, _Stream, _Stream]] = []
+    current: dict[tuple[bytes, int, bytes, int], tuple[_Stream, _Stream]] = {}
     with open(path, "rb") as f:
         reader = dpkt.pcap.Reader(f)
         if reader.datalink() != dpkt.pcap.DLT_EN10MB:
@@ -92,17 +95,20 @@ def read_capture(path: str, port: int) -> list[WireRequest]:
             if not isinstance(ip, dpkt.ip.IP | dpkt.ip6.IP6) or not isinstance(ip.data, dpkt.tcp.TCP):
                 continue
             tcp = ip.data
-            if port not in (tcp.sport, tcp.dport):
+            if tcp.dport == port:
+                key, upward = (ip.src, tcp.sport, ip.dst, tcp.dport), True
+            elif tcp.sport == port:
+                key, upward = (ip.dst, tcp.dport, ip.src, tcp.sport), False
+            else:
                 continue
-            key = (ip.src, tcp.sport, ip.dst, tcp.dport)
-            streams.setdefault(key, _Stream()).add(int(ts * 1_000_000_000), tcp)
+            if (upward and tcp.flags & dpkt.tcp.TH_SYN and not tcp.flags & dpkt.tcp.TH_ACK) or key not in current:
+                current[key] = (_Stream(), _Stream())
+                conns.append((f"{_addr(key[0])}:{key[1]}#{len(conns)}", *current[key]))
+            up, down = current[key]
+            (up if upward else down).add(int(ts * 1_000_000_000), tcp)
     out: list[WireRequest] = []
-    for (src, sport, dst, dport), up in streams.items():
-        if dport != port:
-            continue
-        down = streams.get((dst, dport, src, sport))
-        if down is not None:
-            out += _connection(f"{_addr(src)}:{sport}", up.assemble(), down.assemble())
+    for conn, up, down in conns:
+        out += _connection(conn, up.assemble(), down.assemble())
     out.sort(key=lambda r: r.sent_ns)
     return out
 
