@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import statistics
+import time
 
+import httpx
 import pytest
 from load_fakes import BrokenServer, FakeVllm, LoopClock, WordServer, fake_time, free_port, made_up_words
 
@@ -227,3 +229,27 @@ async def test_short_replies_fail_as_short_output_against_the_success_rate() -> 
     assert s.failures == {"short_output": 6} and s.requests_succeeded == 0 and s.success_rate == 0
     assert s.failure_examples["short_output"] == "asked 10 output tokens, got 8 (finish_reason length)"
     assert not parse_slo("success_rate>=0.99").met(s)
+
+
+async def test_records_line_up_with_the_wall_clock() -> None:
+    # A packet capture stamps the wall clock; the records' starts, moved onto it by the run's anchor, fall within the
+    # run and before the server sees each request (give or take the two clocks' drift: 1 ms). Clock(2): an emulated
+    # second is half a wall second.
+    fake = FakeVllm(token_s=0.001)
+    arrivals: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/completions":
+            arrivals.append(time.time())
+        return await fake.handler(request)
+
+    before = time.time()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        arrival = Arrival(concurrency=1, requests=6)
+        result = await run_load("http://fake", "m", WL, arrival, client=client, clock=Clock(2), scrape_metrics=False)
+    after = time.time()
+    assert result.origin_unix_s is not None and before <= result.origin_unix_s <= after
+    starts = [result.origin_unix_s + r.start_s / 2 for r in result.records]
+    assert len(arrivals) == len(starts) == 6
+    for start, seen in zip(starts, arrivals, strict=True):
+        assert before <= start <= seen + 1e-3 and seen <= after

@@ -101,6 +101,9 @@ class LoadResult(BaseModel):
     """Why the run stopped before its request count: an SLO was already missed for certain (None: it did not)."""
     workload_fingerprint: str = ""
     peak_in_flight: int = 0
+    origin_unix_s: float | None = None
+    """The wall clock (Unix seconds) at the run's origin: request i began at origin_unix_s + start_s / the clock's
+    scale. Lines the records up with clocks outside this process (a packet capture's timestamps)."""
 
 
 class CapacityStep(BaseModel):
