@@ -11,15 +11,20 @@ measures is a sum of step features, linear in the coefficients (`StepCoefficient
 (the engine's own step order: with asynchronous scheduling, a GPU server's default, each step is scheduled before
 the previous one's results, Engine.begin_step; a profile's step period stays linear either way). The coefficients
 are then ordinary non-negative least squares over every (load, figure) row, each row divided by its measured value
-so that a 5 ms TPOT weighs as much as a 5 s duration. numpy's lstsq does the solving; with five coefficients the
-non-negative solution is found exactly by trying each subset of them (31 solves), which saves a scipy dependency
-for one function.
+so that a 5 ms TPOT weighs as much as a 5 s duration; where each request's figures were kept (a study's records),
+every request is a row. numpy's lstsq does the solving; with five coefficients the non-negative solution is found
+exactly by trying each subset of them (31 solves), which saves a scipy dependency for one function.
+
+The schedule itself depends on the coefficients (which step an arrival joins), so the fit replays the loads under
+its own result and fits again, keeping whichever coefficients reproduce their own replay best. A probe's points
+(one at concurrency 1, where the engine idles and every latency shows) settle in a few exact rounds; a study's
+trials, whose engines are mostly busy, start with smoothed rounds (replay's `smooth`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,12 +72,16 @@ class LoadPoint:
 
 @dataclass(frozen=True)
 class Measured:
-    """A load point's means as the load client measured them (seconds)."""
+    """A load's means as the load client measured them (seconds), and when its records were kept each measured
+    request's TTFT and TPOT (0 for one token) in the load's order: the fit then weighs every request, which tells
+    the coefficients apart far better than three means can (a study's trials all ran one workload)."""
 
     ttft_mean_s: float
     tpot_mean_s: float
     duration_s: float
     output_tokens: int
+    each_ttft_s: tuple[float, ...] = ()
+    each_tpot_s: tuple[float, ...] = ()
 
     @property
     def output_tok_s(self) -> float:
@@ -111,7 +120,7 @@ def predict(features: Features, c: StepCoefficients) -> Prediction:
 @dataclass(frozen=True)
 class FitResult:
     coefficients: StepCoefficients
-    relative_rms_error: float  # over every row
+    relative_rms_error: float  # of every load's mean TTFT, mean TPOT and duration, replayed under the coefficients
     predictions: list[Prediction]
 
 
@@ -134,32 +143,78 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best[1] if best is not None else np.zeros(n)
 
 
-def _solve(rows: Sequence[tuple[Features, Measured]]) -> FitResult:
-    """Non-negative least squares of the step coefficients over each load's mean TTFT, mean TPOT and duration,
-    every row relative to its measured value. A figure's plain seconds (an open loop's send times) are known: they
-    move to the right-hand side."""
-    if not rows:
-        raise ConfigError("no load was measured: nothing to fit")
-    a_rows: list[np.ndarray] = []
-    b_rows: list[float] = []
-    for feats, m in rows:
-        for vec, value in ((feats.ttft, m.ttft_mean_s), (feats.tpot, m.tpot_mean_s), (feats.duration, m.duration_s)):
-            if value > 0 and np.any(vec[:COEFFICIENTS]):
-                a_rows.append(vec[:COEFFICIENTS] / value)
-                b_rows.append(1.0 - vec[COEFFICIENTS] / value)
-    if len(a_rows) < COEFFICIENTS:
-        raise ConfigError(f"{len(a_rows)} measured figures cannot fix {COEFFICIENTS} coefficients: probe more points")
-    a, b = np.vstack(a_rows), np.array(b_rows)
-    # columns of very different size (1 a step against thousands of context tokens) condition lstsq badly
-    scale = np.maximum(np.abs(a).max(axis=0), 1e-300)
-    x = _nnls(a / scale, b) / scale
-    c = StepCoefficients.from_vector([float(v) for v in x])
-    residual = a @ x - b
-    return FitResult(
-        coefficients=c,
-        relative_rms_error=float(np.sqrt(np.mean(residual**2))),
-        predictions=[predict(feats, c) for feats, _ in rows],
-    )
+def _rows(feats: Features, m: Measured) -> Iterator[tuple[np.ndarray, float, float]]:
+    """(features, measured value, weight) of each figure of one load: its duration, and its TTFT and TPOT, each
+    request's when they were kept (together weighing as much as one mean), else the means."""
+    yield feats.duration, m.duration_s, 1.0
+    if m.each_ttft_s and feats.each_ttft is not None and feats.each_tpot is not None:
+        w = 1.0 / np.sqrt(len(m.each_ttft_s))
+        yield from ((vec, value, w) for vec, value in zip(feats.each_ttft, m.each_ttft_s, strict=True))
+        yield from ((vec, value, w) for vec, value in zip(feats.each_tpot, m.each_tpot_s, strict=True))
+    else:
+        yield feats.ttft, m.ttft_mean_s, 1.0
+        yield feats.tpot, m.tpot_mean_s, 1.0
+
+
+@dataclass(frozen=True)
+class _System:
+    """The fit's rows, each relative to its measured value and weighted. A figure's plain seconds (an open loop's
+    send times) are known: they move to the right-hand side."""
+
+    a: np.ndarray
+    b: np.ndarray
+    weight: float  # the rows' squared weights, summed: the error is an rms over them
+
+    @classmethod
+    def of(cls, features: Sequence[Features], measured: Sequence[Measured]) -> _System:
+        a_rows: list[np.ndarray] = []
+        b_rows: list[float] = []
+        weight = 0.0
+        for feats, m in zip(features, measured, strict=True):
+            for vec, value, w in _rows(feats, m):
+                if value > 0 and np.any(vec[:COEFFICIENTS]):
+                    a_rows.append(w * vec[:COEFFICIENTS] / value)
+                    b_rows.append(w * (1.0 - vec[COEFFICIENTS] / value))
+                    weight += w * w
+        if len(a_rows) < COEFFICIENTS:
+            raise ConfigError(
+                f"{len(a_rows)} measured figures cannot fix {COEFFICIENTS} coefficients: probe more points"
+            )
+        return cls(np.vstack(a_rows), np.array(b_rows), weight)
+
+    def error(self, c: StepCoefficients) -> float:
+        """The weighted rms relative error of the rows under `c` (the rows counted under `c` itself: the fit's
+        real error, not the one under another schedule)."""
+        residual = self.a @ np.array(c.as_vector()) - self.b
+        return float(np.sqrt(np.sum(residual**2) / self.weight))
+
+    def solve(self) -> StepCoefficients:
+        """Non-negative least squares of the step coefficients."""
+        # columns of very different size (1 a step against thousands of context tokens) condition lstsq badly
+        scale = np.maximum(np.abs(self.a).max(axis=0), 1e-300)
+        rank = int(np.linalg.matrix_rank(self.a / scale))
+        if rank < COEFFICIENTS:
+            # loads whose steps are all alike (one batch size, one prompt length) fit any split of their cost
+            raise ConfigError(
+                f"the measured loads tell only {rank} of the {COEFFICIENTS} coefficients apart (their steps are too "
+                "alike): measure loads that differ in concurrency, prompt length or max_num_seqs"
+            )
+        x = _nnls(self.a / scale, self.b) / scale
+        return StepCoefficients.from_vector([float(v) for v in x])
+
+
+def _mean_error(predictions: Sequence[Prediction], measured: Sequence[Measured]) -> float:
+    rel = [
+        p / m - 1.0
+        for pred, meas in zip(predictions, measured, strict=True)
+        for p, m in (
+            (pred.ttft_mean_s, meas.ttft_mean_s),
+            (pred.tpot_mean_s, meas.tpot_mean_s),
+            (pred.duration_s, meas.duration_s),
+        )
+        if m > 0
+    ]
+    return float(np.sqrt(np.mean(np.square(rel)))) if rel else 0.0
 
 
 # Where the fit starts: of the order of a small GPU model's step; the schedule it implies is refined from there.
@@ -169,21 +224,77 @@ _FIRST_GUESS = StepCoefficients(
 _MAX_ROUNDS = 8
 
 
+class _Fitter:
+    """The loads, replayed under one guess after another; the best guess so far by its own replay's error."""
+
+    def __init__(self, measured: Sequence[tuple[EngineShape, Load, Measured]]) -> None:
+        if not measured:
+            raise ConfigError("no load was measured: nothing to fit")
+        self.measured = measured
+        self.figures = [m for *_, m in measured]
+        self.best: tuple[float, StepCoefficients, list[Features]] | None = None
+        self.rounds = 0
+
+    def evaluate(self, c: StepCoefficients, *, smooth: bool) -> tuple[_System, float]:
+        self.rounds += 1
+        features = [replay(shape, load, c, smooth=smooth) for shape, load, _ in self.measured]
+        system = _System.of(features, self.figures)
+        error = system.error(c)
+        if self.best is None or error < self.best[0]:
+            self.best = (error, c, features)
+        return system, error
+
+    def smoothed(self, guess: StepCoefficients, rounds: int) -> StepCoefficients:
+        """Half-steps toward each smoothed fit (a full step overshoots: the latency and the per-sequence cost
+        trade places from one round to the next); the best guess seen."""
+        for _ in range(rounds):
+            system, _ = self.evaluate(guess, smooth=True)
+            guess = _towards(guess, system.solve(), 0.5)
+        self.evaluate(guess, smooth=True)
+        assert self.best is not None
+        return self.best[1]
+
+    def exact(self, guess: StepCoefficients) -> None:
+        """Steps toward each exact fit while they lower the error (a full one, else a half or a quarter): in the
+        schedule's own piece the fit is exact in one step, and a step into a worse schedule is not taken."""
+        system, error = self.evaluate(guess, smooth=False)
+        for _ in range(_MAX_ROUNDS):
+            target = system.solve()
+            for t in (1.0, 0.5, 0.25):
+                c = _towards(guess, target, t)
+                trial, trial_error = self.evaluate(c, smooth=False)
+                if trial_error < error:
+                    guess, system, error = c, trial, trial_error
+                    break
+            else:
+                return
+
+    def result(self) -> FitResult:
+        assert self.best is not None
+        _, c, features = self.best
+        predictions = [predict(f, c) for f in features]  # a replay's values are the same, smoothed or not
+        return FitResult(c, _mean_error(predictions, self.figures), predictions)
+
+
+def _towards(a: StepCoefficients, b: StepCoefficients, t: float) -> StepCoefficients:
+    return StepCoefficients.from_vector([x + t * (y - x) for x, y in zip(a.as_vector(), b.as_vector(), strict=True)])
+
+
 def fit_loads(
-    measured: Sequence[tuple[EngineShape, Load, Measured]], guess: StepCoefficients = _FIRST_GUESS
+    measured: Sequence[tuple[EngineShape, Load, Measured]],
+    guess: StepCoefficients = _FIRST_GUESS,
+    *,
+    smooth_rounds: int = 0,
 ) -> tuple[FitResult, int]:
-    """Fit, replay every load under the fitted coefficients, fit again, until the coefficients stop moving (0.1%);
-    the fit and the rounds it took. A closed loop without request latency needs one round."""
-    fit: FitResult | None = None
-    for rounds in range(1, _MAX_ROUNDS + 1):
-        rows = [(replay(shape, load, guess), m) for shape, load, m in measured]
-        fit = _solve(rows)
-        old, new = np.array(guess.as_vector()), np.array(fit.coefficients.as_vector())
-        guess = fit.coefficients
-        if np.all(np.abs(new - old) <= 1e-3 * np.maximum(np.abs(new), 1e-12)):
-            return fit, rounds
-    assert fit is not None
-    return fit, _MAX_ROUNDS
+    """Fit, replay every load under the fit, fit again, while the error of the fit's own replay falls; the
+    coefficients that replay best, and the replays it took. The first `smooth_rounds` count each request's wait
+    for the engine as its latency (replay's `smooth`): far from the answer, that finds it where the exact
+    schedule hides it (a busy engine); the exact rounds then settle it."""
+    fitter = _Fitter(measured)
+    if smooth_rounds:
+        guess = fitter.smoothed(guess, smooth_rounds)
+    fitter.exact(guess)
+    return fitter.result(), fitter.rounds
 
 
 def fit_coefficients(

@@ -13,7 +13,13 @@ last component in plain seconds:
 
 The order of events (which requests a step holds, which arrival comes before which step's end) is decided by the
 numbers under a guess of the coefficients; the fit (tuner.calibration.fit) re-runs the replay under its own
-result until that order stops moving.
+result until that order settles.
+
+A request that arrives while a step runs joins the engine at that step's end: exactly, its wait is the steps that
+passed, which makes the latency worth nothing (to a fit, invisible) until an arrival crosses a step's end. With
+`smooth`, a request's own times count that wait instead as its latency and the part of the step it waited
+through: the same value under the guess, but a longer latency now means a longer wait, as on average it does.
+That is how a fit finds the latency of a busy server; the exact rounds after it settle the schedule.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tuner.calibration.profile import StepCoefficients
-from tuner.capacity import StartupPlan
+from tuner.capacity import StartupPlan, plan_startup
 from tuner.catalog import GpuProfile, ModelProfile
 from tuner.clock import Clock
 from tuner.emulator.engine import Engine, EngineRequest
@@ -36,9 +42,9 @@ from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.step_time import StepTimeModel
 from tuner.errors import ConfigError
-from tuner.flags import ResolvedFlags
+from tuner.flags import ResolvedFlags, VllmFlags, resolve
 
-__all__ = ["COEFFICIENTS", "EngineShape", "Features", "Load", "Request", "replay", "with_seconds"]
+__all__ = ["COEFFICIENTS", "EngineShape", "Features", "Load", "Request", "engine_shape", "replay", "with_seconds"]
 
 COEFFICIENTS = 5  # overhead, prefill tokens, decoding sequences, context tokens read, request latency
 _WIDTH = COEFFICIENTS + 1  # and plain seconds (an open loop's send times)
@@ -59,6 +65,25 @@ class EngineShape:
     device: GpuProfile
     flags: ResolvedFlags
     plan: StartupPlan
+
+
+def engine_shape(
+    model: ModelProfile, device: GpuProfile, flags: VllmFlags, num_gpu_blocks: int | None = None
+) -> EngineShape:
+    """The measured server as the engine imitates it: vLLM's defaults for the device, the flags it was started
+    with, and its own KV block count when it told us (vllm:cache_config_info, or its start-up log), else the
+    start-up arithmetic's."""
+    resolved = resolve(flags, device, model)
+    plan = plan_startup(model, device, resolved)
+    if num_gpu_blocks is None and not plan.ok:
+        raise ConfigError(f"the server's KV blocks are unknown (no vllm:cache_config_info) and {plan.message}")
+    if num_gpu_blocks is not None:
+        plan = dataclasses.replace(
+            plan, num_gpu_blocks=num_gpu_blocks, kv_tokens=num_gpu_blocks * resolved.block_size, reason=None
+        )
+    if resolved.auto_max_model_len and plan.max_model_len:  # `--max-model-len auto`: the length the start fitted
+        resolved = dataclasses.replace(resolved, max_model_len=plan.max_model_len)
+    return EngineShape(model=model, device=device, flags=resolved, plan=plan)
 
 
 @dataclass(frozen=True)
@@ -92,6 +117,8 @@ class Features:
     duration: np.ndarray
     output_tokens: int
     preemptions: int
+    each_ttft: np.ndarray | None = None  # a row per measured request, in the load's order
+    each_tpot: np.ndarray | None = None  # zeros for a request of one token
 
 
 @dataclass(frozen=True)
@@ -103,21 +130,26 @@ class _VirtualClock(Clock):
 
 
 class _Sink:
-    """A request's times, each a vector (see the module's docstring)."""
+    """A request's times, each a vector (see the module's docstring): the shared clock's instant, plus `delta`, a
+    vector worth 0 under the guess that says how the request's own wait for the engine was made (see _arrive)."""
 
-    __slots__ = ("first", "last", "n", "now", "start")
+    __slots__ = ("delta", "ended", "first", "last", "n", "now", "start")
 
-    def __init__(self, now: list[np.ndarray], start: np.ndarray) -> None:
+    def __init__(self, now: list[np.ndarray], start: np.ndarray, ended: list[_Sink]) -> None:
         self.now = now  # the loop's current time, shared
+        self.ended = ended  # where a finished request reports itself
         self.start = start
         self.first = self.last = start
+        self.delta = np.zeros(_WIDTH)
         self.n = 0
 
     def on_token(self, index: int, finish_reason: str | None) -> None:
         if index == 0:
-            self.first = self.now[0]
-        self.last = self.now[0]
+            self.first = self.now[0] + self.delta
+        self.last = self.now[0] + self.delta
         self.n = index + 1
+        if finish_reason is not None:
+            self.ended.append(self)
 
     def on_cut(self) -> None:
         pass
@@ -138,7 +170,7 @@ def _engine(shape: EngineShape, clock: _VirtualClock) -> Engine:
     )
 
 
-def replay(shape: EngineShape, load: Load, guess: StepCoefficients) -> Features:
+def replay(shape: EngineShape, load: Load, guess: StepCoefficients, *, smooth: bool = False) -> Features:
     """Run `load` through the emulator's engine in virtual time, the order of events decided under `guess`, and
     return each measured figure as a vector (see the module's docstring). ConfigError if the load cannot run on
     this shape."""
@@ -148,9 +180,7 @@ def replay(shape: EngineShape, load: Load, guess: StepCoefficients) -> Features:
         raise ConfigError(
             f"a request of {longest.prompt_len}+{longest.output_len} tokens exceeds max_model_len ({f.max_model_len})"
         )
-    clock = _VirtualClock()
-    now = [np.zeros(_WIDTH)]
-    arriving: deque[tuple[np.ndarray, EngineRequest]] = deque()  # (when it reaches the engine, request), in order
+    run = _Run(shape, with_seconds(guess), smooth)
     sinks: dict[int, _Sink] = {}
     unique = itertools.count(1_000_000)
     prefix = list(range(load.prefix_len))
@@ -160,11 +190,9 @@ def replay(shape: EngineShape, load: Load, guess: StepCoefficients) -> Features:
         shared = prefix[: max(0, spec.prompt_len - 1)]
         # a fresh tail for every prompt: the prefix cache serves the shared prefix and nothing else
         ids = shared + [next(unique) for _ in range(spec.prompt_len - len(shared))]
-        sinks[index] = _Sink(now, start)
-        req = EngineRequest(
-            f"r{index}", ids, spec.output_len, "length", sinks[index], f.block_size, f.enable_prefix_caching
-        )
-        arriving.append((start + _LATENCY, req))
+        sinks[index] = sink = _Sink(run.now, start, run.ended)
+        req = EngineRequest(f"r{index}", ids, spec.output_len, "length", sink, f.block_size, f.enable_prefix_caching)
+        run.arriving.append((start + _LATENCY, req, sink))
 
     total = len(load.requests)
     if load.concurrency is None:
@@ -173,49 +201,74 @@ def replay(shape: EngineShape, load: Load, guess: StepCoefficients) -> Features:
             send(i, _SECOND * (load.requests[i].send_s or 0.0))
     else:
         for i in range(min(load.concurrency, total)):
-            send(i, now[0])
+            send(i, run.now[0])
 
-    def finished() -> None:
+    def finished(sink: _Sink) -> None:
         if load.concurrency is not None and len(sinks) < total:
-            send(len(sinks), now[0])  # the user whose request ended sends its next one at once
+            send(len(sinks), sink.last)  # its user sends the next request at once
 
-    engine = _engine(shape, clock)
-    _run(engine, clock, now, arriving, with_seconds(guess), total, finished)
+    run.until(total, finished)
     measured = [sinks[i] for i, r in enumerate(load.requests) if not r.warmup]
-    return _figures(measured, with_seconds(guess), engine.stats.preemptions)
+    return _figures(measured, run.c, run.engine.stats.preemptions)
 
 
-def _run(
-    engine: Engine,
-    clock: _VirtualClock,
-    now: list[np.ndarray],
-    arriving: deque[tuple[np.ndarray, EngineRequest]],
-    c: np.ndarray,
-    total: int,
-    finished: Callable[[], None],
-) -> None:
-    """Step the engine until `total` requests finished: each step's end a vector, the clock its value under `c`."""
-    done = 0
-    while done < total:
-        t = float(now[0] @ c)
-        while arriving and float(arriving[0][0] @ c) <= t + 1e-12:
-            engine.submit(arriving.popleft()[1])
-        batch = engine.begin_step() if (engine.running or engine.waiting) else None
-        if batch is None or not batch.items:
-            if not arriving:
-                raise ConfigError("the load does not fit the server's KV cache (the engine stalled)")
-            now[0] = arriving[0][0]  # idle until the next request arrives
-            clock.at[0] = float(now[0] @ c)
-            continue
-        d = batch.num_decode
-        # a profile's step (StepTimeModel.with_coefficients): its period, linear, whatever the scheduling mode
-        now[0] = now[0] + np.array([1.0, batch.num_tokens - d, d, batch.kv_read, 0.0, 0.0])
-        clock.at[0] = float(now[0] @ c)
-        before = engine.stats.finished
-        engine.complete(batch.items, clock.at[0])
-        for _ in range(engine.stats.finished - before):
-            done += 1
-            finished()
+class _Run:
+    """The engine stepped in virtual time: each step's end a vector, the clock its value under `c`."""
+
+    def __init__(self, shape: EngineShape, c: np.ndarray, smooth: bool) -> None:
+        self.clock = _VirtualClock()
+        self.engine = _engine(shape, self.clock)
+        self.c = c
+        self.smooth = smooth
+        self.now = [np.zeros(_WIDTH)]
+        self.step = np.zeros(_WIDTH)  # the last step's features
+        self.arriving: deque[tuple[np.ndarray, EngineRequest, _Sink]] = deque()  # (when it arrives, ...), in order
+        self.ended: list[_Sink] = []
+
+    def value(self, v: np.ndarray) -> float:
+        return float(v @ self.c)
+
+    def _jump(self, to: np.ndarray) -> None:
+        self.now[0] = to
+        self.clock.at[0] = self.value(to)
+
+    def _arrive(self) -> None:
+        """Hand the engine every request that has arrived by now; smoothed, one that came while the last step ran
+        counts its wait as its latency and the part of that step it waited through (the module's docstring)."""
+        t = self.value(self.now[0])
+        while self.arriving and self.value(self.arriving[0][0]) <= t + 1e-12:
+            at, req, sink = self.arriving.popleft()
+            step = self.value(self.step)
+            if self.smooth and step > 0:
+                part = min(max((t - self.value(at)) / step, 0.0), 1.0)
+                sink.delta = at + part * self.step - self.now[0]  # worth 0 under the guess
+            self.engine.submit(req)
+
+    def until(self, total: int, finished: Callable[[_Sink], None]) -> None:
+        """Step until `total` requests finished, `finished` told of each."""
+        engine, done = self.engine, 0
+        while done < total:
+            idle = not (engine.running or engine.waiting)
+            if self.arriving and idle and self.value(self.arriving[0][0]) >= self.value(self.now[0]) - 1e-12:
+                # wait for the next arrival, even one due this instant (a latency of 0 under this guess): the wait
+                # stays in every later instant, so the fit sees what the latency costs
+                self._jump(self.arriving[0][0])
+            self._arrive()
+            batch = engine.begin_step() if (engine.running or engine.waiting) else None
+            if batch is None or not batch.items:
+                if not self.arriving:
+                    raise ConfigError("the load does not fit the server's KV cache (the engine stalled)")
+                self._jump(self.arriving[0][0])  # idle until the next request arrives
+                continue
+            d = batch.num_decode
+            # a profile's step (StepTimeModel.with_coefficients): its period, linear, whatever the scheduling mode
+            self.step = np.array([1.0, batch.num_tokens - d, d, batch.kv_read, 0.0, 0.0])
+            self._jump(self.now[0] + self.step)
+            engine.complete(batch.items, self.value(self.now[0]))
+            for sink in self.ended:
+                done += 1
+                finished(sink)
+            self.ended.clear()
 
 
 def _figures(measured: Sequence[_Sink], c: np.ndarray, preemptions: int) -> Features:
@@ -237,4 +290,6 @@ def _figures(measured: Sequence[_Sink], c: np.ndarray, preemptions: int) -> Feat
         duration=end - begin,
         output_tokens=sum(s.n for s in measured),
         preemptions=preemptions,
+        each_ttft=np.array([s.first - s.start for s in measured]),
+        each_tpot=np.array([(s.last - s.first) / (s.n - 1) if s.n > 1 else np.zeros(_WIDTH) for s in measured]),
     )
