@@ -216,7 +216,7 @@ def _from_study(
     profile = fit_study(trials)
     varied = sorted({k for p in profile.fitted_from.points for k in p.flags if _varies(profile, k)})
     for p in profile.fitted_from.points:
-        flags = " ".join(f"{k}={p.flags.get(k)}" for k in varied) or "the same flags"
+        flags = " ".join(f"{k}={p.flags[k]}" for k in varied if k in p.flags) or "vLLM's defaults"
         console.print(
             f"trial {p.trial}: {flags}: {p.measured_output_tok_s:.1f} tok/s (fit {p.predicted_output_tok_s:.1f}), "
             f"TTFT {p.measured_ttft_mean_s * 1e3:.1f} ms (fit {p.predicted_ttft_mean_s * 1e3:.1f}), "
