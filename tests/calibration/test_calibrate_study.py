@@ -5,6 +5,10 @@ fit."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,8 @@ from tests.calibration.test_calibrate_cli import run_cli
 from tests.calibration.test_fit import TRUE, _profile
 from tests.calibration.twin_study import tune_against_twin, twin_job
 from tuner.calibration.profile import StepProfile, load_profile
+from tuner.launch.owner import pid_alive
+from tuner.launch.registry import ProcessRegistry
 
 pytestmark = pytest.mark.slow
 
@@ -157,3 +163,38 @@ def test_bad_input_to_the_study_form_is_one_line(
     got, text = run_cli(["calibrate", *(a.format(tmp=tmp_path) for a in args)], capsys, monkeypatch)
     assert got == code, text
     assert pattern in text and "Traceback" not in text
+
+
+def test_a_study_tuner_tune_ran_against_emulator_processes_gives_back_their_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole path: `tuner tune` launching emulator servers that serve the known profile (real processes, HTTP
+    and time: the figures carry this machine's noise, and the latency the round trip), then `tuner calibrate
+    --job` on what the study stored."""
+    known = tmp_path / "known.json"
+    _profile(TRUE).write(known)
+    data = twin_job(known, f"sqlite:///{tmp_path / 'study.db'}", budget={"n_trials": 6})
+    data["target"]["startup_timeout"] = "60s"
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(data))
+    state = tmp_path / "state"
+    env = {**os.environ, "TUNER_STATE_DIR": str(state), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    try:
+        tune = subprocess.run(
+            [sys.executable, "-m", "tuner", "tune", str(job)], env=env, capture_output=True, text=True, check=False
+        )
+    finally:
+        for record in ProcessRegistry(state / "processes").records():  # no emulator of ours outlives the test
+            if pid_alive(record.pid):
+                os.killpg(record.pgid, signal.SIGKILL)
+    assert tune.returncode == 0, tune.stdout + tune.stderr
+    out = tmp_path / "fitted.json"
+    code, text = run_cli(["calibrate", "--job", str(job), "-o", str(out)], capsys, monkeypatch)
+    assert code == 0, text
+    assert "6 of" in text and "trials measured in full" in text
+    profile = load_profile(out)
+    c = profile.coefficients
+    for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s", "context_token_s"):
+        assert getattr(c, name) == pytest.approx(getattr(TRUE, name), rel=0.2), name
+    assert c.request_latency_s >= 0.8 * TRUE.request_latency_s
+    assert profile.fitted_from.relative_rms_error < 0.1
