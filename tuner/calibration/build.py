@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from tuner.calibration.fit import FitResult, LoadPoint, Measured, Prediction, fit_coefficients, fit_loads
@@ -46,11 +46,12 @@ def fit_profile(
     return _profile(shape, fit, fitted, served_model=served_model, vllm_version=vllm_version)
 
 
-def fit_study(trials: StudyTrials) -> StepProfile:
+def fit_study(trials: StudyTrials, on_round: Callable[[int, float], None] | None = None) -> StepProfile:
     """A study's trials, each on its own server. The profile's server fields are its first trial's (the
     baseline, vLLM's defaults, when the study measured it); each point keeps its trial's flags."""
     trials.require()
-    fit, rounds = fit_loads([(t.shape, t.load, t.measured) for t in trials.used], smooth_rounds=SMOOTH_ROUNDS)
+    loads = [(t.shape, t.load, t.measured) for t in trials.used]
+    fit, rounds = fit_loads(loads, smooth_rounds=SMOOTH_ROUNDS, on_round=on_round)
     points = [_trial_point(t, pred) for t, pred in zip(trials.used, fit.predictions, strict=True)]
     fitted = _fitted_from(fit, rounds, points, source="study", url=None, study=trials.study)
     versions = Counter(t.vllm_version for t in trials.used if t.vllm_version)

@@ -24,7 +24,7 @@ trials, whose engines are mostly busy, start with smoothed rounds (replay's `smo
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -227,10 +227,13 @@ _MAX_ROUNDS = 8
 class _Fitter:
     """The loads, replayed under one guess after another; the best guess so far by its own replay's error."""
 
-    def __init__(self, measured: Sequence[tuple[EngineShape, Load, Measured]]) -> None:
+    def __init__(
+        self, measured: Sequence[tuple[EngineShape, Load, Measured]], on_round: Callable[[int, float], None] | None
+    ) -> None:
         if not measured:
             raise ConfigError("no load was measured: nothing to fit")
         self.measured = measured
+        self.on_round = on_round
         self.figures = [m for *_, m in measured]
         self.best: tuple[float, StepCoefficients, list[Features]] | None = None
         self.rounds = 0
@@ -242,6 +245,8 @@ class _Fitter:
         error = system.error(c)
         if self.best is None or error < self.best[0]:
             self.best = (error, c, features)
+        if self.on_round is not None:
+            self.on_round(self.rounds, self.best[0])
         return system, error
 
     def smoothed(self, guess: StepCoefficients, rounds: int) -> StepCoefficients:
@@ -285,12 +290,14 @@ def fit_loads(
     guess: StepCoefficients = _FIRST_GUESS,
     *,
     smooth_rounds: int = 0,
+    on_round: Callable[[int, float], None] | None = None,
 ) -> tuple[FitResult, int]:
     """Fit, replay every load under the fit, fit again, while the error of the fit's own replay falls; the
     coefficients that replay best, and the replays it took. The first `smooth_rounds` count each request's wait
     for the engine as its latency (replay's `smooth`): far from the answer, that finds it where the exact
-    schedule hides it (a busy engine); the exact rounds then settle it."""
-    fitter = _Fitter(measured)
+    schedule hides it (a busy engine); the exact rounds then settle it. `on_round(replays, best error)` after
+    each replay (a large study takes minutes)."""
+    fitter = _Fitter(measured, on_round)
     if smooth_rounds:
         guess = fitter.smoothed(guess, smooth_rounds)
     fitter.exact(guess)

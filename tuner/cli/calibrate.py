@@ -213,7 +213,8 @@ def _from_study(
         f"study {name!r} in {safe_url(url)}: {trials.summary()}; replaying their loads in the engine",
         highlight=False,
     )
-    profile = fit_study(trials)
+    with console.status("replaying") as status:
+        profile = fit_study(trials, lambda n, e: status.update(f"replay {n}: best {e:.1%} rms error a request"))
     varied = sorted({k for p in profile.fitted_from.points for k in p.flags if _varies(profile, k)})
     for p in profile.fitted_from.points:
         flags = " ".join(f"{k}={p.flags[k]}" for k in varied if k in p.flags) or "vLLM's defaults"
