@@ -1,47 +1,56 @@
-"""Fit a device profile's step-time coefficients to load points measured on a real server.
+"""Fit a device profile's step-time coefficients to loads measured on a real server: a probe's load points, or
+the trials a study measured.
 
-The engine's scheduler decides which steps a closed loop runs (how many prompt tokens, decodes and context tokens
-each has) from token counts alone: with every finished request replaced at once, no step's duration changes what
-the next step holds. So each figure a probe measures is a sum of step durations, and each step's duration is
-linear in the coefficients (`StepCoefficients`):
+Replayed through the emulator's own engine in virtual time (tuner.calibration.replay), each figure a client
+measures is a sum of step features, linear in the coefficients (`StepCoefficients`):
 
     mean TTFT  = mean over requests of the steps from its arrival to its first token
     mean TPOT  = mean over requests of (the steps after its first token to its last) / (tokens - 1)
     duration   = the steps from the first measured request's arrival to the last one's end (throughput's inverse)
 
-Running the emulator's own engine in virtual time over the probe's load gives those sums of step features (the
-engine's own step order: with asynchronous scheduling, a GPU server's default, each step is scheduled before the
-previous one's results, Engine.begin_step; a profile's step period stays linear either way); the
-coefficients are then ordinary non-negative least squares over every (point, figure) row, each row divided by its
-measured value so that a 5 ms TPOT weighs as much as a 5 s duration. numpy's lstsq does the solving; with four
-coefficients the non-negative solution is found exactly by trying each subset of them (16 solves), which saves a
-scipy dependency for one function.
+(the engine's own step order: with asynchronous scheduling, a GPU server's default, each step is scheduled before
+the previous one's results, Engine.begin_step; a profile's step period stays linear either way). The coefficients
+are then ordinary non-negative least squares over every (load, figure) row, each row divided by its measured value
+so that a 5 ms TPOT weighs as much as a 5 s duration; where each request's figures were kept (a study's records),
+every request is a row. numpy's lstsq does the solving; with five coefficients the non-negative solution is found
+exactly by trying each subset of them (31 solves), which saves a scipy dependency for one function.
+
+The schedule itself depends on the coefficients (which step an arrival joins), so the fit replays the loads under
+its own result and fits again, keeping whichever coefficients reproduce their own replay best. A probe's points
+(one at concurrency 1, where the engine idles and every latency shows) settle in a few exact rounds; a study's
+trials, whose engines are mostly busy, start with smoothed rounds (replay's `smooth`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import io
 import itertools
-from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from tuner.calibration.profile import StepCoefficients
-from tuner.capacity import StartupPlan
-from tuner.catalog import GpuProfile, ModelProfile
-from tuner.clock import Clock
-from tuner.emulator.engine import Engine, EngineRequest
-from tuner.emulator.logs import VllmLog
-from tuner.emulator.metrics import EmulatorMetrics
-from tuner.emulator.step_time import StepTimeModel
+from tuner.calibration.replay import (
+    COEFFICIENTS,
+    EngineShape,
+    Features,
+    Load,
+    Request,
+    replay,
+    with_seconds,
+)
 from tuner.errors import ConfigError
-from tuner.flags import ResolvedFlags
 
-__all__ = ["EngineShape", "FitResult", "LoadPoint", "Measured", "fit_coefficients", "predict", "step_features"]
-
-_FEATURES = 5  # overhead, prefill tokens, decoding sequences, context tokens read, request latency
+__all__ = [
+    "EngineShape",
+    "FitResult",
+    "LoadPoint",
+    "Measured",
+    "fit_coefficients",
+    "fit_loads",
+    "predict",
+    "step_features",
+]
 
 
 @dataclass(frozen=True)
@@ -55,160 +64,28 @@ class LoadPoint:
     requests: int
     warmup: int = 0
 
+    def load(self) -> Load:
+        one = Request(self.input_len, self.output_len)
+        warm = Request(self.input_len, self.output_len, warmup=True)
+        return Load((warm,) * self.warmup + (one,) * self.requests, self.concurrency)
+
 
 @dataclass(frozen=True)
 class Measured:
-    """A load point's means as the load client measured them (seconds)."""
+    """A load's means as the load client measured them (seconds), and when its records were kept each measured
+    request's TTFT and TPOT (0 for one token) in the load's order: the fit then weighs every request, which tells
+    the coefficients apart far better than three means can (a study's trials all ran one workload)."""
 
     ttft_mean_s: float
     tpot_mean_s: float
     duration_s: float
     output_tokens: int
+    each_ttft_s: tuple[float, ...] = ()
+    each_tpot_s: tuple[float, ...] = ()
 
     @property
     def output_tok_s(self) -> float:
         return self.output_tokens / self.duration_s if self.duration_s > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class EngineShape:
-    """The server the engine imitates while the features are counted: its flags and its KV blocks."""
-
-    model: ModelProfile
-    device: GpuProfile
-    flags: ResolvedFlags
-    plan: StartupPlan
-
-
-@dataclass(frozen=True)
-class Features:
-    """Each figure of one load point as a vector of step features (the coefficients' multipliers)."""
-
-    ttft: np.ndarray
-    tpot: np.ndarray
-    duration: np.ndarray
-    output_tokens: int
-    preemptions: int
-
-
-@dataclass(frozen=True)
-class _VirtualClock(Clock):
-    at: list[float] = dataclasses.field(default_factory=lambda: [0.0])
-
-    def now(self) -> float:
-        return self.at[0]
-
-
-class _Sink:
-    """A request's times, each a vector of coefficient multipliers (see step_features)."""
-
-    __slots__ = ("first", "last", "n", "now", "start")
-
-    def __init__(self, now: list[np.ndarray]) -> None:
-        self.now = now  # the loop's current time, shared
-        self.start = now[0]
-        self.first = self.last = now[0]
-        self.n = 0
-
-    def on_token(self, index: int, finish_reason: str | None) -> None:
-        if index == 0:
-            self.first = self.now[0]
-        self.last = self.now[0]
-        self.n = index + 1
-
-    def on_cut(self) -> None:
-        pass
-
-
-_LATENCY = np.eye(_FEATURES)[4]
-
-
-def step_features(shape: EngineShape, point: LoadPoint, guess: StepCoefficients) -> Features:
-    """Run the point's closed loop through the emulator's engine in virtual time and return each measured figure
-    as a vector of coefficient multipliers.
-
-    Every instant of the run is such a vector: a step's end is the previous instant plus the step's features
-    (1, prompt tokens, decodes, context tokens, 0), a request reaches the engine `request_latency_s` after its
-    client sent it (+ the unit vector of that coefficient), an idle engine waits for the next arrival. The order
-    of events (which requests a step holds) is decided by the numbers under `guess`; given that order every
-    figure is exact and linear. Raises ConfigError if the load cannot run on this shape."""
-    f = shape.flags
-    if point.input_len + point.output_len > f.max_model_len:
-        raise ConfigError(
-            f"load point {point.input_len}+{point.output_len} tokens exceeds max_model_len ({f.max_model_len})"
-        )
-    c = np.array(guess.as_vector())
-    clock = _VirtualClock()
-    engine = Engine(
-        shape.model,
-        f,
-        shape.plan,
-        StepTimeModel.build(shape.model, shape.device, f),  # unused: this loop times its steps itself
-        clock,
-        EmulatorMetrics(shape.model.name, f.max_model_len, {}),
-        VllmLog(io.StringIO()),
-        lambda _reason, _lines: None,
-        log_stats=False,
-    )
-    now = [np.zeros(_FEATURES)]
-    arriving: deque[tuple[np.ndarray, EngineRequest]] = deque()  # (when it reaches the engine, request), in order
-    sinks: list[_Sink] = []
-    total = point.warmup + point.requests
-    unique = itertools.count(1000)
-
-    def send() -> None:
-        sink = _Sink(now)
-        ids = [next(unique) for _ in range(point.input_len)]  # no two prompts share a block: the cache never hits
-        req = EngineRequest(
-            f"p{len(sinks)}", ids, point.output_len, "length", sink, f.block_size, f.enable_prefix_caching
-        )
-        arriving.append((now[0] + _LATENCY, req))
-        sinks.append(sink)
-
-    for _ in range(min(point.concurrency, total)):
-        send()
-    done = 0
-    while done < total:
-        t = float(now[0] @ c)
-        while arriving and float(arriving[0][0] @ c) <= t + 1e-12:
-            engine.submit(arriving.popleft()[1])
-        batch = engine.begin_step() if (engine.running or engine.waiting) else None
-        if batch is None or not batch.items:
-            if not arriving:
-                raise ConfigError("the probe's load does not fit the server's KV cache (the engine stalled)")
-            now[0] = arriving[0][0]  # idle until the next request arrives
-            continue
-        d = batch.num_decode
-        # a profile's step (StepTimeModel.with_coefficients): its period, linear, whatever the scheduling mode
-        now[0] = now[0] + np.array([1.0, batch.num_tokens - d, d, batch.kv_read, 0.0])
-        clock.at[0] = float(now[0] @ c)
-        before = engine.stats.finished
-        engine.complete(batch.items, clock.at[0])
-        for _ in range(engine.stats.finished - before):
-            done += 1
-            if len(sinks) < total:
-                send()
-    return _figures(sinks[point.warmup :], c, engine.stats.preemptions)
-
-
-def _figures(measured: list[_Sink], c: np.ndarray, preemptions: int) -> Features:
-    """The measured requests' means, each a vector (the first and last instants by their value under `c`)."""
-    ttft = sum((s.first - s.start for s in measured), np.zeros(_FEATURES)) / len(measured)
-    multi = [s for s in measured if s.n > 1]
-    tpot = (
-        sum(((s.last - s.first) / (s.n - 1) for s in multi), np.zeros(_FEATURES)) / len(multi)
-        if multi
-        else np.zeros(_FEATURES)
-    )
-    begin = min(measured, key=lambda s: float(s.start @ c)).start
-    end = max(measured, key=lambda s: float(s.last @ c)).last
-    return Features(
-        ttft=ttft,
-        tpot=tpot,
-        duration=end - begin,
-        output_tokens=sum(s.n for s in measured),
-        preemptions=preemptions,
-    )
 
 
 @dataclass(frozen=True)
@@ -224,8 +101,13 @@ class Prediction:
         return self.output_tokens / self.duration_s if self.duration_s > 0 else 0.0
 
 
+def step_features(shape: EngineShape, point: LoadPoint, guess: StepCoefficients) -> Features:
+    """A probe's load point replayed (tuner.calibration.replay), each figure a vector of multipliers."""
+    return replay(shape, point.load(), guess)
+
+
 def predict(features: Features, c: StepCoefficients) -> Prediction:
-    v = np.array(c.as_vector())
+    v = with_seconds(c)
     return Prediction(
         ttft_mean_s=float(features.ttft @ v),
         tpot_mean_s=float(features.tpot @ v),
@@ -238,7 +120,7 @@ def predict(features: Features, c: StepCoefficients) -> Prediction:
 @dataclass(frozen=True)
 class FitResult:
     coefficients: StepCoefficients
-    relative_rms_error: float  # over every row
+    relative_rms_error: float  # of every load's mean TTFT, mean TPOT and duration, replayed under the coefficients
     predictions: list[Prediction]
 
 
@@ -261,31 +143,78 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best[1] if best is not None else np.zeros(n)
 
 
-def _solve(rows: list[tuple[Features, Measured]]) -> FitResult:
-    """Non-negative least squares of the step coefficients over each point's mean TTFT, mean TPOT and duration,
-    every row relative to its measured value."""
-    if not rows:
-        raise ConfigError("no load point was measured: nothing to fit")
-    a_rows: list[np.ndarray] = []
-    b_rows: list[float] = []
-    for feats, m in rows:
-        for vec, value in ((feats.ttft, m.ttft_mean_s), (feats.tpot, m.tpot_mean_s), (feats.duration, m.duration_s)):
-            if value > 0 and np.any(vec):
-                a_rows.append(vec / value)
-                b_rows.append(1.0)
-    if len(a_rows) < _FEATURES:
-        raise ConfigError(f"{len(a_rows)} measured figures cannot fix {_FEATURES} coefficients: probe more points")
-    a = np.vstack(a_rows)
-    # columns of very different size (1 a step against thousands of context tokens) condition lstsq badly
-    scale = np.maximum(np.abs(a).max(axis=0), 1e-300)
-    x = _nnls(a / scale, np.array(b_rows)) / scale
-    c = StepCoefficients.from_vector([float(v) for v in x])
-    residual = a @ x - 1.0
-    return FitResult(
-        coefficients=c,
-        relative_rms_error=float(np.sqrt(np.mean(residual**2))),
-        predictions=[predict(feats, c) for feats, _ in rows],
-    )
+def _rows(feats: Features, m: Measured) -> Iterator[tuple[np.ndarray, float, float]]:
+    """(features, measured value, weight) of each figure of one load: its duration, and its TTFT and TPOT, each
+    request's when they were kept (together weighing as much as one mean), else the means."""
+    yield feats.duration, m.duration_s, 1.0
+    if m.each_ttft_s and feats.each_ttft is not None and feats.each_tpot is not None:
+        w = 1.0 / np.sqrt(len(m.each_ttft_s))
+        yield from ((vec, value, w) for vec, value in zip(feats.each_ttft, m.each_ttft_s, strict=True))
+        yield from ((vec, value, w) for vec, value in zip(feats.each_tpot, m.each_tpot_s, strict=True))
+    else:
+        yield feats.ttft, m.ttft_mean_s, 1.0
+        yield feats.tpot, m.tpot_mean_s, 1.0
+
+
+@dataclass(frozen=True)
+class _System:
+    """The fit's rows, each relative to its measured value and weighted. A figure's plain seconds (an open loop's
+    send times) are known: they move to the right-hand side."""
+
+    a: np.ndarray
+    b: np.ndarray
+    weight: float  # the rows' squared weights, summed: the error is an rms over them
+
+    @classmethod
+    def of(cls, features: Sequence[Features], measured: Sequence[Measured]) -> _System:
+        a_rows: list[np.ndarray] = []
+        b_rows: list[float] = []
+        weight = 0.0
+        for feats, m in zip(features, measured, strict=True):
+            for vec, value, w in _rows(feats, m):
+                if value > 0 and np.any(vec[:COEFFICIENTS]):
+                    a_rows.append(w * vec[:COEFFICIENTS] / value)
+                    b_rows.append(w * (1.0 - vec[COEFFICIENTS] / value))
+                    weight += w * w
+        if len(a_rows) < COEFFICIENTS:
+            raise ConfigError(
+                f"{len(a_rows)} measured figures cannot fix {COEFFICIENTS} coefficients: probe more points"
+            )
+        return cls(np.vstack(a_rows), np.array(b_rows), weight)
+
+    def error(self, c: StepCoefficients) -> float:
+        """The weighted rms relative error of the rows under `c` (the rows counted under `c` itself: the fit's
+        real error, not the one under another schedule)."""
+        residual = self.a @ np.array(c.as_vector()) - self.b
+        return float(np.sqrt(np.sum(residual**2) / self.weight))
+
+    def solve(self) -> StepCoefficients:
+        """Non-negative least squares of the step coefficients."""
+        # columns of very different size (1 a step against thousands of context tokens) condition lstsq badly
+        scale = np.maximum(np.abs(self.a).max(axis=0), 1e-300)
+        rank = int(np.linalg.matrix_rank(self.a / scale))
+        if rank < COEFFICIENTS:
+            # loads whose steps are all alike (one batch size, one prompt length) fit any split of their cost
+            raise ConfigError(
+                f"the measured loads tell only {rank} of the {COEFFICIENTS} coefficients apart (their steps are too "
+                "alike): measure loads that differ in concurrency, prompt length or max_num_seqs"
+            )
+        x = _nnls(self.a / scale, self.b) / scale
+        return StepCoefficients.from_vector([float(v) for v in x])
+
+
+def _mean_error(predictions: Sequence[Prediction], measured: Sequence[Measured]) -> float:
+    rel = [
+        p / m - 1.0
+        for pred, meas in zip(predictions, measured, strict=True)
+        for p, m in (
+            (pred.ttft_mean_s, meas.ttft_mean_s),
+            (pred.tpot_mean_s, meas.tpot_mean_s),
+            (pred.duration_s, meas.duration_s),
+        )
+        if m > 0
+    ]
+    return float(np.sqrt(np.mean(np.square(rel)))) if rel else 0.0
 
 
 # Where the fit starts: of the order of a small GPU model's step; the schedule it implies is refined from there.
@@ -295,18 +224,88 @@ _FIRST_GUESS = StepCoefficients(
 _MAX_ROUNDS = 8
 
 
+class _Fitter:
+    """The loads, replayed under one guess after another; the best guess so far by its own replay's error."""
+
+    def __init__(
+        self, measured: Sequence[tuple[EngineShape, Load, Measured]], on_round: Callable[[int, float], None] | None
+    ) -> None:
+        if not measured:
+            raise ConfigError("no load was measured: nothing to fit")
+        self.measured = measured
+        self.on_round = on_round
+        self.figures = [m for *_, m in measured]
+        self.best: tuple[float, StepCoefficients, list[Features]] | None = None
+        self.rounds = 0
+
+    def evaluate(self, c: StepCoefficients, *, smooth: bool) -> tuple[_System, float]:
+        self.rounds += 1
+        features = [replay(shape, load, c, smooth=smooth) for shape, load, _ in self.measured]
+        system = _System.of(features, self.figures)
+        error = system.error(c)
+        if self.best is None or error < self.best[0]:
+            self.best = (error, c, features)
+        if self.on_round is not None:
+            self.on_round(self.rounds, self.best[0])
+        return system, error
+
+    def smoothed(self, guess: StepCoefficients, rounds: int) -> StepCoefficients:
+        """Half-steps toward each smoothed fit (a full step overshoots: the latency and the per-sequence cost
+        trade places from one round to the next); the best guess seen."""
+        for _ in range(rounds):
+            system, _ = self.evaluate(guess, smooth=True)
+            guess = _towards(guess, system.solve(), 0.5)
+        self.evaluate(guess, smooth=True)
+        assert self.best is not None
+        return self.best[1]
+
+    def exact(self, guess: StepCoefficients) -> None:
+        """Steps toward each exact fit while they lower the error (a full one, else a half or a quarter): in the
+        schedule's own piece the fit is exact in one step, and a step into a worse schedule is not taken."""
+        system, error = self.evaluate(guess, smooth=False)
+        for _ in range(_MAX_ROUNDS):
+            target = system.solve()
+            for t in (1.0, 0.5, 0.25):
+                c = _towards(guess, target, t)
+                trial, trial_error = self.evaluate(c, smooth=False)
+                if trial_error < error:
+                    guess, system, error = c, trial, trial_error
+                    break
+            else:
+                return
+
+    def result(self) -> FitResult:
+        assert self.best is not None
+        _, c, features = self.best
+        predictions = [predict(f, c) for f in features]  # a replay's values are the same, smoothed or not
+        return FitResult(c, _mean_error(predictions, self.figures), predictions)
+
+
+def _towards(a: StepCoefficients, b: StepCoefficients, t: float) -> StepCoefficients:
+    return StepCoefficients.from_vector([x + t * (y - x) for x, y in zip(a.as_vector(), b.as_vector(), strict=True)])
+
+
+def fit_loads(
+    measured: Sequence[tuple[EngineShape, Load, Measured]],
+    guess: StepCoefficients = _FIRST_GUESS,
+    *,
+    smooth_rounds: int = 0,
+    on_round: Callable[[int, float], None] | None = None,
+) -> tuple[FitResult, int]:
+    """Fit, replay every load under the fit, fit again, while the error of the fit's own replay falls; the
+    coefficients that replay best, and the replays it took. The first `smooth_rounds` count each request's wait
+    for the engine as its latency (replay's `smooth`): far from the answer, that finds it where the exact
+    schedule hides it (a busy engine); the exact rounds then settle it. `on_round(replays, best error)` after
+    each replay (a large study takes minutes)."""
+    fitter = _Fitter(measured, on_round)
+    if smooth_rounds:
+        guess = fitter.smoothed(guess, smooth_rounds)
+    fitter.exact(guess)
+    return fitter.result(), fitter.rounds
+
+
 def fit_coefficients(
     shape: EngineShape, measured: list[tuple[LoadPoint, Measured]], guess: StepCoefficients = _FIRST_GUESS
 ) -> tuple[FitResult, int]:
-    """Fit, re-simulate the schedule under the fitted coefficients, fit again, until the coefficients stop
-    moving (0.1%); the fit and the rounds it took. A closed loop without request latency needs one round."""
-    fit: FitResult | None = None
-    for rounds in range(1, _MAX_ROUNDS + 1):
-        rows = [(step_features(shape, p, guess), m) for p, m in measured]
-        fit = _solve(rows)
-        old, new = np.array(guess.as_vector()), np.array(fit.coefficients.as_vector())
-        guess = fit.coefficients
-        if np.all(np.abs(new - old) <= 1e-3 * np.maximum(np.abs(new), 1e-12)):
-            return fit, rounds
-    assert fit is not None
-    return fit, _MAX_ROUNDS
+    """`fit_loads` over a probe's load points, all on one server."""
+    return fit_loads([(shape, p.load(), m) for p, m in measured], guess)

@@ -84,7 +84,7 @@ class FittedFrom(BaseModel):
     created: str  # ISO 8601, UTC
     points: list[FitPoint]
     relative_rms_error: float  # over every (point, metric) row the fit weighed
-    iterations: int = 1  # schedule re-simulations until the fit stopped moving (open-loop trials need several)
+    iterations: int = 1  # replays of the loads the fit took (each schedule re-simulated under a guess)
 
 
 class StepProfile(BaseModel):

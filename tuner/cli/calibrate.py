@@ -1,4 +1,5 @@
-"""`tuner calibrate`: fit a device profile (the step-time coefficients) to a short probe of a real server."""
+"""`tuner calibrate`: fit a device profile (the step-time coefficients) to a short probe of a real server, or to
+the trials a study already measured."""
 
 from __future__ import annotations
 
@@ -9,18 +10,25 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tuner.calibration.build import engine_shape, fit_profile
+from tuner.calibration.build import engine_shape, fit_profile, fit_study
 from tuner.calibration.fit import LoadPoint, Measured
 from tuner.calibration.probe import default_points, probe_points
-from tuner.catalog import get_gpu, load_model
+from tuner.calibration.profile import StepProfile
+from tuner.calibration.trials import read_trials
+from tuner.catalog import ModelProfile, get_gpu, load_model
 from tuner.cli import app
 from tuner.cli.bench import target_url
 from tuner.errors import ConfigError, TunerError
 from tuner.flags import VllmFlags
+from tuner.report.storage import job_study_name, resolve_storage, sole_study
+from tuner.store import safe_url
 
 __all__ = ["calibrate"]
 
 console = Console(soft_wrap=True)  # a line per point and per figure, whatever the terminal
+
+# What only a probe reads: a study's trials ran their own loads on their own flags.
+_PROBE_ONLY = ("model", "concurrency", "input_len", "output_len", "rounds", "max_num_seqs", "max_num_batched_tokens")
 
 
 def _int_list(text: str, option: str) -> list[int]:
@@ -50,35 +58,116 @@ def _points(concurrency: str, input_len: str, output_len: int, rounds: int) -> l
 
 @app.command(
     "calibrate",
-    help="Fit a device profile to a real vLLM server: a few closed-loop load points (each concurrency at each "
-    "prompt length, tuner's own load client), then the step-time coefficients (per prompt token, per decoding "
-    "sequence, per step, per context token, per request) that make the emulator's engine reproduce their TTFT, "
-    "TPOT and throughput. The JSON file is what [bold]tuner emulate --profile[/bold] and a job's "
+    help="Fit a device profile, the step-time coefficients (per step, per prompt token, per decoding sequence, per "
+    "context token, per request) that make the emulator's engine reproduce a real vLLM server's TTFT, TPOT and "
+    "throughput. The JSON file is what [bold]tuner emulate --profile[/bold] and a job's "
     "[bold]target.profile[/bold] read.\n\n"
-    "Example: [bold]tuner calibrate --url http://127.0.0.1:8000 --device cpu -o cpu-profile.json[/bold]",
+    "Two sources: [bold]--url[/bold] probes a running server (a few closed-loop load points, each concurrency at "
+    "each prompt length, tuner's own load client); [bold]--study[/bold] (or [bold]--storage[/bold] / "
+    "[bold]--job[/bold]) fits the trials a study already measured in full, each replayed on its own flags, "
+    "starting no server: a GPU box's overnight study makes that GPU's profile.\n\n"
+    "Examples:\n\n"
+    "[bold]tuner calibrate --url http://127.0.0.1:8000 --device cpu -o cpu-profile.json[/bold]\n\n"
+    "[bold]tuner calibrate --study night --storage sqlite:///night.db -o h100-profile.json[/bold]",
 )
 def calibrate(
-    url: Annotated[str, typer.Option(help="the server's address (http://host:port)")],
+    ctx: typer.Context,
     output: Annotated[Path, typer.Option("--output", "-o", help="the profile file to write (JSON)")],
+    url: Annotated[str | None, typer.Option(help="the server to probe (http://host:port)", show_default=False)] = None,
+    study: Annotated[
+        str | None,
+        typer.Option(
+            help="fit the trials this study measured instead of probing (default with --storage or --job: the job "
+            "file's study, else the storage's only one)",
+            show_default=False,
+        ),
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            help="the study's storage URL (sqlite:///night.db, postgresql+psycopg://...); default: the --job file's, "
+            "else $TUNER_STORAGE_URL, else sqlite:///tuner.db",
+            show_default=False,
+        ),
+    ] = None,
+    job: Annotated[
+        Path | None, typer.Option(help="a job file: its storage, and its study when --study is left out")
+    ] = None,
     device: Annotated[
-        str, typer.Option(help="what the server runs on: cpu (vLLM's CPU build) or a catalog GPU (h100-80gb, ...)")
-    ] = "cpu",
-    model: Annotated[str | None, typer.Option(help="the served model name (default: the server's only one)")] = None,
+        str | None,
+        typer.Option(
+            help="what the server runs on: cpu (vLLM's CPU build) or a catalog GPU (h100-80gb, ...); default: cpu "
+            "for a probe, the GPU the study ran on for --study",
+            show_default=False,
+        ),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="probe: the served model name (default: the server's only one)")
+    ] = None,
     model_config: Annotated[
         str | None,
-        typer.Option(help="the model's config.json directory or hub id, when the server's `root` is not readable here"),
+        typer.Option(
+            help="the model's config.json directory or hub id, when the server's `root` (a probe) or the study's "
+            "target.model is not readable here"
+        ),
     ] = None,
-    concurrency: Annotated[str, typer.Option(help="closed-loop concurrencies to probe")] = "1,4,16",
-    input_len: Annotated[str, typer.Option(help="prompt lengths to probe (tokens)")] = "128,512",
-    output_len: Annotated[int, typer.Option(help="output tokens of every probe request")] = 32,
-    rounds: Annotated[int, typer.Option(help="measured requests per point, in rounds of its concurrency")] = 4,
-    max_num_seqs: Annotated[int | None, typer.Option(help="the server's --max-num-seqs, if not vLLM's default")] = None,
+    concurrency: Annotated[str, typer.Option(help="probe: closed-loop concurrencies")] = "1,4,16",
+    input_len: Annotated[str, typer.Option(help="probe: prompt lengths (tokens)")] = "128,512",
+    output_len: Annotated[int, typer.Option(help="probe: output tokens of every request")] = 32,
+    rounds: Annotated[int, typer.Option(help="probe: measured requests per point, in rounds of its concurrency")] = 4,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(help="probe: the server's --max-num-seqs, if not vLLM's default")
+    ] = None,
     max_num_batched_tokens: Annotated[
-        int | None, typer.Option(help="the server's --max-num-batched-tokens, if not vLLM's default")
+        int | None, typer.Option(help="probe: the server's --max-num-batched-tokens, if not vLLM's default")
     ] = None,
 ) -> None:
-    base = target_url(url)
+    from_study = study is not None or storage is not None or job is not None
+    if from_study and url is not None:
+        raise ConfigError("--url probes a server, --study/--storage/--job fit a study's trials: give one of the two")
+    if not from_study and url is None:
+        raise ConfigError(
+            "give --url (probe a running server) or --study/--storage/--job (fit the trials a study measured)"
+        )
+    config = _model_config(model_config)
+    if from_study:
+        given = [name for name in _PROBE_ONLY if _given(ctx, name)]
+        if given:
+            option = "--" + given[0].replace("_", "-")
+            raise ConfigError(f"{option} is for a probe (--url): a study's trials ran their own loads and flags")
+        _from_study(output, study, storage, job, device, config)
+        return
+    assert url is not None
+    flags = VllmFlags(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     points = _points(concurrency, input_len, output_len, rounds)
+    _from_probe(output, url, device or "cpu", model, config, flags, points)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the command line gave the option (typer's own click: its ParameterSource is not public)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _model_config(source: str | None) -> ModelProfile | None:
+    if source is None:
+        return None
+    try:
+        return load_model(source)
+    except TunerError as e:
+        raise ConfigError(f"--model-config {source!r}: {e}") from None
+
+
+def _from_probe(
+    output: Path,
+    url: str,
+    device: str,
+    model: str | None,
+    config: ModelProfile | None,
+    flags: VllmFlags,
+    points: list[LoadPoint],
+) -> None:
+    base = target_url(url)
     dev = get_gpu(device)
 
     def shown(p: LoadPoint, m: Measured) -> None:
@@ -90,18 +179,64 @@ def calibrate(
 
     console.print(f"probing {base}: {len(points)} load points", highlight=False)
     facts, measured = asyncio.run(probe_points(base, model, points, shown))
-    source = model_config or facts.root or facts.model
-    try:
-        model_profile = load_model(source)
-    except TunerError as e:
-        raise ConfigError(f"{e}; give --model-config (the model's directory or hub id)") from None
-    flags = VllmFlags(
-        max_model_len=facts.max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
-    )
-    shape = engine_shape(model_profile, dev, flags, facts.num_gpu_blocks)
+    if config is None:
+        try:
+            config = load_model(facts.root or facts.model)
+        except TunerError as e:
+            raise ConfigError(f"{e}; give --model-config (the model's directory or hub id)") from None
+    served = flags.model_copy(update={"max_model_len": facts.max_model_len})
+    shape = engine_shape(config, dev, served, facts.num_gpu_blocks)
     profile = fit_profile(
         shape, measured, served_model=facts.model, vllm_version=facts.vllm_version, source="probe", url=base
     )
+    _write(profile, output)
+    console.print(
+        f"fit: {profile.fitted_from.relative_rms_error:.1%} rms relative error over {len(points)} points x 3 figures "
+        f"(vLLM {facts.vllm_version or 'version unknown'}); wrote {output}",
+        highlight=False,
+    )
+
+
+def _from_study(
+    output: Path,
+    study: str | None,
+    storage: str | None,
+    job: Path | None,
+    device: str | None,
+    config: ModelProfile | None,
+) -> None:
+    url = resolve_storage(storage, job)
+    name = study or (job_study_name(job) if job is not None else sole_study(url))
+    trials = read_trials(url, name, device=get_gpu(device) if device else None, model=config)
+    trials.require()
+    console.print(
+        f"study {name!r} in {safe_url(url)}: {trials.summary()}; replaying their loads in the engine",
+        highlight=False,
+    )
+    with console.status("replaying") as status:
+        profile = fit_study(trials, lambda n, e: status.update(f"replay {n}: best {e:.1%} rms error a request"))
+    varied = sorted({k for p in profile.fitted_from.points for k in p.flags if _varies(profile, k)})
+    for p in profile.fitted_from.points:
+        flags = " ".join(f"{k}={p.flags[k]}" for k in varied if k in p.flags) or "vLLM's defaults"
+        console.print(
+            f"trial {p.trial}: {flags}: {p.measured_output_tok_s:.1f} tok/s (fit {p.predicted_output_tok_s:.1f}), "
+            f"TTFT {p.measured_ttft_mean_s * 1e3:.1f} ms (fit {p.predicted_ttft_mean_s * 1e3:.1f}), "
+            f"TPOT {p.measured_tpot_mean_s * 1e3:.2f} ms (fit {p.predicted_tpot_mean_s * 1e3:.2f})",
+            highlight=False,
+        )
+    _write(profile, output)
+    console.print(
+        f"fit: {profile.fitted_from.relative_rms_error:.1%} rms relative error over {len(trials.used)} trials x 3 "
+        f"figures (vLLM {profile.vllm_version or 'version unknown'}, {trials.device.key}); wrote {output}",
+        highlight=False,
+    )
+
+
+def _varies(profile: StepProfile, key: str) -> bool:
+    return len({repr(p.flags.get(key)) for p in profile.fitted_from.points}) > 1
+
+
+def _write(profile: StepProfile, output: Path) -> None:
     try:
         profile.write(output)
     except OSError as e:
@@ -111,10 +246,5 @@ def calibrate(
         f"step {c.step_overhead_s * 1e3:.3f} ms + prompt token {c.prefill_token_s * 1e6:.2f} us + decoding seq "
         f"{c.decode_seq_s * 1e6:.1f} us + context token {c.context_token_s * 1e9:.1f} ns; request latency "
         f"{c.request_latency_s * 1e3:.2f} ms",
-        highlight=False,
-    )
-    console.print(
-        f"fit: {profile.fitted_from.relative_rms_error:.1%} rms relative error over {len(points)} points x 3 figures "
-        f"(vLLM {facts.vllm_version or 'version unknown'}); wrote {output}",
         highlight=False,
     )
