@@ -11,6 +11,7 @@ import httpx
 import pytest
 from load_fakes import BrokenServer, FakeVllm, LoopClock, WordServer, fake_time, free_port, made_up_words
 
+from tuner.clock import Clock
 from tuner.load import Arrival, UniformLength, Workload, run_load
 from tuner.load.arrival import interarrival_gaps
 from tuner.load.runner import LoadProgress
