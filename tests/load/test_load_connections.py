@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 from load_fakes import BrokenServer, free_port
 
 from tuner.clock import Clock
 from tuner.load import RequestRecord
 from tuner.load.client import send_request
+from tuner.load.connections import on_wire
 from tuner.load.runner import new_client
 
 BODY = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stream": True}
@@ -76,3 +78,42 @@ async def test_a_cut_or_reset_connection_is_dropped_and_the_next_request_gets_a_
         records = [await _send(client, base, i) for i in range(4)]
     assert [r.error_class for r in records] == ["stream_cut", None, "connection_reset", None]
     assert server.connections == 3  # cut | ok, then reset on the kept connection | ok
+
+
+async def test_the_clock_starts_when_the_request_is_on_the_wire() -> None:
+    """The load transport says when a request's headers are written (on_wire); a request handed over while the event
+    loop is busy elsewhere starts its clock then, not at the hand-over. A MockTransport never says: its clock starts
+    at the hand-over, as before."""
+    server = BrokenServer(["ok"])
+    async with server.serve() as base, new_client() as client:
+        seen: list[str] = []
+        with on_wire(lambda: seen.append("wire")):
+            seen.append("handed over")
+            response = await client.post(base + "/v1/completions", json=BODY)
+            seen.append("answered")
+        assert response.status_code == 200 and seen == ["handed over", "wire", "answered"]
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"data: [DONE]\n\n")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as mock:
+        with on_wire(lambda: seen.append("never")):
+            await mock.get("http://fake/")
+    assert "never" not in seen
+
+
+async def test_time_queued_in_the_client_is_not_the_servers() -> None:
+    # The loop blocked for 2 s between the hand-over and the write: the record's TTFT leaves it out.
+    server = BrokenServer(["ok"])
+    blocked: list[bool] = []
+
+    def block_once() -> None:
+        if not blocked:
+            blocked.append(True)
+            time.sleep(2.0)  # the event loop held by other work, as a busy client's is
+
+    async with server.serve() as base, new_client() as client:
+        asyncio.get_running_loop().call_soon(block_once)
+        record = await _send(client, base)
+    assert record.ok and blocked
+    assert record.ttft_s is not None and record.ttft_s < 2.0

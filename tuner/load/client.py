@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from tuner.clock import Clock
+from tuner.load.connections import on_wire
 from tuner.load.results import FailureClass, RequestRecord
 from tuner.load.sse import SseDecoder, SseError
 
@@ -62,9 +63,14 @@ async def send_request(
         now = clock.now()
         return _record(index, now, origin, now, state, warmup, "other", f"{type(e).__name__}: {e}")
     start = clock.now()
+
+    def sent() -> None:
+        state.sent = clock.now()
+
     try:
         async with asyncio.timeout(wall_timeout):
-            await _stream(client, request, clock, state)
+            with on_wire(sent):
+                await _stream(client, request, clock, state)
     except _Failure as f:
         return _record(index, start, origin, clock.now(), state, warmup, f.cls, f.message)
     except (TimeoutError, httpx.TimeoutException):
@@ -96,7 +102,9 @@ def _short(state: _StreamState, expect_output: int | None) -> str | None:
 
 
 class _StreamState:
-    __slots__ = ("chat", "done", "end", "events", "finish_reason", "first", "gaps", "headers", "last", "usage")
+    __slots__ = (
+        "chat", "done", "end", "events", "finish_reason", "first", "gaps", "headers", "last", "sent", "usage",
+    )  # fmt: skip
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat
@@ -109,6 +117,7 @@ class _StreamState:
         self.done = False
         self.end: float | None = None  # when [DONE] was read: the drain after it is not the server's latency
         self.finish_reason: str | None = None
+        self.sent: float | None = None  # when the request was on the wire, where the transport says (on_wire)
 
 
 async def _stream(client: httpx.AsyncClient, request: httpx.Request, clock: Clock, state: _StreamState) -> None:
@@ -252,6 +261,8 @@ def _record(
     cls: FailureClass | None,
     message: str | None,
 ) -> RequestRecord:
+    # The server's time starts when the request is on the wire; before that it waited in this client.
+    start = state.sent if state.sent is not None else start
     usage = state.usage or {}
     prompt_tokens = usage.get("prompt_tokens")
     completion_tokens = usage.get("completion_tokens")

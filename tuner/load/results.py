@@ -33,7 +33,8 @@ FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
 
 
 class RequestRecord(BaseModel):
-    """One request as the client saw it. Times in (emulated) seconds; `start_s` from the start of the run."""
+    """One request as the client saw it. Times in (emulated) seconds; `start_s` from the start of the run, when the
+    request was on the wire (where the transport says so: tuner.load.connections.on_wire; else when it was sent)."""
 
     model_config = ConfigDict(extra="forbid")
 
