@@ -397,13 +397,16 @@ def run_sampler(sc: Scenario, sampler: str, seed: int, n_trials: int) -> list[tu
         trials = sorted(run.study.get_trials(deepcopy=False), key=lambda t: t.number)
     finally:
         run.close()
-    return [_trial_cost(t, job, sc.cache) for t in trials if t.state == TrialState.COMPLETE]
+    # A sampler's repeat of a flag set is answered from the first trial and is not a trial of the budget (the study
+    # counts distinct flag sets), so it is not counted here either: the trials are the budget's.
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("duplicate_of") is None]
+    return [_trial_cost(t, job, sc.cache) for t in done]
 
 
 def _trial_cost(t: FrozenTrial, job: Job, cache: dict[str, Point]) -> tuple[float | None, float, float]:
     a = t.user_attrs
     tput = float(t.values[0]) if a.get("feasible") and t.values else None
-    if a.get("duplicate_of") is not None or a.get("outcome") == "skipped_infeasible":
+    if a.get("outcome") == "skipped_infeasible":
         return tput, 0.0, 0.0
     p = cache[flag_key(a["flags"])]
     attempts = max(1, int(a.get("attempts") or 1))
