@@ -195,11 +195,16 @@ def _report(rows: list[dict[str, Any]], profile: StepProfile, load: tuple[float,
             f"{err['ttft_p50']:+11.1%} | {err['ttft_p95']:+11.1%} | {err['tpot_p50']:+11.1%} | "
             f"{real['preemptions']:8.0f} {emu['preemptions']:4.0f}"
         )
-    medians = {f: statistics.median(v) for f, v in errors.items()}
+    # an undefined error (the real figure 0: e.g. TPOT p50 when most replies came in one chunk) is left out of the
+    # median, not sorted in: statistics.median over a list holding nan returns an arbitrary element
+    finite = {f: [e for e in v if np.isfinite(e)] for f, v in errors.items()}
+    medians = {f: statistics.median(v) if v else float("nan") for f, v in finite.items()}
+    left_out = {f: len(errors[f]) - len(v) for f, v in finite.items() if len(v) < len(errors[f])}
     rho = _spearman([r["real"]["output_tok_s"] for r in rows], [r["emulator"]["output_tok_s"] for r in rows])
     print(
         "median |error|: "
         + ", ".join(f"{f} {v:.1%}" for f, v in medians.items())
+        + "".join(f" ({f}: {n} undefined, left out)" for f, n in left_out.items())
         + f"; Spearman by throughput {rho:.3f}; load average {load[0]:.2f} before, {load[1]:.2f} after"
     )
     return {"rows": rows, "median_abs_error": medians, "spearman": rho, "load_average": list(load)}
