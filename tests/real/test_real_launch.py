@@ -107,7 +107,7 @@ async def test_good_start_then_the_engine_core_killed_under_load(
             # that can only end whole if the signals missed the engine core.
             os.kill(engine, signal.SIGSTOP)
             accepted = asyncio.Event()
-            late = asyncio.create_task(_long_stream(client, 16, accepted))
+            late = asyncio.create_task(_long_stream(client, 16, accepted, at_headers=True))
             await asyncio.wait_for(accepted.wait(), EXIT_LIMIT_S)  # the API server has taken it
             os.kill(engine, signal.SIGKILL)
             endings = await asyncio.gather(*load)
@@ -123,17 +123,17 @@ async def test_good_start_then_the_engine_core_killed_under_load(
         assert "after it was ready (" in str(error) and "engine core exited unexpectedly" in str(error)
 
 
-async def _long_stream(client: httpx.AsyncClient, i: int, started: asyncio.Event) -> str:
+async def _long_stream(client: httpx.AsyncClient, i: int, started: asyncio.Event, *, at_headers: bool = False) -> str:
     """How one streamed 800-token reply ended: "whole" (a finish_reason), "cut", "error event" or the client's error.
 
-    `started` is set when the server answers 200 for a request the load sends first (i < 16: at its first token;
-    the late request: at the answer's headers, sent before any token)."""
+    `started` is set at the first token, or `at_headers` at the 200 answer's headers (vLLM sends them before it hands
+    the request to the engine core, so they come from a frozen engine too)."""
     body = {"model": "tiny", "prompt": f"alpha beta gamma {i}", "max_tokens": 800, "stream": True}
     try:
         async with client.stream("POST", "/v1/completions", json={**body, "ignore_eos": True}) as response:
             if response.status_code != 200:
                 return f"HTTP {response.status_code}"
-            if i >= 16:
+            if at_headers:
                 started.set()
             async for line in response.aiter_lines():
                 if not line.startswith("data: {"):
