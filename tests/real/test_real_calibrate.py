@@ -45,7 +45,9 @@ def test_calibrate_writes_a_usable_profile_of_the_real_server(
     # A busy server may hand a point's few tokens over in one read (a TPOT of 0 is then what the client saw); the
     # fit needs gaps measured somewhere, not at every point.
     assert any(p.measured_tpot_mean_s > 0 for p in profile.fitted_from.points)
-    assert profile.coefficients.step_overhead_s + profile.coefficients.decode_seq_s > 0
+    # Decode steps cost time in the fitted model wherever the client measured them. How the fit splits that cost
+    # among its terms is the data's: under a busy machine's noise it can all go to the per-context-token term.
+    assert all(p.predicted_tpot_mean_s > 0 for p in profile.fitted_from.points if p.measured_tpot_mean_s > 0)
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     argv = ["--device", "cpu", "--model", str(real_vllm.model_dir), "--max-model-len", "1024", "--profile", str(out)]
