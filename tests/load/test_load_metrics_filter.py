@@ -122,3 +122,31 @@ async def test_a_server_with_no_filter_below_metrics_is_read_whole() -> None:
     scraper = await scrape(Starlette(routes=[Route("/metrics", metrics)]))  # /metrics/ is a redirect here
     assert not scraper.filtered and scraper.error is None
     assert [s.running for s in scraper.samples] == [2.0, 2.0] and paths == ["/metrics", "/metrics"]
+
+
+class FirstAnswerLate(httpx.AsyncBaseTransport):
+    """The first request times out, as a scrape of a server too busy to answer within the scrape's timeout."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        if self.calls == 1:
+            raise httpx.ReadTimeout("no answer within the scrape's timeout", request=request)
+        return await self.inner.handle_async_request(request)
+
+
+async def test_a_scrape_a_busy_server_did_not_answer_is_a_failure_not_a_reason_to_read_whole_pages() -> None:
+    recorder = Recorder(vllm_registry())
+    transport = FirstAnswerLate(httpx.ASGITransport(app=recorder))
+    async with (
+        httpx.AsyncClient(transport=transport, base_url="http://server") as client,
+        scrape_metrics(client, "http://server", clock=REAL_TIME, model="m", interval_s=0.01) as scraper,
+    ):
+        while not scraper.samples and scraper.failures < 3:
+            await asyncio.sleep(0.01)
+    assert scraper.filtered and scraper.failures == 1
+    assert scraper.error is not None and "ReadTimeout" in scraper.error
+    assert recorder.queries and all(q.startswith("/metrics/?name") for q in recorder.queries)

@@ -196,7 +196,8 @@ def summarize_samples(samples: Sequence[MetricsSample], *, error: str | None = N
 
 @dataclass
 class MetricsScraper:
-    """Samples collected by a background scrape; `error` is the last reason a scrape failed, if it never worked.
+    """Samples collected by a background scrape; `failures` counts the scrapes that read nothing, `error` says why the
+    last one did not.
     `filtered` is whether the server honoured the `name[]` filter (False: it is asked for whole pages)."""
 
     samples: list[MetricsSample] = field(default_factory=list)
@@ -218,8 +219,16 @@ async def _scrape_once(
     client: httpx.AsyncClient, base: str, clock: Clock, model: str | None, out: MetricsScraper
 ) -> None:
     if out.filtered:
+        filtered_url = f"{base}/metrics/"
         try:
-            response = await client.get(f"{base}/metrics/", params={"name[]": list(WANTED_SAMPLES)}, timeout=5.0)
+            response = await client.get(filtered_url, params={"name[]": list(WANTED_SAMPLES)}, timeout=5.0)
+        except httpx.TransportError as e:
+            # A busy server's late answer, or none: its state, not a sign the filter is missing. Whole pages would
+            # only load it more.
+            out.failures += 1
+            out.error = f"{filtered_url}: {type(e).__name__}: {e}"
+            return
+        try:
             sample = _parse(response, clock, model)
         except Exception:
             sample = None
