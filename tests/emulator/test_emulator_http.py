@@ -239,8 +239,10 @@ async def test_real_run_streams_every_token_in_order_at_a_modest_time_scale() ->
 
 
 async def test_oversubscribed_kv_cache_preempts_over_http() -> None:
+    # Time scale 5: each request lives long against the client's sends of the 16, so they overlap however busy the
+    # machine (at 50x the first could finish before the last was sent)
     emu = _emulator("--gpu", "rtx4090", "--max-model-len", "2048", "--gpu-memory-utilization", "0.74",
-                    "--time-scale", "50")  # fmt: skip
+                    "--time-scale", "5")  # fmt: skip
     assert emu.plan.kv_tokens < 16 * 700 / 2
     async with emu.serve_http(host="127.0.0.1", port=0) as base, httpx.AsyncClient(base_url=base, timeout=60) as client:
         body = {"max_tokens": 200, "ignore_eos": True}
@@ -255,9 +257,9 @@ async def test_oversubscribed_kv_cache_preempts_over_http() -> None:
 
 async def test_runtime_cuda_oom_at_099_under_load() -> None:
     # the graphs are inside the budget (vLLM 0.32): 0.99 starts, and the 1% left is outgrown only by the sampler's
-    # buffers of about 200 running requests
+    # buffers of about 200 running requests. Time scale 5: the 240 overlap however slowly a busy machine sends them.
     emu = _emulator("--gpu", "rtx4090", "--max-model-len", "8192", "--gpu-memory-utilization", "0.99",
-                    "--time-scale", "20")  # fmt: skip
+                    "--time-scale", "5")  # fmt: skip
     assert emu.plan.ok  # it starts...
     assert 160 < emu.engine.oom_running_threshold < 240
     limits = httpx.Limits(max_connections=None)  # httpx allows 100 connections by default
@@ -269,7 +271,7 @@ async def test_runtime_cuda_oom_at_099_under_load() -> None:
         small = await client.post("/v1/completions", json=body | {"max_tokens": 4})
         assert small.status_code == 200  # ...and serves a few requests
         outcomes = await asyncio.gather(
-            *(_stream_times(client, Clock(20), body) for _ in range(240)), return_exceptions=True
+            *(_stream_times(client, Clock(5), body) for _ in range(240)), return_exceptions=True
         )
     assert emu.exit_code == 1 and emu.fatal_reason == "cuda_oom"
     assert any(isinstance(o, httpx.RemoteProtocolError | httpx.ReadError) for o in outcomes)  # streams were cut

@@ -125,7 +125,9 @@ def test_start_up_lines_and_connections_refused_until_ready(procs: list[_Proc]) 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = ["--model", "llama-3.1-8b", "--gpu", "rtx4090", "--max-model-len", "8192"]
-    p = _Proc([*args, "--host", "127.0.0.1", "--port", str(port), "--time-scale", "15"])
+    # Time scale 5: the graph capture's 7 emulated seconds are 1.4 s of wall time, for the refused connect below to
+    # land in on a busy machine (at 15 it was under half a second).
+    p = _Proc([*args, "--host", "127.0.0.1", "--port", str(port), "--time-scale", "5"])
     procs.append(p)
     p.wait_for(r"Starting to load model llama-3.1-8b")
     assert _refused(port)  # loading: nothing listens yet

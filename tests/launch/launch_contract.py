@@ -115,7 +115,8 @@ def containers_of(docker_client: Any, study: str) -> list[Any]:
     return list(docker_client.containers.list(all=True, filters={"label": f"tuner.study={study}"}))
 
 
-def assert_nothing_left(marker: str, *, study: str, docker_client: Any = None, timeout_s: float = 5.0) -> None:
+def assert_nothing_left(marker: str, *, study: str, docker_client: Any = None, timeout_s: float = 30.0) -> None:
+    """No process of `marker` (nor container of `study`): a SIGKILLed one may take a moment to exit, not forever."""
     deadline = time.monotonic() + timeout_s
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -132,7 +132,7 @@ async def test_crash_under_load_is_reported_by_failure(case: Case) -> None:
             assert server.failure() is None
             with contextlib.suppress(httpx.HTTPError):  # the server may die while answering
                 await client.post("/v1/completions", json=body)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # not forever
         while server.exit_code is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         failure = server.failure()
@@ -192,7 +192,7 @@ async def test_stop_during_start_leaves_nothing(case: Case) -> None:
             pytest.fail("the server started")
 
     task = asyncio.create_task(start())
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 300  # not forever: a container's first start copies its image on vfs
     while not processes_with(case.marker) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert processes_with(case.marker), "the server never started"

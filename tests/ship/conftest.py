@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import missing_service
 from tuner.launch.owner import pid_alive
@@ -21,10 +22,14 @@ JOB = Path(__file__).resolve().parents[2] / "search_spaces" / "emulator-demo-max
 
 @pytest.fixture(scope="session")
 def max_rate_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The README's max_rate job, run whole (two trials, seconds on the emulator) in its own directory."""
+    """The README's max_rate job (its SLOs loosened), run whole (two trials, seconds on the emulator) in a directory."""
     d = tmp_path_factory.mktemp("ship")
     job = d / JOB.name
-    shutil.copy(JOB, job)
+    doc = yaml.safe_load(JOB.read_text())
+    # At time scale 40 the job's ttft_p95 <= 2s is 50 ms of wall time, which a machine with both cores busy misses at
+    # every rate (no feasible trial, nothing to plan); SLOs ten times looser keep these tests about the ship commands.
+    doc["slos"] = ["e2e_p95 <= 100s", "ttft_p95 <= 20s", "success_rate >= 0.99"]
+    job.write_text(yaml.safe_dump(doc))
     state = d / "state"
     env = {**os.environ, "TUNER_STATE_DIR": str(state), "COLUMNS": "200"}
     env.pop("TUNER_STORAGE_URL", None)

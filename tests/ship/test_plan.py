@@ -108,8 +108,9 @@ def test_the_dashboard_draws_the_slos(max_rate_job: Path, tmp_path: Path) -> Non
     def bound(title: str) -> float:
         return float(panels[title]["fieldConfig"]["defaults"]["thresholds"]["steps"][-1]["value"])
 
-    # the job's SLOs: e2e_p95 <= 10s, ttft_p95 <= 2s
-    assert (bound("End-to-end latency percentiles"), bound("TTFT percentiles"), bound("KV cache usage")) == (10, 2, 0.9)
+    # the job's SLOs (as the fixture loosened them): e2e_p95 <= 100s, ttft_p95 <= 20s
+    bounds = (bound("End-to-end latency percentiles"), bound("TTFT percentiles"), bound("KV cache usage"))
+    assert bounds == (100, 20, 0.9)
     assert any(t["legendFormat"] == "P95" for t in panels["TTFT percentiles"]["targets"])
 
 

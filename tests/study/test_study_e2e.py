@@ -164,7 +164,9 @@ def test_two_workers_on_one_postgres_study(tmp_path: Path, state_dir: Path, post
     # repeat cap; with 8 points the cap (12 finished) could end the run one flag set short.
     seqs = {"choices": [4, 8, 12, 16, 20, 24, 28, 32]}
     space = {**JOB["space"], "max_num_seqs": seqs}  # type: ignore[dict-item]
-    job = write_job(tmp_path, budget={"n_trials": 6}, space=space)
+    # Both workers live: a grace period no busy machine's late heartbeat outlasts (the short one is for the kill tests)
+    study = {**JOB["study"], "grace_period": 60}  # type: ignore[dict-item]
+    job = write_job(tmp_path, budget={"n_trials": 6}, space=space, study=study)
     workers = [tuner(job, state_dir, "--storage", postgres_url) for _ in range(2)]
     results = [finish(w, 300) for w in workers]
     ran = []

@@ -118,11 +118,11 @@ def test_trial_left_running_by_a_dead_worker_is_failed_by_the_heartbeat_and_retr
         tuning._prepare()
         with pytest.warns(UserWarning, match="Heartbeat of storage"):
             dead = tuning.study.ask()  # the baseline, started by a worker that then died (no more heartbeats)
+        started = time.monotonic()  # before its last heartbeat: the grace period runs from there, however slow the rest
         tuning.storage.record_heartbeat(dead._trial_id)
         dead.set_user_attr("flags", {"max_num_seqs": 256})
     finally:
         tuning.close()
-    started = time.monotonic()
     study = run_job(j, url)
     trials = study.get_trials(deepcopy=False)
     assert trials[0].state == TrialState.FAIL
@@ -142,7 +142,9 @@ def threaded_workers(url: str, n_workers: int, n_trials: int) -> tuple[list[Froz
 
     def worker(launcher: FakeLauncher, seed: int) -> None:
         # Threads share a pid, so the study's per-process seed offset does not part them: seeds of their own do.
-        j = job(space=space, budget={"n_trials": n_trials}, sampler={"name": "random", "seed": seed})
+        # Every worker lives: a grace period no busy machine's late heartbeat thread outlasts.
+        study = {"name": "fake", "heartbeat_interval": 1, "grace_period": 60}
+        j = job(space=space, budget={"n_trials": n_trials}, sampler={"name": "random", "seed": seed}, study=study)
         try:
             run_job(j, url, launcher)
         except BaseException as e:
