@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from tests.calibration.test_fit import TRUE, _profile
+from tuner.calibration.fit import Measured
+from tuner.calibration.probe import decode_unseen
 from tuner.calibration.profile import load_profile
 from tuner.cli import main
 
@@ -101,3 +103,13 @@ def test_bad_input_is_one_line(
     got, text = run_cli(["calibrate", *args], capsys, monkeypatch)
     assert got == code, text
     assert pattern in text and "Traceback" not in text
+
+
+def test_a_probe_that_never_saw_two_pieces_of_a_reply_says_decode_went_untimed() -> None:
+    def point(tpot_s: float) -> Measured:
+        return Measured(ttft_mean_s=0.05, tpot_mean_s=tpot_s, duration_s=1.0, output_tokens=32)
+
+    warning = decode_unseen([point(0.0), point(0.0)])
+    assert warning is not None and warning.startswith("warning: every reply came in one piece")
+    assert "--output-len" in warning and "\n" not in warning
+    assert decode_unseen([point(0.0), point(0.004)]) is None  # one point's gaps are enough to time a step

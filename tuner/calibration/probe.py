@@ -141,3 +141,15 @@ async def probe_points(
             if on_point is not None:
                 on_point(p, m)
     return facts, out
+
+
+def decode_unseen(measured: Sequence[Measured]) -> str | None:
+    """Why the probe could not time a decode step, if it could not: every reply reached the client in one piece (a
+    server too busy to stream sends its tokens together), so TPOT read 0 at every point."""
+    if any(m.tpot_mean_s > 0 for m in measured):
+        return None
+    return (
+        "warning: every reply came in one piece (TPOT 0 at every point): the server sent its tokens together, so a "
+        "decode step's cost is fitted from throughput alone; probe again with a longer --output-len or on a quieter "
+        "machine"
+    )

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from tuner.calibration.build import engine_shape, fit_profile, fit_study
 from tuner.calibration.fit import LoadPoint, Measured
-from tuner.calibration.probe import default_points, probe_points
+from tuner.calibration.probe import decode_unseen, default_points, probe_points
 from tuner.calibration.profile import StepProfile
 from tuner.calibration.trials import read_trials
 from tuner.catalog import ModelProfile, get_gpu, load_model
@@ -195,6 +195,8 @@ def _from_probe(
         f"(vLLM {facts.vllm_version or 'version unknown'}); wrote {output}",
         highlight=False,
     )
+    if (warning := decode_unseen([m for _, m in measured])) is not None:
+        console.print(warning, highlight=False)
 
 
 def _from_study(
