@@ -210,6 +210,10 @@ class MetricsScraper:
             return None
         return summarize_samples(self.samples)
 
+    def failed(self, url: str, e: Exception) -> None:
+        self.failures += 1
+        self.error = f"{url}: {type(e).__name__}: {e}"
+
 
 def _read_nothing(sample: MetricsSample) -> bool:
     return all(getattr(sample, f.name) is None for f in dataclasses.fields(sample) if f.name != "t")
@@ -225,8 +229,7 @@ async def _scrape_once(
         except httpx.TransportError as e:
             # A busy server's late answer, or none: its state, not a sign the filter is missing. Whole pages would
             # only load it more.
-            out.failures += 1
-            out.error = f"{filtered_url}: {type(e).__name__}: {e}"
+            out.failed(filtered_url, e)
             return
         try:
             sample = _parse(response, clock, model)
@@ -243,8 +246,7 @@ async def _scrape_once(
     try:
         out.samples.append(_parse(await client.get(url, timeout=5.0), clock, model))
     except Exception as e:  # the server-side view is optional; the load run goes on without it
-        out.failures += 1
-        out.error = f"{url}: {type(e).__name__}: {e}"
+        out.failed(url, e)
 
 
 def _parse(response: httpx.Response, clock: Clock, model: str | None) -> MetricsSample:
