@@ -103,7 +103,7 @@ async def test_group_is_killed_and_secrets_are_masked(tmp_path: Path, monkeypatc
         assert SECRET not in server.logs()
         assert len(ProcessRegistry(tmp_path / "state").records()) == 1
     # SIGKILLed, the child may still be exiting when the stop returns (it waits for the leader only): not forever
-    assert_nothing_left(marker, study="-", timeout_s=30)
+    assert_nothing_left(marker, study="-")
     assert ProcessRegistry(tmp_path / "state").records() == []
     assert f"token is {MASK}" in server.logs()  # kept after the stop, still masked
     assert not list((tmp_path / "state" / "logs").iterdir())
@@ -152,7 +152,7 @@ async def test_body_exception_still_stops_the_server(tmp_path: Path) -> None:
             async with httpx.AsyncClient(trust_env=False) as client:
                 assert (await client.get(f"{server.base_url}/health")).status_code == 200
             raise RuntimeError("trial code failed")
-    assert_nothing_left(marker, study="-", timeout_s=30)
+    assert_nothing_left(marker, study="-")
 
 
 def test_a_reused_pid_is_not_killed(tmp_path: Path) -> None:

@@ -18,6 +18,9 @@ from tuner.launch.owner import pid_alive
 from tuner.launch.registry import ProcessRegistry
 
 JOB = Path(__file__).resolve().parents[2] / "search_spaces" / "emulator-demo-max-rate.yaml"
+# At time scale 40 the job's ttft_p95 <= 2s is 50 ms of wall time, which a machine with both cores busy misses at every
+# rate (no feasible trial, nothing to plan); SLOs ten times looser keep the ship tests about the ship commands.
+LOOSE_SLOS = ["e2e_p95 <= 100s", "ttft_p95 <= 20s", "success_rate >= 0.99"]
 
 
 @pytest.fixture(scope="session")
@@ -26,9 +29,7 @@ def max_rate_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     d = tmp_path_factory.mktemp("ship")
     job = d / JOB.name
     doc = yaml.safe_load(JOB.read_text())
-    # At time scale 40 the job's ttft_p95 <= 2s is 50 ms of wall time, which a machine with both cores busy misses at
-    # every rate (no feasible trial, nothing to plan); SLOs ten times looser keep these tests about the ship commands.
-    doc["slos"] = ["e2e_p95 <= 100s", "ttft_p95 <= 20s", "success_rate >= 0.99"]
+    doc["slos"] = LOOSE_SLOS
     job.write_text(yaml.safe_dump(doc))
     state = d / "state"
     env = {**os.environ, "TUNER_STATE_DIR": str(state), "COLUMNS": "200"}
