@@ -4,17 +4,15 @@ one-line errors."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.calibration.test_fit import TRUE, _profile
+from tests.servers import free_port, wait_healthy
 from tuner.calibration.fit import Measured
 from tuner.calibration.probe import decode_unseen
 from tuner.calibration.profile import load_profile
@@ -30,19 +28,13 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: py
     return (code if isinstance(code, int) else 1), out + err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def emulated_cpu_server(tmp_path: Path) -> Iterator[str]:
     """The emulator as a vLLM CPU server with known step times, in its own process (the probe's event loop is the
     CLI's)."""
     known = tmp_path / "known.json"
     _profile(TRUE).write(known)
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable, "-m", "tuner.emulator", "--device", "cpu", "--model", "llama-3.1-8b", "--served-model-name",
         "m", "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), "--profile", str(known),
@@ -51,14 +43,8 @@ def emulated_cpu_server(tmp_path: Path) -> Iterator[str]:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300  # not forever: its start-up is 11 s of wall time, more on a busy machine
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the emulated server never became ready"
-                time.sleep(0.1)
+        why = wait_healthy(base, proc, 300)  # its start-up is 11 s of wall time, more on a busy machine
+        assert why is None, f"the emulated server: {why}"
         yield base
     finally:
         proc.terminate()

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import missing_service
+from tests.servers import free_port, wait_healthy
 
 SERVED_NAME = "tiny"
 MAX_MODEL_LEN = 1024
@@ -84,16 +82,10 @@ def vllm_env() -> dict[str, str]:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def real_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVllm]:
     """One real vLLM server for every test that only talks to it."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("real-vllm") / "server.log"
     cmd = serve_command(
         vllm_python, tiny_model, port, "--served-model-name", SERVED_NAME, "--max-model-len", str(MAX_MODEL_LEN)
@@ -101,20 +93,11 @@ def real_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.Temp
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(), start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_LIMIT_S
     try:
-        while True:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-3000:]
-                missing_service("real vLLM", f"the server exited with {proc.returncode} at start:\n{tail}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                missing_service("real vLLM", f"not ready within {START_LIMIT_S:.0f} s")
-            time.sleep(0.5)
+        why = wait_healthy(base, proc, START_LIMIT_S)
+        if why is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            missing_service("real vLLM", f"{why}:\n{tail}")
         yield RealVllm(base, SERVED_NAME, tiny_model, MAX_MODEL_LEN, log_path)
     finally:
         if proc.poll() is None:

@@ -8,10 +8,8 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 import yaml
 
 from tests.real.conftest import START_LIMIT_S, serve_command, vllm_env
+from tests.servers import free_port, wait_healthy
 
 pytestmark = pytest.mark.real_vllm
 
@@ -136,12 +135,6 @@ def test_the_failed_start_carries_vllms_own_line(tuned: Path) -> None:
     assert "Traceback" not in show.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serves(cmd: list[str], log: Path) -> str:
     """Start real vLLM with `cmd`, wait for /health, answer one request; the served model's name."""
     with open(log, "wb") as out:
@@ -149,16 +142,8 @@ def _serves(cmd: list[str], log: Path) -> str:
     port = cmd[cmd.index("--port") + 1]
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_LIMIT_S
-        while True:
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            try:
-                if httpx.get(f"{base}/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "not ready"
-            time.sleep(0.5)
+        why = wait_healthy(base, proc, START_LIMIT_S)
+        assert why is None, f"{why}\n{log.read_text(errors='replace')[-3000:]}"
         models = httpx.get(f"{base}/v1/models", timeout=10).json()["data"]
         return str(models[0]["id"])
     finally:
@@ -173,14 +158,14 @@ def test_the_winners_exports_start_real_vllm(tuned: Path, vllm_python: Path, tmp
     words = shlex.split(line)
     model, flags = words[2], words[3:]
     assert "--max-num-batched-tokens" in flags
-    cmd = [*serve_command(vllm_python, Path(model), _free_port()), *flags, "--enforce-eager"]
+    cmd = [*serve_command(vllm_python, Path(model), free_port()), *flags, "--enforce-eager"]
     assert _serves(cmd, tmp_path / "args.log") == "tiny"
 
     config = _tuner("export", "--job", str(tuned), "-f", "vllm-config", cwd=tuned.parent)
     assert config.returncode == 0, config.stderr
     path = tmp_path / "vllm.yaml"
     path.write_text(config.stdout)
-    port = _free_port()
+    port = free_port()
     cmd = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--config", str(path),
            "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]  # fmt: skip
     assert _serves(cmd, tmp_path / "config.log") == "tiny"
