@@ -13,7 +13,7 @@ import pytest
 
 from tests.calibration.test_fit import TRUE, _profile
 from tests.servers import free_port, wait_healthy
-from tuner.calibration.fit import Measured
+from tuner.calibration.fit import Measured, error_figures
 from tuner.calibration.probe import decode_unseen
 from tuner.calibration.profile import load_profile
 from tuner.cli import main
@@ -70,6 +70,9 @@ def test_calibrate_probes_a_server_and_writes_a_profile_the_emulator_reads(
     # Whatever the machine's noise did to the figures (and however the fit split them among its terms), the profile
     # predicts decode time wherever the client measured some.
     assert all(p.predicted_tpot_mean_s > 0 for p in profile.fitted_from.points if p.measured_tpot_mean_s > 0)
+    # the error is over what was measured: TTFT and duration at each point, TPOT where a reply came in pieces
+    timed = sum(p.measured_tpot_mean_s > 0 for p in profile.fitted_from.points)
+    assert f"over {8 + timed} figures at 4 points" in text
 
 
 @pytest.mark.parametrize(
@@ -99,3 +102,5 @@ def test_a_probe_that_never_saw_two_pieces_of_a_reply_says_decode_went_untimed()
     assert warning is not None and warning.startswith("warning: every reply came in one piece")
     assert "--output-len" in warning and "\n" not in warning
     assert decode_unseen([point(0.0), point(0.004)]) is None  # one point's gaps are enough to time a step
+    # the fit's error is over the means it had: a point without TPOT gives two, not three
+    assert error_figures([point(0.0), point(0.004)]) == 5

@@ -56,7 +56,7 @@ def test_a_cpu_study_gives_back_its_servers_step_times_from_the_trials_measured_
         "3 with failed requests left out)" in text
     )
     assert text.count("\ntrial ") == 6 and f"wrote {out}" in text
-    assert "rms relative error over 6 trials x 3 figures (vLLM 0.32.0, cpu)" in text
+    assert "rms relative error over 18 figures from 6 trials (vLLM 0.32.0, cpu)" in text
     profile = load_profile(out)
     assert_recovers(profile, rel=1e-6)
     fitted = profile.fitted_from

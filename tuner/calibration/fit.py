@@ -203,15 +203,21 @@ class _System:
         return StepCoefficients.from_vector([float(v) for v in x])
 
 
+def _means(x: Measured | Prediction) -> tuple[float, float, float]:
+    return (x.ttft_mean_s, x.tpot_mean_s, x.duration_s)
+
+
+def error_figures(measured: Sequence[Measured]) -> int:
+    """How many measured means the fit's reported error is over: a zero mean (no TPOT where every reply came in one
+    piece or had one token) has nothing to be relative to, and is left out."""
+    return sum(m > 0 for meas in measured for m in _means(meas))
+
+
 def _mean_error(predictions: Sequence[Prediction], measured: Sequence[Measured]) -> float:
     rel = [
         p / m - 1.0
         for pred, meas in zip(predictions, measured, strict=True)
-        for p, m in (
-            (pred.ttft_mean_s, meas.ttft_mean_s),
-            (pred.tpot_mean_s, meas.tpot_mean_s),
-            (pred.duration_s, meas.duration_s),
-        )
+        for p, m in zip(_means(pred), _means(meas), strict=True)
         if m > 0
     ]
     return float(np.sqrt(np.mean(np.square(rel)))) if rel else 0.0

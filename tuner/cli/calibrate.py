@@ -11,12 +11,12 @@ import typer
 from rich.console import Console
 
 from tuner.calibration.build import engine_shape, fit_profile, fit_study
-from tuner.calibration.fit import LoadPoint, Measured
+from tuner.calibration.fit import LoadPoint, Measured, error_figures
 from tuner.calibration.probe import decode_unseen, default_points, probe_points
 from tuner.calibration.profile import StepProfile
 from tuner.calibration.trials import read_trials
 from tuner.catalog import ModelProfile, get_gpu, load_model
-from tuner.cli import app
+from tuner.cli import app, err_console
 from tuner.cli.bench import target_url
 from tuner.errors import ConfigError, TunerError
 from tuner.flags import VllmFlags
@@ -190,13 +190,15 @@ def _from_probe(
         shape, measured, served_model=facts.model, vllm_version=facts.vllm_version, source="probe", url=base
     )
     _write(profile, output)
+    means = [m for _, m in measured]
     console.print(
-        f"fit: {profile.fitted_from.relative_rms_error:.1%} rms relative error over {len(points)} points x 3 figures "
+        f"fit: {profile.fitted_from.relative_rms_error:.1%} rms relative error over "
+        f"{error_figures(means)} figures at {len(points)} points "
         f"(vLLM {facts.vllm_version or 'version unknown'}); wrote {output}",
         highlight=False,
     )
-    if (warning := decode_unseen([m for _, m in measured])) is not None:
-        console.print(warning, highlight=False)
+    if (warning := decode_unseen(means)) is not None:
+        err_console.print(warning, highlight=False)  # warnings go to stderr, as every command's do
 
 
 def _from_study(
@@ -228,8 +230,9 @@ def _from_study(
         )
     _write(profile, output)
     console.print(
-        f"fit: {profile.fitted_from.relative_rms_error:.1%} rms relative error over {len(trials.used)} trials x 3 "
-        f"figures (vLLM {profile.vllm_version or 'version unknown'}, {trials.device.key}); wrote {output}",
+        f"fit: {profile.fitted_from.relative_rms_error:.1%} rms relative error over "
+        f"{error_figures([t.measured for t in trials.used])} figures from {len(trials.used)} trials "
+        f"(vLLM {profile.vllm_version or 'version unknown'}, {trials.device.key}); wrote {output}",
         highlight=False,
     )
 
