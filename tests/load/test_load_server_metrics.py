@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from load_fakes import FakeVllm
 
 from tuner.load import Arrival, ServerMetricsSummary, Workload, diagnose, parse_metrics, run_load
-from tuner.load.server_metrics import Histogram, MetricsSample, summarize_samples
+from tuner.load.server_metrics import Histogram, MetricsSample, MetricsScraper, summarize_samples
 from tuner.scoring import LoadSummary, Percentiles
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -219,11 +220,24 @@ async def test_run_load_scrapes_metrics_during_the_run() -> None:
     assert result.diagnosis == "KV cache full: 97% max, 0 preemptions"
 
 
-async def test_missing_metrics_endpoint_gives_no_server_view() -> None:
+async def test_missing_metrics_endpoint_gives_no_server_figures_and_says_why() -> None:
     fake = FakeVllm()
     async with fake.client() as client:
         result = await run_load(
             "http://fake", "m", Workload(input_len=8, output_len=2), Arrival(concurrency=2, requests=4), client=client
         )
-    assert result.server is None
-    assert "no server metrics" in result.diagnosis
+    assert result.server is not None and result.server.samples == 0 and result.server.kv_usage_max is None
+    assert result.server.error is not None and "scrapes read nothing" in result.server.error, result.server
+    assert "http://fake/metrics: ValueError: HTTP 404" in result.server.error
+    assert result.diagnosis.startswith("no saturation seen by the client (no server metrics: ")
+    assert "HTTP 404" in result.diagnosis
+
+
+def test_a_scraper_with_some_failed_scrapes_keeps_its_figures_and_counts_the_failures() -> None:
+    scraper = MetricsScraper(samples=[MetricsSample(t=0.0, running=2.0), MetricsSample(t=1.0, running=3.0)])
+    assert scraper.summary() == summarize_samples(scraper.samples)  # no failure, no error
+    scraper.failed("http://s/metrics", httpx.ReadTimeout("timed out"))
+    summary = scraper.summary()
+    assert summary is not None and summary.running_max == 3.0
+    assert summary.error == "1 of 3 scrapes read nothing; the last: http://s/metrics: ReadTimeout: timed out"
+    assert MetricsScraper().summary() is None  # nothing scraped at all

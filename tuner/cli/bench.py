@@ -514,12 +514,15 @@ def render_result(result: LoadResult, slos: list[Slo], out: Console) -> None:
         out.print(_failures_table(s))
     if result.server is not None:
         sv = result.server
-        out.print(
-            f"[bold]server[/bold] KV cache {_pct(sv.kv_usage_max)} max / {_pct(sv.kv_usage_mean)} mean · "
-            f"running {_num(sv.running_max)} max · waiting {_num(sv.waiting_max)} max · "
-            f"preemptions {_num(sv.preemptions)} · {sv.samples} scrapes",
-            highlight=False,
-        )
+        if sv.samples:
+            out.print(
+                f"[bold]server[/bold] KV cache {_pct(sv.kv_usage_max)} max / {_pct(sv.kv_usage_mean)} mean · "
+                f"running {_num(sv.running_max)} max · waiting {_num(sv.waiting_max)} max · "
+                f"preemptions {_num(sv.preemptions)} · {sv.samples} scrapes",
+                highlight=False,
+            )
+        if sv.error:
+            out.print(f"[bold]server metrics[/bold] {escape(sv.error)}", highlight=False)
     for line in _slo_lines(s, slos):
         out.print(line, highlight=False)
     out.print(f"[bold]diagnosis[/bold] {escape(result.diagnosis)}", highlight=False)

@@ -206,9 +206,12 @@ class MetricsScraper:
     filtered: bool = True
 
     def summary(self) -> ServerMetricsSummary | None:
-        if not self.samples:
-            return None
-        return summarize_samples(self.samples)
+        """The run's server-side view; when a scrape read nothing the summary says why (the last reason), so a trial
+        whose scrapes all failed shows that rather than no server figures at all. None: nothing was scraped."""
+        if self.failures == 0:
+            return summarize_samples(self.samples) if self.samples else None
+        error = f"{self.failures} of {self.failures + len(self.samples)} scrapes read nothing; the last: {self.error}"
+        return summarize_samples(self.samples, error=error)
 
     def failed(self, url: str, e: Exception) -> None:
         self.failures += 1
@@ -299,6 +302,9 @@ def diagnose(
     send_rate: float | None = None,
 ) -> str:
     """One line naming what limited the run, from the client summary and the server's metrics."""
+    unread = None
+    if server is not None and server.samples == 0:
+        unread, server = server.error, None  # every scrape failed: nothing of the server's to judge by
     if summary.requests_sent == 0:
         return "no requests measured"
     failed_note = _failures_note(summary)
@@ -311,7 +317,7 @@ def diagnose(
         base = _client_bound(summary, server, arrival, send_rate)
     if base is None:
         if server is None:
-            base = "no saturation seen by the client (no server metrics)"
+            base = f"no saturation seen by the client (no server metrics{f': {unread}' if unread else ''})"
         else:
             queue = "no queue" if not server.waiting_max else f"{_n(server.waiting_max)} waiting max"
             base = f"no saturation: {_n(server.running_max)} running max, KV {_pct(server.kv_usage_max)} max, {queue}"
