@@ -83,6 +83,8 @@ async def test_bench_against_a_broken_server_reports_every_class_and_exits_0(tmp
     for cls in ("http_5xx", "http_4xx", "stream_cut", "malformed_sse", "connection_reset", "timeout"):
         assert cls in out
     assert "fake 500 error" in out and "fake 400 error" in out  # one example message per class
+    # it serves no /metrics: no server figures, and the reason instead
+    assert "KV cache" not in out and "scrapes read nothing" in out and "/metrics: ValueError: HTTP 404" in out
     summary = json.loads(out_file.read_text())["result"]["summary"]
     assert summary["requests_succeeded"] == 2 and summary["requests_failed"] == 12
 
