@@ -14,6 +14,8 @@ import httpx
 
 
 def free_port() -> int:
+    """A port nothing listens on (bound then released): a server may take it, and until one does connections to it
+    are refused."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -247,15 +247,6 @@ async def _read_request_with_path(reader: asyncio.StreamReader) -> tuple[str, by
     return path, body
 
 
-def free_port() -> int:
-    """A port nothing listens on (bound then released): connections to it are refused."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class WordServer:
     """A MockTransport vLLM with a tokenizer of its own: words split on spaces, each known word one token.
 

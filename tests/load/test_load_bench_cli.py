@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from load_fakes import BrokenServer, free_port
+from load_fakes import BrokenServer
 
+from tests.servers import free_port
 from tuner.cli import main
 
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import httpx
 import pytest
-from load_fakes import DONE, BrokenServer, LoopClock, chunk, fake_time, free_port, sse, usage_chunk
+from load_fakes import DONE, BrokenServer, LoopClock, chunk, fake_time, sse, usage_chunk
 
+from tests.servers import free_port
 from tuner.clock import Clock
 from tuner.load import RequestRecord
 from tuner.load.client import send_request

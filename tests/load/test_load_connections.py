@@ -7,8 +7,9 @@ import asyncio
 import time
 
 import httpx
-from load_fakes import BrokenServer, free_port
+from load_fakes import BrokenServer
 
+from tests.servers import free_port
 from tuner.clock import Clock
 from tuner.load import RequestRecord
 from tuner.load.client import send_request

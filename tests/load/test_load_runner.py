@@ -9,8 +9,9 @@ import time
 
 import httpx
 import pytest
-from load_fakes import BrokenServer, FakeVllm, LoopClock, WordServer, fake_time, free_port, made_up_words
+from load_fakes import BrokenServer, FakeVllm, LoopClock, WordServer, fake_time, made_up_words
 
+from tests.servers import free_port
 from tuner.clock import Clock
 from tuner.load import Arrival, UniformLength, Workload, run_load
 from tuner.load.arrival import interarrival_gaps
