@@ -32,7 +32,7 @@ from tuner.twin.figures import chance_of_meeting, figures_of, violation_of
 from tuner.twin.simulate import GIB, Coefficients, SimPoint, simulate
 from tuner.twin.terms import STEP, TERMS, Anchor, fit_terms, slopes_of, term_logs, with_terms
 
-__all__ = ["Candidate", "Observation", "Predicted", "Twin", "candidates"]
+__all__ = ["Candidate", "Observation", "Predicted", "Twin", "candidates", "distance"]
 
 Simulate = Callable[[Job, VllmFlags, Coefficients], SimPoint]
 
@@ -45,6 +45,10 @@ PRIOR_WEIGHT = 1.0
 SPREAD_FLOOR = 0.03  # a real server's figures move a few percent between starts: no fit is surer than that
 SWEEP_SPREAD = 0.05  # added (in quadrature) where a prediction is the sweep moved, not simulated under the fit
 UNCERTAIN_BELOW = 0.84  # a chance of one sigma: a margin smaller than the spread
+# What the terms cannot fit (an effect outside the twin's model family) is left in each trial's residuals; they carry
+# to its neighbours, fading over this normalised distance, against a prior of no correction worth this many trials.
+RESIDUAL_LENGTH = 0.5
+RESIDUAL_PRIOR = 0.3
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,9 @@ class Twin:
         self.anchors: dict[str, Anchor] = {}  # per real trial's flag set with figures: the terms' fit
         self.spread: dict[str, float] = {}  # per figure, in logs (PRIOR_SPREAD until a trial measured it)
         self.moved: dict[str, float] = {}  # per figure: what the fit does to the trials' figures (the sweep's factor)
+        self.residuals: dict[str, dict[str, float]] = {}  # per real trial's flag set: log(measured / fit) per figure
+        self._corrections: dict[str, dict[str, float]] = {}
+        self._dists = job.search_space().distributions
 
     def sweep(self) -> None:
         for key, c in self.pool.items():
@@ -188,10 +195,33 @@ class Twin:
             figures = figures_of(summary, self.slos, c.step_scale)
         else:
             figures = {k: v * self.moved.get(k, 1.0) for k, v in figures_of(summary, self.slos).items()}
+        correction = self._correction(key)
+        figures = {k: v * correction.get(k, 1.0) for k, v in figures.items()}
         spread = {k: self._spread(k, exact) for k in figures}
         violation = max((violation_of(slo, figures) for slo in self.slos), default=0.0)
         chance = chance_of_meeting(self.slos, figures, spread)
         return Predicted(key, True, False, figures["output_tok_s"], violation, exact, figures, chance)
+
+    def _correction(self, key: str) -> dict[str, float]:
+        """Factors per figure from the residuals of the real trials near `key` (kernel-weighted, shrunk toward 1):
+        at a measured flag set the twin then agrees with what was measured, in its neighbourhood nearly so."""
+        held = self._corrections.get(key)
+        if held is not None:
+            return held
+        here = self._params(key)
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        for other, residuals in self.residuals.items():
+            w = math.exp(-0.5 * (distance(self._dists, here, self._params(other)) / RESIDUAL_LENGTH) ** 2)
+            for figure, r in residuals.items():
+                sums[figure] = sums.get(figure, 0.0) + w * r
+                weights[figure] = weights.get(figure, 0.0) + w
+        held = self._corrections[key] = {f: math.exp(sums[f] / (RESIDUAL_PRIOR + weights[f])) for f in sums}
+        return held
+
+    def _params(self, key: str) -> dict[str, Any]:
+        flags = self.known[key].as_dict()
+        return {name: flags.get(name) for name in self._dists}
 
     def _spread(self, figure: str, exact: bool) -> float:
         s = self.spread.get(figure, PRIOR_SPREAD)
@@ -262,12 +292,14 @@ class Twin:
         fitted = with_terms(base, fit_terms(anchors))
         residuals: dict[str, list[float]] = {}
         moved: dict[str, list[float]] = {}
+        self.residuals, self._corrections = {}, {}
         for k in keys:
             now, catalog = self._figures_at(k, fitted), self._catalog_figures(k)
             for name, value in now.items():
                 got = self.anchors[k].measured.get(name)
                 if got is not None and value > 0:
                     residuals.setdefault(name, []).append(got - math.log(value))
+                    self.residuals.setdefault(k, {})[name] = got - math.log(value)
                 if value > 0 and catalog.get(name, 0.0) > 0:
                     moved.setdefault(name, []).append(math.log(value / catalog[name]))
         self.spread = {name: _spread(r) for name, r in residuals.items()}
@@ -315,6 +347,21 @@ class Twin:
         if memo not in self._memo:
             self._memo[memo] = self.simulate(self.job, self._flags(key), coefficients)
         return self._memo[memo]
+
+
+def distance(dists: dict[str, BaseDistribution], a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The normalised distance (0..1) between two parameter sets of a space (a log range in logs)."""
+    parts = []
+    for name, dist in dists.items():
+        x, y = a.get(name), b.get(name)
+        if x is None or y is None or isinstance(dist, CategoricalDistribution):
+            parts.append(0.0 if x == y else 1.0)
+            continue
+        low, high = float(dist.low), float(dist.high)  # type: ignore[attr-defined]
+        if getattr(dist, "log", False) and low > 0:
+            low, high, x, y = math.log(low), math.log(high), math.log(max(x, 1e-12)), math.log(max(y, 1e-12))
+        parts.append(min(1.0, abs(float(x) - float(y)) / (high - low)) if high > low else 0.0)
+    return math.sqrt(sum(p * p for p in parts) / max(len(parts), 1))
 
 
 def _spread(residuals: list[float]) -> float:

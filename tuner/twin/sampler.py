@@ -21,14 +21,13 @@ measured before.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
@@ -41,7 +40,7 @@ from tuner.scoring import Slo
 from tuner.space import SearchSpace
 from tuner.store import flag_key
 from tuner.twin.figures import THROUGHPUT, describe_miss, measured_slo_values
-from tuner.twin.model import RERANK, Candidate, Observation, Predicted, Simulate, Twin, candidates
+from tuner.twin.model import RERANK, Candidate, Observation, Predicted, Simulate, Twin, candidates, distance
 from tuner.twin.simulate import simulate
 
 __all__ = [
@@ -378,21 +377,7 @@ class TwinSampler(BaseSampler):
         """The normalised distance (0..1) to the nearest tried parameters."""
         if not tried:
             return 1.0
-        return min(_distance(self.space.distributions, params, other) for other in tried)
-
-
-def _distance(dists: dict[str, BaseDistribution], a: dict[str, Any], b: dict[str, Any]) -> float:
-    parts = []
-    for name, dist in dists.items():
-        x, y = a.get(name), b.get(name)
-        if x is None or y is None or isinstance(dist, CategoricalDistribution):
-            parts.append(0.0 if x == y else 1.0)
-            continue
-        low, high = float(dist.low), float(dist.high)  # type: ignore[attr-defined]
-        if getattr(dist, "log", False) and low > 0:
-            low, high, x, y = math.log(low), math.log(high), math.log(max(x, 1e-12)), math.log(max(y, 1e-12))
-        parts.append(min(1.0, abs(float(x) - float(y)) / (high - low)) if high > low else 0.0)
-    return math.sqrt(sum(p * p for p in parts) / max(len(parts), 1))
+        return min(distance(self.space.distributions, params, other) for other in tried)
 
 
 MIN_CHANCE = 0.05  # below this a flag set is ranked as missing the SLOs, by how far
