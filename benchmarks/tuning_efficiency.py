@@ -506,7 +506,7 @@ def measure_grid(name: str, twin: CatalogTwin) -> tuple[dict[str, Point], dict[s
         (x, cost(p, job, stop_early=False), cost(p, job, stop_early=True)) for x, p in zip(tputs, order, strict=True)
     ]
     row: dict[str, Any] = {
-        "hidden": {k: v for k, v in hidden.__dict__.items() if v != getattr(CATALOG, k)},
+        "hidden": {k: v for k, v in hidden.__dict__.items() if v != getattr(CATALOG, k, None)},
         "grid_points": len(order),
         "cannot_start": sum(p.reason is not None for p in order),
         "feasible": sum(x is not None for x in tputs),
