@@ -35,7 +35,6 @@ from pydantic import (
     model_validator,
 )
 
-from tuner.calibration.profile import StepProfile, load_profile
 from tuner.catalog import load_model
 from tuner.catalog.gpus import GpuProfile, resolve_gpu
 from tuner.catalog.models import ModelProfile
@@ -44,6 +43,7 @@ from tuner.load import Arrival, Workload
 from tuner.load.workload import FixedLength, LengthDist, UniformLength
 from tuner.scoring import Slo, parse_slo
 from tuner.space import KNOWN_FLAGS, Choices, ParamSpec, Range, SearchSpace
+from tuner.step_profile import StepProfile, load_profile
 from tuner.vllm_args import vllm_args
 from tuner.vllm_pin import PINNED_VLLM
 
