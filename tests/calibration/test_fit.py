@@ -11,10 +11,10 @@ import pytest
 from tuner.calibration.build import engine_shape, fit_profile
 from tuner.calibration.fit import LoadPoint, fit_coefficients
 from tuner.calibration.probe import measured
-from tuner.calibration.profile import FittedFrom, StepCoefficients, StepProfile, load_profile
 from tuner.catalog import cpu_profile, get_gpu, load_model
 from tuner.config import parse_job
 from tuner.flags import VllmFlags, resolve
+from tuner.step_profile import FittedFrom, StepCoefficients, StepProfile, load_profile
 from tuner.twin.simulate import simulate
 
 TRUE = StepCoefficients(

@@ -14,10 +14,10 @@ import os
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from tuner.calibration.profile import StepProfile, load_profile
 from tuner.catalog import CPU, GPUS, GpuProfile, ModelProfile, get_gpu, load_model
 from tuner.errors import CatalogError, ConfigError
 from tuner.flags import BLOCK_SIZES, KV_CACHE_DTYPES, VllmFlags, parse_human_int, parse_model_len
+from tuner.step_profile import StepProfile, load_profile
 from tuner.vllm_args import vllm_args
 
 EXAMPLE = (

@@ -1,8 +1,9 @@
 """The launcher kinds by name: the one place a job's target (`tuner tune`, `tuner verify`) or `tuner launch`'s
 options become a Launcher.
 
-A new kind is its launcher module, one `LauncherKind` entry in `LAUNCHERS` here, and its name (with an options
-section) in `tuner.config.TargetSection`.
+The kinds and their options are registered in the job's schema (tuner.config.target: one field of `TargetSection`
+each), which sits below the launchers; here each registered kind gets its builders. A new kind is its launcher
+module, its options model and field there, and one `_BUILDERS` entry here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.config import Job
+from tuner.config import LAUNCHER_KINDS, Job
 from tuner.errors import ConfigError
 from tuner.launch.base import Launcher
 from tuner.launch.docker import DockerLauncher
@@ -62,12 +63,21 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class LauncherKind:
-    """One kind of launcher: built from a job's target, or from `tuner launch`'s options."""
+    """One kind of launcher: built from a job's target, or from `tuner launch`'s options.
+
+    `launcher` is its class and `set_by_job` the keyword arguments `from_job` gives it from the job's own fields:
+    the rest are what `target.<kind>.options` may give (the kind's registered keywords; tests/launch hold them to
+    the class's signature)."""
 
     name: str
     from_job: Callable[[Job, Devices], Launcher]
     from_options: Callable[[LaunchOptions], Launcher]
-    help: str
+    launcher: type[Launcher]
+    set_by_job: frozenset[str] = frozenset()
+
+    @property
+    def help(self) -> str:
+        return LAUNCHER_KINDS[self.name].summary
 
 
 def build_launcher(job: Job, devices: Devices = None) -> Launcher:
@@ -200,11 +210,26 @@ def _docker_from_options(o: LaunchOptions) -> Launcher:
     )
 
 
+# How each kind registered in the job's schema is built (tests/study/test_study_record.py: every one is).
 LAUNCHERS: dict[str, LauncherKind] = {
     k.name: k
     for k in (
-        LauncherKind("emulator", _emulator_from_job, _emulator_from_options, "CPU-only look-alike"),
-        LauncherKind("process", _process_from_job, _process_from_options, "a local vllm serve"),
-        LauncherKind("docker", _docker_from_job, _docker_from_options, "the vLLM container"),
+        LauncherKind("emulator", _emulator_from_job, _emulator_from_options, EmulatorLauncher),
+        LauncherKind(
+            "process",
+            _process_from_job,
+            _process_from_options,
+            ProcessLauncher,
+            frozenset({"command", "model", "extra_args", "secret_env", "startup_timeout_s"}),
+        ),
+        LauncherKind(
+            "docker",
+            _docker_from_job,
+            _docker_from_options,
+            DockerLauncher,
+            frozenset(
+                {"image", "model", "env", "volumes", "extra_args", "startup_timeout_s", "vendor", "gpus", "client"}
+            ),
+        ),
     )
 }
