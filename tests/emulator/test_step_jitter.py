@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from tuner.calibration.profile import FittedFrom, StepCoefficients, StepProfile
 from tuner.config import Job, parse_job
 from tuner.emulator import Emulator, parse_config
+from tuner.emulator.config import build_parser
 from tuner.emulator.jitter import DEFAULT_STEP_JITTER, StepJitter
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
@@ -66,6 +68,9 @@ def test_the_emulator_jitters_its_steps_by_its_flag() -> None:
     assert [chosen.factor() for _ in range(5)] == draws(0.25, 3, 5)
     off = jitter("--step-jitter", "0")
     assert off is not None and {off.factor() for _ in range(5)} == {1.0}
+    # the help names the default the engine uses, with an example
+    help_text = " ".join(build_parser().format_help().split())
+    assert re.search(rf"\(default {DEFAULT_STEP_JITTER}, .*e\.g\. --step-jitter 0\.2", help_text)
 
 
 def ttft_ratio(point: SimPoint) -> float:
