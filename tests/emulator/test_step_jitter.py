@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tuner.calibration.profile import FittedFrom, StepCoefficients, StepProfile
+from tuner.step_profile import FittedFrom, StepCoefficients, StepProfile
 from tuner.config import Job, parse_job
 from tuner.emulator import Emulator, parse_config
 from tuner.emulator.config import build_parser
