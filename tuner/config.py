@@ -169,6 +169,41 @@ class ProcessOptions(_Model):
     options: dict[str, Any] = Field(default_factory=dict, description="further ProcessLauncher keyword arguments")
 
 
+# --- target.cpu_affinity (issue 27): which cores vLLM's CPU build and the load client get ----------------------
+# Kept in one block so it can move whole. The plan itself is tuner.launch.affinity's; here only the job's word.
+
+
+class CpuAffinityCores(_Model):
+    worker: str = Field(description="cores of vLLM's CPU worker (its OpenMP threads), a CPU list: 1, 2-7, 0,2,5")
+    others: str = Field(description="cores of the API server, the engine core and tuner's load client")
+
+
+def _cpu_affinity(value: Any) -> Any:
+    """auto | off | {worker, others}, or one line saying what is allowed. YAML reads a bare `off` as false."""
+    from tuner.launch.affinity import parse_cpu_list
+
+    if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+        return "off"
+    if value is True or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return "auto"
+    allowed = "use auto, off, or {worker: CORES, others: CORES} with CPU lists such as 1 or 2-7"
+    if not isinstance(value, dict) or set(value) != {"worker", "others"}:
+        raise ValueError(f"{value!r} is not allowed; {allowed}")
+    cores = {}
+    for role in ("worker", "others"):
+        try:
+            cores[role] = parse_cpu_list(str(value[role]))
+        except ValueError as e:
+            raise ValueError(f"{role}: {e}") from None
+    if cores["worker"] & cores["others"]:
+        raise ValueError("worker and others share cores; give each its own")
+    return CpuAffinityCores(worker=str(value["worker"]), others=str(value["others"]))
+
+
+CpuAffinity = Annotated[Literal["auto", "off"] | CpuAffinityCores, BeforeValidator(_cpu_affinity)]
+# --- end of target.cpu_affinity ---------------------------------------------------------------------------------
+
+
 class TargetSection(_Model):
     launcher: Literal["emulator", "process", "docker"] = "emulator"
     model: str = Field(
@@ -190,6 +225,11 @@ class TargetSection(_Model):
     emulator: EmulatorOptions = Field(default_factory=EmulatorOptions)
     docker: DockerOptions = Field(default_factory=DockerOptions)
     process: ProcessOptions = Field(default_factory=ProcessOptions)
+    cpu_affinity: CpuAffinity = Field(
+        default="auto",
+        description="gpu: cpu with the process launcher: auto (vLLM's CPU worker gets cores of its own, the API "
+        "server, engine core and load client the rest), off (bind nothing), or {worker: 1, others: 0}",
+    )
 
     @model_validator(mode="after")
     def _emulated_gpu_is_named(self) -> TargetSection:
@@ -613,7 +653,7 @@ def _too_many_too_long(job: Job, limit: int, said: str) -> Iterator[str]:
 # What the job's own fields (or the study) give each launcher: not for `options` to give again.
 _SET_BY_THE_JOB = {
     "docker": {"image", "model", "env", "volumes", "extra_args", "startup_timeout_s", "vendor", "gpus", "client"},
-    "process": {"command", "model", "extra_args", "secret_env", "startup_timeout_s"},
+    "process": {"command", "model", "extra_args", "secret_env", "startup_timeout_s", "cpu_plan"},
 }
 
 
