@@ -203,7 +203,8 @@ class ProcessLauncher:
 
     `--host`/`--port` are appended unless the command has `{port}`; `--model` is appended unless it has `{model}`.
     The server inherits the tuner's environment; values of `secret_env` names are masked in everything returned.
-    `startup_timeout_s` is in wall seconds.
+    `startup_timeout_s` is in wall seconds. `cpu_plan` (vLLM's CPU build): the worker is told its cores, and the
+    ready server's processes are moved onto the plan's (`Server.cpu_plan` says it was done).
     """
 
     name = "process"
