@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from tuner.step_profile import FittedFrom, StepCoefficients, StepProfile
 from tuner.config import Job, parse_job
 from tuner.emulator import Emulator, parse_config
 from tuner.emulator.config import build_parser
 from tuner.emulator.jitter import DEFAULT_STEP_JITTER, StepJitter
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
+from tuner.step_profile import FittedFrom, StepCoefficients, StepProfile
 from tuner.twin.simulate import Coefficients, SimPoint, simulate
 
 JOB: dict[str, Any] = {

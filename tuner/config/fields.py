@@ -11,7 +11,16 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 from tuner.errors import ConfigError
 from tuner.scoring import parse_slo
 
-__all__ = ["Duration", "EnvNames", "ExtraArgs", "SloText", "StrictModel", "parse_duration", "secret_arg"]
+__all__ = [
+    "Duration",
+    "EnvNames",
+    "ExtraArgs",
+    "SloText",
+    "StrictModel",
+    "parse_cpu_list",
+    "parse_duration",
+    "secret_arg",
+]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
 _UNIT_SECONDS = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -35,6 +44,20 @@ def parse_duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """The cores of a Linux CPU list ("0-2,5"); ValueError naming what is wrong."""
+    cores: set[int] = set()
+    for part in str(text).replace(" ", "").split(","):
+        low, sep, high = part.partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise ValueError(f"{text!r} is not a CPU list; use core numbers and ranges, e.g. 1 or 2-7 or 0,2,5")
+        first, last = int(low), int(high) if sep else int(low)
+        if last < first:
+            raise ValueError(f"{text!r}: the range {part} runs backwards")
+        cores.update(range(first, last + 1))
+    return frozenset(cores)
 
 
 def _check_slo(text: str) -> str:

@@ -11,11 +11,11 @@ each kind's keywords are what its launcher takes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from tuner.config.fields import Duration, EnvNames, ExtraArgs, StrictModel
+from tuner.config.fields import Duration, EnvNames, ExtraArgs, StrictModel, parse_cpu_list
 from tuner.vllm_pin import PINNED_VLLM
 
 __all__ = ["LAUNCHER_KINDS", "DockerOptions", "EmulatorOptions", "LauncherOptions", "ProcessOptions", "TargetSection"]
@@ -93,6 +93,37 @@ def _kinds_schema(schema: dict[str, Any]) -> None:
 LauncherName = Annotated[str, BeforeValidator(_known_kind)]
 
 
+# target.cpu_affinity: which cores vLLM's CPU build and the load client get (the plan is tuner.launch.affinity's)
+
+
+class CpuAffinityCores(StrictModel):
+    worker: str = Field(description="cores of vLLM's CPU worker (its OpenMP threads), a CPU list: 1, 2-7, 0,2,5")
+    others: str = Field(description="cores of the API server, the engine core and tuner's load client")
+
+
+def _cpu_affinity(value: Any) -> Any:
+    """auto | off | {worker, others}, or one line saying what is allowed. YAML reads a bare `off` as false."""
+    if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+        return "off"
+    if value is True or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return "auto"
+    allowed = "use auto, off, or {worker: CORES, others: CORES} with CPU lists such as 1 or 2-7"
+    if not isinstance(value, dict) or set(value) != {"worker", "others"}:
+        raise ValueError(f"{value!r} is not allowed; {allowed}")
+    cores = {}
+    for role in ("worker", "others"):
+        try:
+            cores[role] = parse_cpu_list(str(value[role]))
+        except ValueError as e:
+            raise ValueError(f"{role}: {e}") from None
+    if cores["worker"] & cores["others"]:
+        raise ValueError("worker and others share cores; give each its own")
+    return CpuAffinityCores(worker=str(value["worker"]), others=str(value["others"]))
+
+
+CpuAffinity = Annotated[Literal["auto", "off"] | CpuAffinityCores, BeforeValidator(_cpu_affinity)]
+
+
 class TargetSection(StrictModel):
     launcher: LauncherName = Field(default="emulator", json_schema_extra=_kinds_schema)
     model: str = Field(
@@ -115,6 +146,11 @@ class TargetSection(StrictModel):
     emulator: EmulatorOptions = Field(default_factory=EmulatorOptions)
     process: ProcessOptions = Field(default_factory=ProcessOptions)
     docker: DockerOptions = Field(default_factory=DockerOptions)
+    cpu_affinity: CpuAffinity = Field(
+        default="auto",
+        description="gpu: cpu with the process launcher: auto (vLLM's CPU worker gets cores of its own, the API "
+        "server, engine core and load client the rest), off (bind nothing), or {worker: 1, others: 0}",
+    )
 
     def section(self, kind: str) -> LauncherOptions:
         """The options section of `kind` (one of LAUNCHER_KINDS)."""

@@ -16,10 +16,12 @@ from typing import Any
 
 from tuner.config import LAUNCHER_KINDS, Job
 from tuner.errors import ConfigError
+from tuner.launch.affinity import CpuPlan, plan_from_setting
 from tuner.launch.base import Launcher
 from tuner.launch.docker import DockerLauncher
 from tuner.launch.emulator import EmulatorLauncher
 from tuner.launch.gpu_idle import GpuIdleWaiter, nvml_probe
+from tuner.launch.pinning import usable_cpus
 from tuner.launch.process import ProcessLauncher
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "LaunchOptions",
     "LauncherKind",
     "build_launcher",
+    "cpu_plan",
     "visible_devices_env",
 ]
 
@@ -55,6 +58,7 @@ class LaunchOptions:
     hf_cache: str | None = None
     command: str | None = None
     emulator_image: bool = False  # the docker image is the emulator's (its label says so)
+    cpu_affinity: str | dict[str, str] | None = None  # process: auto, off, {worker, others}; None: auto on gpu cpu
 
     @property
     def timeout(self) -> dict[str, Any]:
@@ -147,6 +151,23 @@ def _docker_from_job(job: Job, devices: Devices) -> Launcher:
     )
 
 
+def cpu_plan(job: Job) -> CpuPlan | None:
+    """The cores of a `gpu: cpu` job's server and load client on this machine (target.cpu_affinity); None where
+    the launcher does not place them (a GPU, the docker launcher, the emulator)."""
+    if job.target.launcher != "process" or not job.gpu_profile().is_cpu:
+        return None
+    return cpu_plan_from(job.target.cpu_affinity, "target.cpu_affinity")
+
+
+def cpu_plan_from(setting: Any, what: str) -> CpuPlan:
+    """`auto`, `off`, or the {worker, others} cores (a mapping or a model of one) planned on this machine."""
+    given = setting if isinstance(setting, str | dict) else {"worker": setting.worker, "others": setting.others}
+    try:
+        return plan_from_setting(given, usable_cpus(), os.environ)
+    except ValueError as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
 def _process_from_job(job: Job, devices: Devices) -> Launcher:
     t, p = job.target, job.target.process
     options = dict(p.options)
@@ -159,6 +180,7 @@ def _process_from_job(job: Job, devices: Devices) -> Launcher:
         extra_args=p.extra_args,
         secret_env=tuple(dict.fromkeys([*p.env, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"])),
         startup_timeout_s=t.startup_timeout,
+        cpu_plan=cpu_plan(job),
         **options,
     )
 
@@ -181,7 +203,11 @@ def _emulator_from_options(o: LaunchOptions) -> Launcher:
 
 def _process_from_options(o: LaunchOptions) -> Launcher:
     argv = shlex.split(o.command) if o.command else ["vllm", "serve", "{model}"]
-    return ProcessLauncher(argv, o.model or VLLM_MODEL, extra_args=o.extra_args, secret_env=_secrets(o), **o.timeout)
+    setting = o.cpu_affinity if o.cpu_affinity is not None else ("auto" if o.gpu == "cpu" else "off")
+    plan = cpu_plan_from(setting, "--cpu-affinity") if setting != "off" else None
+    return ProcessLauncher(
+        argv, o.model or VLLM_MODEL, extra_args=o.extra_args, secret_env=_secrets(o), cpu_plan=plan, **o.timeout
+    )
 
 
 def _docker_from_options(o: LaunchOptions) -> Launcher:
@@ -220,7 +246,7 @@ LAUNCHERS: dict[str, LauncherKind] = {
             _process_from_job,
             _process_from_options,
             ProcessLauncher,
-            frozenset({"command", "model", "extra_args", "secret_env", "startup_timeout_s"}),
+            frozenset({"command", "model", "extra_args", "secret_env", "startup_timeout_s", "cpu_plan"}),
         ),
         LauncherKind(
             "docker",
