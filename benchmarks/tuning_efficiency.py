@@ -181,7 +181,6 @@ _L4_AWQ_CHAT: dict[str, Any] = {
     },
     "workload": {"input_len": {"dist": "uniform", "low": 200, "high": 1000}, "output_len": 256, "seed": 6},
     "arrival": {"concurrency": 64, "requests": 160, "warmup_requests": 8},
-    "slos": ["ttft_p95 <= 45s", "e2e_p95 <= 66s", "success_rate >= 0.99"],
 }
 _H100_CHAT: dict[str, Any] = {
     "target": {"model": "qwen2.5-7b", "gpu": "h100-80gb"},
@@ -193,17 +192,36 @@ _H100_CHAT: dict[str, Any] = {
     },
     "workload": {"input_len": {"dist": "uniform", "low": 200, "high": 1800}, "output_len": 200, "seed": 7},
     "arrival": {"concurrency": 256, "requests": 512, "warmup_requests": 16},
-    "slos": ["tpot_p95 <= 50ms", "ttft_p95 <= 20s", "success_rate >= 0.99"],
 }
 _SEVERAL_OFF = {"memory_scale": 0.9, "compute_scale": 1.45, "overhead_scale": 1.3, "kv_scale": 0.92}
 _H100_OFF = {"memory_scale": 1.25, "compute_scale": 1.3, "overhead_scale": 0.7, "kv_scale": 0.95}
 _OUTSIDE = {"mixed_step": 0.25, "seq_power": 1.25, "cliff_tokens": 2048, "cliff_factor": 1.3}
+# Each one's SLOs put its best at a latency's edge on its own real server (more sequences: less queueing, so a
+# shorter TTFT, but a slower step, so a longer TPOT and E2E), with the vLLM defaults' flags missing them.
 SCENARIOS.update(
     {
-        "l4-awq-chat-reality": {**_L4_AWQ_CHAT, "hidden": _SEVERAL_OFF},
-        "l4-awq-chat-outside": {**_L4_AWQ_CHAT, "hidden": _SEVERAL_OFF, "outside": _OUTSIDE},
-        "h100-chat-reality": {**_H100_CHAT, "hidden": _H100_OFF},
-        "h100-chat-outside": {**_H100_CHAT, "hidden": _H100_OFF, "outside": {**_OUTSIDE, "cliff_tokens": 4096}},
+        "l4-awq-chat-reality": {
+            **_L4_AWQ_CHAT,
+            "slos": ["ttft_p95 <= 34s", "e2e_p95 <= 54s", "success_rate >= 0.99"],
+            "hidden": _SEVERAL_OFF,
+        },
+        "l4-awq-chat-outside": {
+            **_L4_AWQ_CHAT,
+            "slos": ["ttft_p95 <= 40s", "e2e_p95 <= 64s", "success_rate >= 0.99"],
+            "hidden": _SEVERAL_OFF,
+            "outside": _OUTSIDE,
+        },
+        "h100-chat-reality": {
+            **_H100_CHAT,
+            "slos": ["tpot_p95 <= 40ms", "ttft_p95 <= 12s", "success_rate >= 0.99"],
+            "hidden": _H100_OFF,
+        },
+        "h100-chat-outside": {
+            **_H100_CHAT,
+            "slos": ["tpot_p95 <= 50ms", "ttft_p95 <= 18s", "success_rate >= 0.99"],
+            "hidden": _H100_OFF,
+            "outside": {**_OUTSIDE, "cliff_tokens": 4096},
+        },
     }
 )
 
