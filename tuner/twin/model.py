@@ -46,8 +46,10 @@ SPREAD_FLOOR = 0.03  # a real server's figures move a few percent between starts
 SWEEP_SPREAD = 0.05  # added (in quadrature) where a prediction is the sweep moved, not simulated under the fit
 UNCERTAIN_BELOW = 0.84  # a chance of one sigma: a margin smaller than the spread
 # What the terms cannot fit (an effect outside the twin's model family) is left in each trial's residuals; they carry
-# to its neighbours, fading over this normalised distance, against a prior of no correction worth this many trials.
-RESIDUAL_LENGTH = 0.5
+# to flag sets the twin simulates alike (figures within about this much, in logs: its own simulation is the measure
+# of likeness, so 64 and 128 sequences under 64 users are neighbours and 32 is not), against a prior of no
+# correction worth RESIDUAL_PRIOR trials.
+RESIDUAL_LENGTH = 0.08
 RESIDUAL_PRIOR = 0.3
 
 
@@ -70,6 +72,8 @@ class Observation:
     kv_tokens: int | None
     # The throughput and each SLO metric measured over the whole load (tuner.twin.figures), for the terms' fit
     figures: dict[str, float] = field(default_factory=dict)
+    # What the twin predicted of them before the trial ran: its honest error, where the refit's residuals flatter it
+    predicted: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,7 @@ class Twin:
         self.moved: dict[str, float] = {}  # per figure: what the fit does to the trials' figures (the sweep's factor)
         self.residuals: dict[str, dict[str, float]] = {}  # per real trial's flag set: log(measured / fit) per figure
         self._corrections: dict[str, dict[str, float]] = {}
-        self._dists = job.search_space().distributions
+        self._feature_memo: dict[str, dict[str, float]] = {}
 
     def sweep(self) -> None:
         for key, c in self.pool.items():
@@ -197,31 +201,59 @@ class Twin:
             figures = {k: v * self.moved.get(k, 1.0) for k, v in figures_of(summary, self.slos).items()}
         correction = self._correction(key)
         figures = {k: v * correction.get(k, 1.0) for k, v in figures.items()}
-        spread = {k: self._spread(k, exact) for k in figures}
+        nearness = self._nearness(key)
+        spread = {k: _near(self._spread(k, exact), nearness) for k in figures}
         violation = max((violation_of(slo, figures) for slo in self.slos), default=0.0)
         chance = chance_of_meeting(self.slos, figures, spread)
         return Predicted(key, True, False, figures["output_tok_s"], violation, exact, figures, chance)
 
     def _correction(self, key: str) -> dict[str, float]:
-        """Factors per figure from the residuals of the real trials near `key` (kernel-weighted, shrunk toward 1):
-        at a measured flag set the twin then agrees with what was measured, in its neighbourhood nearly so."""
+        """Factors per figure from the real trials' residuals: their mean everywhere (a bias the terms cannot fit is
+        most often the whole server's), and what is left of each near it (kernel-weighted); both shrunk toward 1.
+        At a measured flag set the twin then agrees with what was measured, in its neighbourhood nearly so."""
         held = self._corrections.get(key)
         if held is not None:
             return held
-        here = self._params(key)
+        bias = self._bias()
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
         for other, residuals in self.residuals.items():
-            w = math.exp(-0.5 * (distance(self._dists, here, self._params(other)) / RESIDUAL_LENGTH) ** 2)
+            w = self._likeness(key, other)
             for figure, r in residuals.items():
-                sums[figure] = sums.get(figure, 0.0) + w * r
+                sums[figure] = sums.get(figure, 0.0) + w * (r - bias[figure])
                 weights[figure] = weights.get(figure, 0.0) + w
-        held = self._corrections[key] = {f: math.exp(sums[f] / (RESIDUAL_PRIOR + weights[f])) for f in sums}
+        held = {f: math.exp(bias[f] + sums[f] / (RESIDUAL_PRIOR + weights[f])) for f in sums}
+        self._corrections[key] = held
         return held
 
-    def _params(self, key: str) -> dict[str, Any]:
-        flags = self.known[key].as_dict()
-        return {name: flags.get(name) for name in self._dists}
+    def _bias(self) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for residuals in self.residuals.values():
+            for figure, r in residuals.items():
+                sums[figure] = sums.get(figure, 0.0) + r
+                counts[figure] = counts.get(figure, 0) + 1
+        return {f: sums[f] / (RESIDUAL_PRIOR + counts[f]) for f in sums}
+
+    def _nearness(self, key: str) -> float:
+        """1 at a flag set a real trial measured (or one the twin simulates alike), fading to 0 away from them."""
+        return max((self._likeness(key, other) for other in self.residuals), default=0.0)
+
+    def _likeness(self, a: str, b: str) -> float:
+        """1 for two flag sets the twin simulates alike (its catalog figures), fading as they differ."""
+        fa, fb = self._features(a), self._features(b)
+        common = [f for f in fa if f in fb]
+        if not common:
+            return 0.0
+        d = math.sqrt(sum((fa[f] - fb[f]) ** 2 for f in common) / len(common))
+        return math.exp(-0.5 * (d / RESIDUAL_LENGTH) ** 2)
+
+    def _features(self, key: str) -> dict[str, float]:
+        held = self._feature_memo.get(key)
+        if held is None:
+            held = {f: math.log(v) for f, v in self._catalog_figures(key).items() if v > 0 and f != "success_rate"}
+            self._feature_memo[key] = held
+        return held
 
     def _spread(self, figure: str, exact: bool) -> float:
         s = self.spread.get(figure, PRIOR_SPREAD)
@@ -265,6 +297,7 @@ class Twin:
             if o.key not in self.anchors:
                 self.anchors[o.key] = self._anchor(o, base)
         new = self._fit_terms(base, [o.key for o in measured])
+        self.spread = _spreads(measured, self.residuals)
         if replace(new, step_scale=1.0) != replace(self.coefficients, step_scale=1.0):
             self.exact = {}
         self.coefficients = new
@@ -302,7 +335,6 @@ class Twin:
                     self.residuals.setdefault(k, {})[name] = got - math.log(value)
                 if value > 0 and catalog.get(name, 0.0) > 0:
                     moved.setdefault(name, []).append(math.log(value / catalog[name]))
-        self.spread = {name: _spread(r) for name, r in residuals.items()}
         self.moved = {name: math.exp(float(np.mean(m))) for name, m in moved.items()}
         return fitted
 
@@ -350,11 +382,15 @@ class Twin:
 
 
 def distance(dists: dict[str, BaseDistribution], a: dict[str, Any], b: dict[str, Any]) -> float:
-    """The normalised distance (0..1) between two parameter sets of a space (a log range in logs)."""
+    """The normalised distance (0..1) between two parameter sets of a space (a log range in logs; choices of
+    numbers by their place in the ordered list, other choices 0 or 1)."""
     parts = []
     for name, dist in dists.items():
         x, y = a.get(name), b.get(name)
-        if x is None or y is None or isinstance(dist, CategoricalDistribution):
+        if isinstance(dist, CategoricalDistribution):
+            parts.append(_choice_distance(dist, x, y))
+            continue
+        if x is None or y is None:
             parts.append(0.0 if x == y else 1.0)
             continue
         low, high = float(dist.low), float(dist.high)  # type: ignore[attr-defined]
@@ -364,7 +400,37 @@ def distance(dists: dict[str, BaseDistribution], a: dict[str, Any], b: dict[str,
     return math.sqrt(sum(p * p for p in parts) / max(len(parts), 1))
 
 
+def _choice_distance(dist: CategoricalDistribution, x: Any, y: Any) -> float:
+    if x == y:
+        return 0.0
+    numbers = [c for c in dist.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+    if len(numbers) != len(dist.choices) or x not in numbers or y not in numbers or len(numbers) < 2:
+        return 1.0
+    ordered = sorted(numbers)
+    return abs(ordered.index(x) - ordered.index(y)) / (len(ordered) - 1)
+
+
+def _near(spread: float, nearness: float) -> float:
+    """The spread where a real trial measured what the twin simulates alike: its figures are known there, to the
+    floor (a start's own noise); away from every trial, the twin's spread."""
+    return math.sqrt(nearness * SPREAD_FLOOR**2 + (1.0 - nearness) * spread**2)
+
+
+def _spreads(measured: list[Observation], residuals: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each figure's spread in logs: from the twin's errors before each trial ran (out of sample, as every proposal
+    is), or the refit's residual where a trial has no prediction recorded."""
+    errors: dict[str, list[float]] = {}
+    for o in measured:
+        for name, value in o.figures.items():
+            before = o.predicted.get(name)
+            if before is not None and before > 0 and value > 0:
+                errors.setdefault(name, []).append(math.log(value / before))
+            elif name in residuals.get(o.key, {}):
+                errors.setdefault(name, []).append(residuals[o.key][name])
+    return {name: _spread(e) for name, e in errors.items()}
+
+
 def _spread(residuals: list[float]) -> float:
-    """A figure's spread in logs: the residuals' with the prior's weight, never below the floor."""
+    """A figure's spread in logs: the errors' with the prior's weight, never below the floor."""
     total = PRIOR_WEIGHT * PRIOR_SPREAD**2 + sum(r * r for r in residuals)
     return max(math.sqrt(total / (PRIOR_WEIGHT + len(residuals))), SPREAD_FLOOR)

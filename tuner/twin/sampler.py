@@ -362,7 +362,7 @@ class TwinSampler(BaseSampler):
         options = []
         for key in untried:
             p = twin.predict(key)
-            if key == best or not p.started or p.crashed or p.violation > u:
+            if key == best or not p.started or p.crashed or (p.violation > u and p.chance < MIN_CHANCE / 5):
                 continue
             d = self._distance(twin.pool[key].params, tried)
             # where the verdict is least sure a trial teaches the most: an even chance doubles the weight
@@ -383,13 +383,13 @@ class TwinSampler(BaseSampler):
 MIN_CHANCE = 0.05  # below this a flag set is ranked as missing the SLOs, by how far
 
 
-def _rank(p: Predicted) -> tuple[int, float]:
+def _rank(p: Predicted) -> tuple[float, ...]:
     """By the feasible throughput it is expected to add (its throughput times its chance of meeting the SLOs);
     then the closest to the SLOs; what cannot start or crashes last."""
     if p.started and not p.crashed and p.chance >= MIN_CHANCE:
         return (0, -p.expected_tok_s)
-    if p.started and not p.crashed:
-        return (1, p.violation - p.output_tok_s * 1e-9)
+    if p.started and not p.crashed:  # none likely to meet them: the likeliest, nearest the SLOs in its spread
+        return (1, -p.chance, p.violation - p.output_tok_s * 1e-9)
     return (2, 0.0)
 
 
@@ -449,7 +449,15 @@ def _observation(t: FrozenTrial, slos: Sequence[Slo]) -> Observation | None:
         output_tok_s=r.output_tok_s if full else None,
         kv_tokens=r.kv_tokens,
         figures=_measured_figures(r, slos) if full else {},
+        predicted=_predicted_figures(t.user_attrs.get(FIGURES_ATTR)),
     )
+
+
+def _predicted_figures(stored: Any) -> dict[str, float]:
+    """The twin's figures before the trial ran, as after_trial stored them (FIGURES_ATTR)."""
+    if not isinstance(stored, dict) or not isinstance(stored.get("predicted"), dict):
+        return {}
+    return {str(k): float(v) for k, v in stored["predicted"].items() if isinstance(v, int | float)}
 
 
 def _measured_figures(r: TrialRecord, slos: Sequence[Slo]) -> dict[str, float]:
