@@ -31,6 +31,7 @@ __all__ = [
     "Noise",
     "Pooled",
     "bootstrap",
+    "figure_of",
     "format_with_ci",
     "learn_noise",
     "mean_interval",
@@ -276,6 +277,14 @@ def separable(a: Pooled, b: Pooled) -> bool:
     """Whether the two flag sets differ beyond the noise: the interval of their difference excludes 0."""
     d = relative_difference(a, b)
     return not d.contains(0.0)
+
+
+def figure_of(metric: str) -> str | None:
+    """The `run_intervals` key that holds an SLO metric's figure (None: no interval is kept for it)."""
+    base, _, stat = metric.partition("_")
+    if base in ("ttft", "tpot", "e2e") and stat in (f"p{q}" for q in RUN_PERCENTILES):
+        return f"{metric}_s"
+    return {"success_rate": "success_rate", "output_throughput": "output_tok_s"}.get(metric)
 
 
 def slo_verdict(interval: Interval, op: str, threshold: float) -> str:
