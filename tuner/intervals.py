@@ -235,8 +235,8 @@ class Pooled:
 
 def pool(starts: Sequence[Interval], noise: Noise = Noise(), level: float = LEVEL) -> Pooled:
     """One flag set's starts (each a figure with its within-run interval) pooled: each start counts with the
-    larger of its within-run variance and the study's between-start noise; with two starts of its own or more,
-    with their own spread too when that is larger still."""
+    larger of its within-run variance and the between-start spread, the study's (`noise`, pooled over every flag
+    set started more than once, this one among them) or, without one, its own starts' spread."""
     figures = [s for s in starts if s.value > 0]
     if not figures:
         raise ValueError("no start with a positive figure to pool")
@@ -245,9 +245,11 @@ def pool(starts: Sequence[Interval], noise: Noise = Noise(), level: float = LEVE
     z = _two_sided(level)
     within = statistics.fmean(((math.log(s.high) - math.log(max(s.low, 1e-300))) / (2 * z)) ** 2 for s in figures)
     per_start, df = within, math.inf
-    if noise.df and noise.log_var > per_start:
-        per_start, df = noise.log_var, float(noise.df)
-    if k >= 2:
+    if noise.df:
+        # The study's pooled spread (this flag set's own starts among it): more degrees of freedom than its own.
+        if noise.log_var > per_start:
+            per_start, df = noise.log_var, float(noise.df)
+    elif k >= 2:
         own = statistics.variance(logs)
         if own > per_start:
             per_start, df = own, float(k - 1)

@@ -16,13 +16,14 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from study_fakes import FakeLauncher, FakeServer, job
 
+from tuner.cli.trial_lines import trial_line
 from tuner.config import Job
 from tuner.flags import VllmFlags
 from tuner.load import LoadResult, RequestRecord
 from tuner.scoring import Slo, summarize
 from tuner.store import open_store
 from tuner.study import Measurement, TuningRun
-from tuner.study.confirm import CI_RUN_ATTR, CONFIRM_ATTR, MAX_STARTS, REPEAT_OF, Confirmation
+from tuner.study.confirm import CI_RUN_ATTR, CONFIRM_ATTR, MAX_STARTS, REPEAT_OF, Confirmation, closing_lines
 
 BASELINE = 256  # the fake's reading of vLLM's default max_num_seqs
 
@@ -115,6 +116,8 @@ def test_the_study_starts_again_what_overlaps_the_leader_and_says_what_is_not_se
         for n in numbers:
             ci = study.trials[n].user_attrs[CI_RUN_ATTR]
             assert ci["output_tok_s"][1] <= ci["output_tok_s"][0] <= ci["output_tok_s"][2]
+    # The progress line of a confirmation start says it was launched again, not answered from the first.
+    assert f"[#{starts[32][0]} started again, to confirm it]" in trial_line(study.trials[starts[32][1]])
 
 
 def test_the_confirmation_never_spends_more_than_its_budget(tmp_path: Path) -> None:
@@ -240,3 +243,21 @@ def test_repeats_decide_a_marginal_verdict_by_their_pooled_figure() -> None:
     c = Confirmation.of(base + missed_twice, [SLO])
     g = next(g for g in c.flag_sets if g.number == 4)
     assert g.slos[str(SLO)] == "missed" and c.leader is not g
+
+
+def test_a_gain_within_the_noise_is_said_to_be_so_and_the_headline_is_started_again() -> None:
+    trials = [
+        start(0, 8, 1000.0, (1.0, 0.9, 1.1), baseline=True),
+        start(1, 8, 1100.0, (1.0, 0.9, 1.1), baseline=True, repeat_of=0, duplicate_of=0),
+        start(2, 32, 1150.0, (1.0, 0.9, 1.1)),
+        start(3, 32, 1060.0, (1.0, 0.9, 1.1), repeat_of=2, duplicate_of=2),
+    ]
+    c = Confirmation.of(trials, [SLO])
+    lines = closing_lines(c, starts_spent=2, server_seconds=120.0, budget=6)
+    assert lines[0].startswith("#2 and the baseline are not separable (+")
+    assert "2 starts each" in lines[0] and lines[0].endswith("the gain is within the noise")
+    assert lines[-1].endswith("confirmation: 2 of 6 extra starts, 2.0 server-min")
+    # Both sides of the headline get a third start before anything else.
+    assert c.next_start() in (c.leader, c.baseline) and c.leader is not c.baseline
+    third = start(4, 32 if c.next_start() is c.leader else 8, 1070.0, (1.0, 0.9, 1.1), repeat_of=c.next_start().number)
+    assert Confirmation.of([*trials, third], [SLO]).next_start() is not None  # the other side's third start
