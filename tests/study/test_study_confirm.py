@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,3 +262,32 @@ def test_a_gain_within_the_noise_is_said_to_be_so_and_the_headline_is_started_ag
     assert c.next_start() in (c.leader, c.baseline) and c.leader is not c.baseline
     third = start(4, 32 if c.next_start() is c.leader else 8, 1070.0, (1.0, 0.9, 1.1), repeat_of=c.next_start().number)
     assert Confirmation.of([*trials, third], [SLO]).next_start() is not None  # the other side's third start
+
+
+def test_two_workers_share_one_confirmation_budget(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    servers, launchers, errors = NoisyServers(TOK_S, E2E_S), [FakeLauncher(), FakeLauncher()], []
+    # Made one after the other: threads opening one new SQLite file race to migrate it (Alembic's loader).
+    runs = [
+        TuningRun(confirming_job(3), launcher, storage_url=url, measure=servers, poll_s=0.05, worker=i)
+        for i, launcher in enumerate(launchers)
+    ]
+
+    def worker(tuning: TuningRun) -> None:
+        try:
+            tuning.run()
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            tuning.close()
+
+    threads = [threading.Thread(target=worker, args=(tuning,)) for tuning in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    trials = runs[0].study.get_trials(deepcopy=False)
+    repeats = [t for t in trials if t.user_attrs.get(REPEAT_OF) is not None]
+    assert len(repeats) == 3 and all(t.state == TrialState.COMPLETE for t in repeats)
+    assert sum(len(launcher.launches) for launcher in launchers) == 5 + 3
