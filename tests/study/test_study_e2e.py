@@ -120,6 +120,9 @@ def test_tune_on_sqlite_ends_with_a_feasible_front_and_no_server_left(tmp_path: 
     assert_complete_and_stored(url, trials, 4)
     assert trials[0].user_attrs["baseline"] and trials[0].user_attrs["flags"]["max_num_seqs"] == 1024
     assert "#0   (baseline)" in log.read_text()
+    # The closing lines say how sure the result is; without a confirmation, that every figure is one start.
+    assert "budget.confirm is 0: every figure is one start" in out and "budget.confirm is 0" in log.read_text()
+    assert "the baseline" in out.split("Feasible Pareto front")[-1]
     assert registry_of(state_dir).records() == []
     # In the morning: the winner launched again from the job stored with the study, confirmed over two runs.
     env = {**os.environ, "TUNER_STATE_DIR": str(state_dir), "COLUMNS": "200"}
