@@ -19,6 +19,7 @@ from study_fakes import FakeLauncher, FakeServer, job
 
 from tuner.cli.trial_lines import trial_line
 from tuner.config import Job
+from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.load import LoadResult, RequestRecord
 from tuner.scoring import Slo, summarize
@@ -185,6 +186,19 @@ def test_a_marginal_slo_verdict_is_decided_by_repeats_not_one_draw(tmp_path: Pat
     verdict = study.user_attrs[CONFIRM_ATTR]["flag_sets"][str(starts[64][0])]["slos"]
     assert list(verdict.values()) in (["met"], ["missed"])
     assert any(line.startswith(f"#{starts[64][0]}: e2e_p95") and "by repeats" in line for line in lines)
+
+
+def test_a_flag_set_that_no_longer_starts_is_not_started_again_and_again(tmp_path: Path) -> None:
+    def second_start_fails(flags: VllmFlags, attempt: int) -> LaunchError | None:
+        return LaunchError("no room", reason="cuda_oom") if flags.max_num_seqs == 32 and attempt >= 1 else None
+
+    servers, launcher = NoisyServers(TOK_S, E2E_S), FakeLauncher(fail=second_start_fails)
+    _, study = run(confirming_job(8), f"sqlite:///{tmp_path / 's.db'}", servers, launcher)
+    first = starts_of(study)[32][0]
+    again = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(REPEAT_OF) == first]
+    assert 1 <= len(again) <= MAX_STARTS - 1
+    assert all(t.user_attrs["outcome"] != "measured" for t in again)
+    assert study.user_attrs[CONFIRM_ATTR]["starts_spent"] <= 8
 
 
 # -- the decision itself, on trials written by hand ------------------------------------------------------------

@@ -112,6 +112,11 @@ class FlagSet:
     throughput: Pooled | None = None
     slos: dict[str, str] = field(default_factory=dict)  # SLO text -> met / missed / marginal
     decided: dict[str, str] = field(default_factory=dict)  # SLO text -> how its marginal verdict was decided
+    unmeasured: int = 0  # confirmation starts of it that measured nothing (they count against MAX_STARTS)
+
+    @property
+    def tried(self) -> int:
+        return len(self.starts) + self.unmeasured
 
     @property
     def status(self) -> str:
@@ -146,10 +151,13 @@ def _flag_sets(trials: Sequence[FrozenTrial]) -> list[FlagSet]:
     """The measured flag sets, each with every start of it (its first trial, then its confirmation starts)."""
     by_number: dict[int, FlagSet] = {}
     keys: dict[str, int] = {}
+    unmeasured: list[int] = []  # first trials of confirmation starts that did not start or crashed
     for t in sorted(trials, key=lambda t: t.number):
         if t.state != TrialState.COMPLETE:
             continue
         record = TrialRecord.from_attrs(t.user_attrs)
+        if record.outcome != MEASURED and is_repeat(t):
+            unmeasured.append(int(t.user_attrs[REPEAT_OF]))
         if record.outcome != MEASURED or (record.is_duplicate and not is_repeat(t)):
             continue
         first = int(t.user_attrs.get(REPEAT_OF, t.number))
@@ -158,6 +166,9 @@ def _flag_sets(trials: Sequence[FrozenTrial]) -> list[FlagSet]:
         group = by_number.setdefault(first, FlagSet(first, dict(t.params), record.baseline))
         group.baseline = group.baseline or record.baseline
         group.starts.append(_start(t, record))
+    for first in unmeasured:
+        if first in by_number:
+            by_number[first].unmeasured += 1
     return list(by_number.values())
 
 
@@ -242,7 +253,7 @@ class Confirmation:
         """The flag set to start again next, or None when the result stands (or every candidate has its starts)."""
         lead, base = self.leader, self.baseline
         for must in (base, lead):
-            if must is not None and len(must.starts) < 2:
+            if must is not None and must.tried < 2:
                 return must
         marginal = [g for g in self.flag_sets if g.status == "marginal" and self.may_lead(g)]
         pool_: list[FlagSet] = [*marginal, *self.contenders()]
@@ -250,7 +261,7 @@ class Confirmation:
             pool_.append(lead)
         if self._headline_in_noise():
             pool_ += [g for g in (lead, base) if g is not None]
-        open_ = [g for g in pool_ if len(g.starts) < MAX_STARTS]
+        open_ = [g for g in pool_ if g.tried < MAX_STARTS]
         if not open_:
             return None
         return min(open_, key=lambda g: (len(g.starts), g is not lead, -_tput(g), g.number))
