@@ -27,12 +27,15 @@ JOB: dict[str, Any] = {
     "arrival": {"concurrency": 4, "requests": 10},
     "slos": ["e2e_p95 <= 2s", "success_rate >= 0.9"],
     "request_timeout": 30,
-    "budget": {"n_trials": 4},
+    "budget": {"n_trials": 4, "confirm": 0},  # the search alone; the confirmation has its own tests
     "sampler": {"name": "random", "seed": 1},
 }
 
 
 def job(**changes: Any) -> Job:
+    """The fake job with `changes`; a budget given without `confirm` runs the search alone, as JOB's does."""
+    if isinstance(changes.get("budget"), dict):
+        changes["budget"] = {"confirm": 0, **changes["budget"]}
     data = {**JOB, **changes}
     return parse_job(data)
 

@@ -33,6 +33,8 @@ def trial_line(t: FrozenTrial) -> str:
     r = TrialRecord.from_attrs(t.user_attrs)
     head = f"#{t.number:<3}{' (baseline)' if r.baseline else ''} {short_flags(r.flags)}"
     suffix = f"  [same flags as #{r.duplicate_of}, not relaunched]" if r.duplicate_of is not None else ""
+    if t.user_attrs.get("repeat_of") is not None:  # a confirmation start (tuner.study.confirm): launched again
+        suffix = f"  [#{t.user_attrs['repeat_of']} started again, to confirm it]"
     suffix += f"  [GPU {','.join(r.devices)}]" if r.devices else ""
     if r.outcome != MEASURED:
         return f"{head} -> {r.outcome}: {r.reason}{suffix}"
