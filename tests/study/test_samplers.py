@@ -4,7 +4,6 @@ baseline's missing flag no longer shrinks."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import optuna
 import pytest
 import yaml
+from sampler_fakes import require_gp
 from study_fakes import JOB, FakeLauncher, fake_measure, job
 from typer.testing import CliRunner
 
@@ -118,11 +118,8 @@ def test_the_default_sampler_takes_the_tpe_options() -> None:
     assert j.sampler.group is True
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None or importlib.util.find_spec("scipy") is None,
-    reason="GPSampler needs torch and scipy (not project dependencies; benchmarks/README.md: the gp venv)",
-)
 def test_gp_draws_the_flag_the_baseline_lacks_with_tpe_not_at_random(tmp_path: Path) -> None:
+    require_gp()
     study = run_study(tmp_path, {"name": "gp", "n_startup_trials": 2}, n_trials=6)
     gp = study.sampler
     assert isinstance(gp, optuna.samplers.GPSampler)

@@ -137,7 +137,7 @@ def _grid(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.sam
 def _gp(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("scipy") is None:
         raise ConfigError(
-            "sampler.name: gp needs torch and scipy, which are not installed (pip install torch scipy); "
+            "sampler.name: gp needs torch and scipy, which are not installed (pip install 'tuner[gp]'); "
             "use tpe, nsga2, random or grid"
         ) from None
     startup = 10 if s.n_startup_trials is None else s.n_startup_trials
