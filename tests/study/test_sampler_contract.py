@@ -69,9 +69,8 @@ def run(
     twin: Callable[[Job, VllmFlags, Coefficients], SimPoint] | None = None,
 ) -> RunReport:
     tuning = TuningRun(j, launcher, storage_url=url, measure=measure or fake_measure(), poll_s=0.05)
-    if twin is not None and isinstance(tuning.study.sampler, TwinSampler):
-        made = tuning.study.sampler
-        assert isinstance(made, TwinSampler)
+    made = tuning.study.sampler
+    if twin is not None and isinstance(made, TwinSampler):  # the job's twin, with another simulation
         tuning.study.sampler = TwinSampler(tuning.space, 1, made.fallback, simulate_fn=twin)
         tuning.study.sampler.bind(j)
     if on_trial_end is not None:
