@@ -16,6 +16,7 @@ from rich.table import Table
 
 from tuner.record import MEASURED, TrialRecord
 from tuner.report.tables import flag_label
+from tuner.scoring import OBJECTIVE_FALLBACK
 
 __all__ = ["TextLog", "best_text", "console", "count_done", "pareto_table", "short_flags", "trial_line"]
 
@@ -38,7 +39,7 @@ def trial_line(t: FrozenTrial) -> str:
     suffix += f"  [GPU {','.join(r.devices)}]" if r.devices else ""
     if r.outcome != MEASURED:
         return f"{head} -> {r.outcome}: {r.reason}{suffix}"
-    metric = r.latency_metric or "e2e_p95"
+    metric = r.latency_metric or OBJECTIVE_FALLBACK
     latency = t.values[1] if t.values else None
     verdict = "feasible" if r.feasible else "misses " + ", ".join(_missed(r))
     if r.slo_stop:

@@ -195,7 +195,7 @@ def _table(view: StudyView, t: TrialView, v: Verification) -> Table:
         ci = format_with_ci(v.median_tok_s, interval.low, interval.high, "").strip()
         table.add_row("95% CI", ci, "", "", "", style="bold")
     if t.throughput is not None:
-        lat = f"{t.latency_p95_s:.2f}" if t.latency_p95_s is not None else "-"
+        lat = f"{t.objective_latency_s:.2f}" if t.objective_latency_s is not None else "-"
         ok = f"{t.success_rate:.1%}" if t.success_rate is not None else ""
         table.add_row("recorded", f"{t.output_tok_s or t.throughput:,.1f}", lat, ok, "", style="dim")
     return table
