@@ -50,6 +50,7 @@ class _Server:
     model: str
     facts: StartupFacts
     time_scale: float = 1.0
+    cpu_plan: None = None  # not placed on cores of its own (a CPU target's plan: tuner.launch.affinity)
 
     def logs(self) -> str:
         return ""

@@ -11,6 +11,7 @@ from tuner.config import Job, parse_job
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import StartupFacts
+from tuner.launch.affinity import CpuPlan
 from tuner.load import LoadResult, RequestRecord
 from tuner.scoring import summarize
 from tuner.study import Measurement
@@ -49,6 +50,7 @@ class FakeServer:
     exit_code: int | None = None
     crash: LaunchError | None = None
     log_text: str = "INFO fake server\nINFO Application startup complete.\n"
+    cpu_plan: CpuPlan | None = None  # a CPU target's cores (tuner.launch.affinity): none here
 
     def logs(self) -> str:
         return self.log_text
