@@ -12,14 +12,16 @@ card and model that its vLLM database holds and this project's catalog holds too
   AIC's `agg` estimate of TTFT and TPOT at that concurrency.
 
 A ratio is ours / AIC's: above 1, the emulator's step is slower. A decode point whose batch x context does not fit
-the KV cache vLLM would allocate on the card is in parentheses and left out of the summary (AIC times it anyway).
+the KV cache vLLM would allocate on the card is marked * and left out of the summary (AIC times it anyway).
 
 The project does not depend on AIConfigurator: it is installed in a separate virtual environment, with the
 project beside it, and only this script imports it. From the repository's root:
 
     python3 -m venv /work/aic-venv
     /work/aic-venv/bin/pip install aiconfigurator==0.12.0 -e .
-    PYTHONPATH=$PWD /work/aic-venv/bin/python benchmarks/aic_compare.py > aic.md     # ~2 minutes on a CPU
+    PYTHONPATH=$PWD /work/aic-venv/bin/python benchmarks/aic_compare.py > aic.md     # a few minutes on a CPU
+
+`--json benchmarks/data/aic_step_times.json` also writes AIC's figures, which the tests hold the emulator to.
 
 Options: --cards h100_sxm,l40s (AIC's system names) to do fewer; --no-closed-loop to skip the slower agg estimates.
 """
@@ -27,23 +29,27 @@ Options: --cards h100_sxm,l40s (AIC's system names) to do fewer; --no-closed-loo
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tuner.capacity import plan_startup
 from tuner.catalog import GpuProfile, ModelProfile, get_gpu, load_model
 from tuner.emulator.simulate import simulate_closed_loop
 from tuner.emulator.step_time import StepTimeModel
+from tuner.errors import ConfigError
 from tuner.flags import VllmFlags, resolve
 
 # AIC's system name -> this catalog's card (AIC's a100_sxm is the 80 GB part: mem_capacity 80 GiB in its yaml).
 CARDS = {"h100_sxm": "h100-80gb", "h200_sxm": "h200", "a100_sxm": "a100-80gb", "b200_sxm": "b200", "l40s": "l40s"}
 # AIC's model path -> this catalog's model, and the tensor parallelism it is compared at.
-MODELS = {"meta-llama/Meta-Llama-3.1-8B": ("llama-3.1-8b", 1)}
+# Llama-3.1-8B-AWQ and Qwen2.5-7B are in ours only (AIC's vLLM data has no int4 AWQ GEMMs, its configs no Qwen2.5).
+MODELS = {"meta-llama/Meta-Llama-3.1-8B": ("llama-3.1-8b", 1), "meta-llama/Meta-Llama-3.1-70B": ("llama-3.1-70b", 4)}
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTEXTS = (512, 1024, 2048, 4096, 8192)
 PROMPTS = (512, 1024, 2048, 4096, 8192)
@@ -133,11 +139,14 @@ def compare(system: str, model_path: str, closed_loop: bool) -> Pair:
             pair.decode[b, c] = (ours.decode_step_seconds(b, c), aic.decode_s(b, c), b * (c + 1) <= kv_tokens)
     for n in PROMPTS:
         pair.prefill[n] = (ours.prefill_seconds(n), aic.prefill_s(n))
-    if closed_loop:
-        for clients in CLOSED_LOOP:
+    for clients in CLOSED_LOOP if closed_loop else ():
+        try:
             sim = simulate_closed_loop(model, gpu, flags, concurrency=clients, input_len=LOOP_IN, output_len=LOOP_OUT)
             ttft, tpot = aic.closed_loop(clients)
-            pair.loop[clients] = (sim.ttft_mean_s, ttft, sim.tpot_mean_s, tpot)
+        except (ConfigError, RuntimeError) as e:  # a start that fails here, or AIC's out-of-memory verdict
+            print(f"{gpu.key} + {key}, {clients} clients: skipped ({e})", file=sys.stderr)
+            continue
+        pair.loop[clients] = (sim.ttft_mean_s, ttft, sim.tpot_mean_s, tpot)
     return pair
 
 
@@ -156,15 +165,14 @@ def _ctx(c: int) -> str:
 
 def render_pair(p: Pair) -> list[str]:
     out = [f"### {p.card} + {p.model}, TP {p.tp} (AIC: vLLM {p.version})", ""]
-    out.append("Decode step, ours / AIC (AIC's step in ms), by batch and context:")
+    out.append("Decode step, ours / AIC (AIC's ms), by batch and context (*: over the KV cache):")
     out.append("")
     rows = []
     for b in BATCHES:
         cells = [str(b)]
         for c in CONTEXTS:
             o, a, fits = p.decode[b, c]
-            cell = f"{o / a:.2f} {a * 1e3:5.1f}"
-            cells.append(cell if fits else f"({cell})")
+            cells.append(f"{o / a:.2f} {a * 1e3:5.1f}" + ("" if fits else "*"))
         rows.append(cells)
     out += _table(["batch", *(_ctx(c) for c in CONTEXTS)], rows)
     out += ["", "Prefill of one prompt:", ""]
@@ -182,17 +190,42 @@ def render_pair(p: Pair) -> list[str]:
 
 def render_summary(pairs: Sequence[Pair]) -> list[str]:
     def span(xs: list[float]) -> list[str]:
-        return [f"{statistics.median(xs):.2f}", f"{min(xs):.2f}-{max(xs):.2f}"]
+        return [f"{statistics.median(xs):.2f}", f"{min(xs):.2f}-{max(xs):.2f}"] if xs else ["-", "-"]
 
-    rows = [[p.card, p.model, p.version, *span(p.decode_ratios()), *span(p.prefill_ratios())] for p in pairs]
-    header = ["card", "model", "AIC vLLM", "decode med", "decode range", "prefill med", "prefill range"]
-    return ["Summary (ours / AIC; decode over the points that fit the KV cache):", "", *_table(header, rows), ""]
+    rows = [[p.card, p.model, *span(p.decode_ratios()), *span(p.prefill_ratios())] for p in pairs]
+    header = ["card", "model", "decode", "range", "prefill", "range"]
+    common = statistics.mode(p.version for p in pairs)
+    others = sorted({f"{p.card}: {p.version}" for p in pairs if p.version != common})
+    title = [
+        "Summary: ours / AIC, median and range (decode: the points that fit the KV cache)",
+        f"AIC's data is for vLLM {common}" + (f" ({', '.join(others)})." if others else "."),
+    ]
+    return [*title, "", *_table(header, rows), ""]
+
+
+def reference(pairs: Sequence[Pair]) -> dict[str, Any]:
+    """AIC's step times, for tests/emulator/test_gpu_step_time_sources.py to hold the emulator to without AIC."""
+    return {
+        "about": "AIConfigurator 0.12.0's vLLM step times (seconds), written by benchmarks/aic_compare.py --json",
+        "pairs": [
+            {
+                "gpu": p.card,
+                "model": p.model,
+                "tp": p.tp,
+                "aic_vllm": p.version,
+                "decode": [[b, c, a] for (b, c), (_, a, fits) in p.decode.items() if fits],
+                "prefill": [[n, a] for n, (_, a) in p.prefill.items()],
+            }
+            for p in pairs
+        ],
+    }
 
 
 def main(argv: Sequence[str] | None = None, write: Callable[[str], Any] = print) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cards", default=",".join(CARDS), help=f"AIC system names, of {', '.join(CARDS)}")
     parser.add_argument("--no-closed-loop", action="store_true", help="skip the agg (closed-loop) estimates")
+    parser.add_argument("--json", metavar="PATH", help="also write AIC's step times there (the tests' reference)")
     args = parser.parse_args(argv)
     cards = [c.strip() for c in args.cards.split(",") if c.strip()]
     unknown = [c for c in cards if c not in CARDS]
@@ -206,6 +239,8 @@ def main(argv: Sequence[str] | None = None, write: Callable[[str], Any] = print)
         return 2
     logging.disable(logging.WARNING)  # AIC logs every low-fidelity fallback table it loads
     pairs = [compare(card, path, not args.no_closed_loop) for card in cards for path in MODELS]
+    if args.json:
+        Path(args.json).write_text(json.dumps(reference(pairs), indent=1) + "\n")
     lines = render_summary(pairs)
     for p in pairs:
         lines += render_pair(p)
