@@ -13,7 +13,7 @@ compute-bound. Calibrated (see tests/emulator) to: H100-80GB + Llama-3.1-8B bf16
 7-13 ms at 16 concurrent 512/256 requests, RTX 4090 ~56 tok/s at batch 1, H100 peak of the order of 10k tok/s
 (the sources of these figures: benchmarks/data/gpu_step_time_sources.json); and, for the GPU's own part of a step,
 to AIConfigurator's measured kernels (vLLM 0.24; `benchmarks/aic_compare.py`): within 8% of its decode step on the
-H100, H200 and B200 at batch 1-256 and 512-8k tokens of context, prefill within 13% (benchmarks/README.md).
+H100, H200 and B200 at batch 1-256 and 512-8k tokens of context, prefill within 17% (benchmarks/README.md).
 
 Asynchronous scheduling (AsyncScheduler driven by EngineCore.step_with_batch_queue, vllm/v1/engine/core.py) keeps
 two batches in flight: while the device runs step N, the CPU processes step N-1's output and schedules step N+1, so
@@ -68,6 +68,10 @@ SAMPLER_BYTES_PER_VOCAB = 50
 HOST_STEP_S = 0.02e-3
 HOST_PER_REQUEST_S = 0.0105e-3
 MEMORY_EFFICIENCY = 0.93  # achieved fraction of HBM bandwidth streaming the weights in a decode step
+# Cards that stream their weights below it, by catalog key, from the batch-1 decode step less the fixed overhead:
+# the A100's AIC kernels (vLLM 0.14) give 0.70 of 2,039 GB/s and the published vLLM 0.23 measurement on the 40 GB part
+# (a100-40gb-decode-batch1) 0.81 of 1,555; the L40S's AIC kernels (vLLM 0.24) 0.84. Hopper and Blackwell fit 0.93.
+WEIGHT_STREAM_EFFICIENCY = {"a100-40gb": 0.75, "a100-80gb": 0.75, "a100-80gb-pcie": 0.75, "l40s": 0.84}
 # Paged attention's KV reads: AIC's measured decode-attention kernels reach 0.81-0.94 of the datasheet bandwidth once
 # a step reads more than ~10 GB (H100 0.87-0.94, H200 0.81-0.92, B200 0.85-0.90, L40S 0.81-0.84, A100 0.77-0.82);
 # smaller reads are below it, and the step's fixed overhead stands for them.
@@ -140,7 +144,7 @@ class StepTimeModel:
     def _roofline(cls, model: ModelProfile, gpu: GpuProfile, flags: ResolvedFlags) -> StepTimeModel:
         tp = flags.tensor_parallel_size
         quant = model.quantization in ("awq", "gptq") and model.quant_bits < 16
-        mem_eff = QUANT_MEMORY_EFFICIENCY if quant else MEMORY_EFFICIENCY
+        mem_eff = QUANT_MEMORY_EFFICIENCY if quant else WEIGHT_STREAM_EFFICIENCY.get(gpu.key, MEMORY_EFFICIENCY)
         mfu = QUANT_MFU if quant else MFU
         kv_dtype = flags.kv_dtype_bytes
         allreduce_fixed = 0.0
