@@ -38,10 +38,10 @@ from servers import start_server, stop_server, vllm_paths
 from tuner.calibration.build import engine_shape, fit_profile
 from tuner.calibration.fit import LoadPoint
 from tuner.calibration.probe import default_points, probe_points
-from tuner.calibration.profile import StepProfile, load_profile
 from tuner.catalog import get_gpu, load_model
 from tuner.flags import VllmFlags
 from tuner.load import Arrival, LoadResult, Workload, run_load
+from tuner.step_profile import StepProfile, load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED = "tiny"

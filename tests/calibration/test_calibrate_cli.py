@@ -15,8 +15,8 @@ from tests.calibration.test_fit import TRUE, _profile
 from tests.servers import free_port, wait_healthy
 from tuner.calibration.fit import Measured, error_figures
 from tuner.calibration.probe import decode_unseen
-from tuner.calibration.profile import load_profile
 from tuner.cli import main
+from tuner.step_profile import load_profile
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:

@@ -19,9 +19,9 @@ import yaml
 from tests.calibration.test_calibrate_cli import run_cli
 from tests.calibration.test_fit import TRUE, _profile
 from tests.calibration.twin_study import tune_against_twin, twin_job
-from tuner.calibration.profile import StepCoefficients, StepProfile, load_profile
 from tuner.launch.owner import pid_alive
 from tuner.launch.registry import ProcessRegistry
+from tuner.step_profile import StepCoefficients, StepProfile, load_profile
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,6 @@
 """The fit recovers the coefficients of a server whose step times are known: the twin (the emulator's engine under
-a job's load, in virtual time) playing a server with a given profile, measured as the probe measures a real one."""
+a job's load, in virtual time, its step times without spread) playing a server with a given profile, measured as the
+probe measures a real one."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ import pytest
 from tuner.calibration.build import engine_shape, fit_profile
 from tuner.calibration.fit import LoadPoint, fit_coefficients
 from tuner.calibration.probe import measured
-from tuner.calibration.profile import FittedFrom, StepCoefficients, StepProfile, load_profile
 from tuner.catalog import cpu_profile, get_gpu, load_model
 from tuner.config import parse_job
 from tuner.flags import VllmFlags, resolve
-from tuner.twin.simulate import simulate
+from tuner.step_profile import FittedFrom, StepCoefficients, StepProfile, load_profile
+from tuner.twin.simulate import Coefficients, simulate
 
 TRUE = StepCoefficients(
     step_overhead_s=3.0e-3, prefill_token_s=2.5e-5, decode_seq_s=2.0e-4, context_token_s=4.0e-7, request_latency_s=0.02
 )
 FLAGS = VllmFlags(max_model_len=2048, max_num_seqs=16, max_num_batched_tokens=1024)
+EXACT = Coefficients(step_jitter=0.0)  # every step the profile's time: a server whose step times are known
 POINTS = [
     LoadPoint(concurrency=c, input_len=n, output_len=24, requests=max(16, 4 * c), warmup=max(2, c))
     for n in (128, 512)
@@ -65,7 +67,7 @@ def known_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_fit_recovers_known_coefficients_from_the_twins_measurements(known_server: Path) -> None:
     observed = []
     for p in POINTS:
-        point = simulate(_job(p, known_server), FLAGS)
+        point = simulate(_job(p, known_server), FLAGS, EXACT)
         assert point.started and not point.crashed
         observed.append((p, measured(point.records)))
     shape = engine_shape(load_model("llama-3.1-8b"), cpu_profile({"VLLM_CPU_KVCACHE_SPACE": "1"}), FLAGS)
@@ -81,7 +83,7 @@ def test_the_fit_recovers_them_from_a_gpu_server_that_schedules_asynchronously(k
     ones, and the fit, counting them in the same engine, still describes every measured figure exactly."""
     h100 = get_gpu("h100-80gb")
     assert resolve(FLAGS, h100, load_model("llama-3.1-8b")).async_scheduling
-    observed = [(p, measured(simulate(_job(p, known_server, "h100-80gb"), FLAGS).records)) for p in POINTS]
+    observed = [(p, measured(simulate(_job(p, known_server, "h100-80gb"), FLAGS, EXACT).records)) for p in POINTS]
     fit, _ = fit_coefficients(engine_shape(load_model("llama-3.1-8b"), h100, FLAGS), observed)
     for name, want in TRUE.model_dump().items():
         assert getattr(fit.coefficients, name) == pytest.approx(want, rel=1e-6), name
@@ -92,7 +94,7 @@ def test_the_fit_recovers_them_from_a_gpu_server_that_schedules_asynchronously(k
 
 
 def test_the_profile_written_reads_back_and_reproduces_each_point(known_server: Path, tmp_path: Path) -> None:
-    observed = [(p, measured(simulate(_job(p, known_server), FLAGS).records)) for p in POINTS[:4]]
+    observed = [(p, measured(simulate(_job(p, known_server), FLAGS, EXACT).records)) for p in POINTS[:4]]
     shape = engine_shape(load_model("llama-3.1-8b"), cpu_profile({"VLLM_CPU_KVCACHE_SPACE": "1"}), FLAGS)
     profile = fit_profile(shape, observed, served_model="m", vllm_version="0.32.0", source="synthetic")
     out = tmp_path / "fitted.json"
@@ -110,8 +112,8 @@ def test_a_profile_moves_the_twins_prediction_as_its_coefficients_say(known_serv
     slower = tmp_path / "slower.json"
     _profile(TRUE.model_copy(update={"decode_seq_s": 2 * TRUE.decode_seq_s})).write(slower)
     p = POINTS[2]  # 16 decoding sequences a step: the per-sequence cost is most of each step
-    base = measured(simulate(_job(p, known_server), FLAGS).records)
-    slow = measured(simulate(_job(p, slower), FLAGS).records)
+    base = measured(simulate(_job(p, known_server), FLAGS, EXACT).records)
+    slow = measured(simulate(_job(p, slower), FLAGS, EXACT).records)
     per_step = TRUE.step_overhead_s + 16 * TRUE.decode_seq_s + 16 * (p.input_len + 12) * TRUE.context_token_s
     assert slow.tpot_mean_s - base.tpot_mean_s == pytest.approx(16 * TRUE.decode_seq_s, rel=0.1)
     assert base.tpot_mean_s == pytest.approx(per_step, rel=0.15)
@@ -119,6 +121,6 @@ def test_a_profile_moves_the_twins_prediction_as_its_coefficients_say(known_serv
 
 def test_too_few_points_cannot_fix_five_coefficients(known_server: Path) -> None:
     shape = engine_shape(load_model("llama-3.1-8b"), cpu_profile({"VLLM_CPU_KVCACHE_SPACE": "1"}), FLAGS)
-    observed = [(POINTS[0], measured(simulate(_job(POINTS[0], known_server), FLAGS).records))]
+    observed = [(POINTS[0], measured(simulate(_job(POINTS[0], known_server), FLAGS, EXACT).records))]
     with pytest.raises(Exception, match="cannot fix 5 coefficients"):
         fit_coefficients(shape, observed)

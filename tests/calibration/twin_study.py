@@ -1,6 +1,7 @@
 """A study tuned against a server whose step times are known: `tuner tune`'s own study run (TuningRun: sampler,
 trial records, the project's tables), each trial's server the emulator's engine with a given profile in virtual
-time (the twin), measured as the load client would measure a real one."""
+time (the twin, its step times without spread: known exactly), measured as the load client would measure a real
+one."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from tuner.launch import StartupFacts
 from tuner.load import LoadResult
 from tuner.scoring import summarize
 from tuner.study import Measurement, TuningRun
-from tuner.twin.simulate import simulate
+from tuner.twin.simulate import Coefficients, simulate
+
+EXACT = Coefficients(step_jitter=0.0)  # every step the profile's time: a server whose step times are known
 
 # A workload and a space that tell the five coefficients apart: prompts from tens to a thousand tokens (chunked
 # by the small max_num_batched_tokens, whose chunks read the KV of the earlier ones), batches from 1 to 32.
@@ -68,7 +71,7 @@ class TwinLauncher:
     async def _start(self, flags: VllmFlags) -> AsyncIterator[_Server]:
         if flags.max_num_seqs in self.refuse:
             raise LaunchError("the server died at start-up", reason="unknown")
-        point = simulate(self.job, flags)
+        point = simulate(self.job, flags, EXACT)
         yield _Server("http://twin", "m", StartupFacts(kv_tokens=point.kv_tokens, vllm_version="0.32.0"))
 
     def start(
@@ -81,7 +84,7 @@ class TwinLauncher:
 
 
 async def _measure(server: _Server, job: Job, flags: VllmFlags) -> Measurement:
-    point = simulate(job, flags)
+    point = simulate(job, flags, EXACT)
     summary = summarize(point.records, duration_s=point.duration_s, slos=job.parsed_slos())
     return Measurement(LoadResult(summary=summary, records=point.records), rate=summary.request_throughput)
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tuner.calibration.profile import StepCoefficients
 from tuner.capacity import plan_startup
 from tuner.catalog import get_gpu, load_model
 from tuner.clock import Clock
@@ -21,6 +20,7 @@ from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.simulate import simulate_closed_loop
 from tuner.emulator.step_time import StepTimeModel
 from tuner.flags import VllmFlags, resolve
+from tuner.step_profile import StepCoefficients
 
 LLAMA = load_model("llama-3.1-8b")
 H100 = get_gpu("h100-80gb")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner.calibration.profile import FittedFrom, StepCoefficients, StepProfile
 from tuner.capacity import GIB, KV_CACHE_TOO_SMALL
 from tuner.emulator import Emulator, EmulatorStartupError, parse_config
 from tuner.errors import ConfigError
 from tuner.launch.startup_log import parse_startup_facts
+from tuner.step_profile import FittedFrom, StepCoefficients, StepProfile
 
 # Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 128 KiB a token
 LLAMA_KV_BYTES = 131072

@@ -116,6 +116,16 @@ async def test_context_length_answers_are_vllm_032s(served: tuple[Emulator, str]
             "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
             "(parameter=input_tokens, value=8200)"
         )
+        # A text prompt is tokenized only to max_model_len + 1 tokens: "at least" that, whatever its length.
+        r = await client.post("/v1/completions", json={"prompt": "word " * 9000, "max_tokens": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input_tokens"
+        assert r.json()["error"]["message"] == (
+            "This model's maximum context length is 8192 tokens. However, your prompt contains at least 8193 input "
+            "tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input "
+            "prompt. (parameter=input_tokens, value=8193)"
+        )
+        # /tokenize counts the same text whole.
+        assert (await client.post("/tokenize", json={"prompt": "word " * 9000})).json()["count"] == 9000
         # A pinned output (min_tokens) that no longer fits once shortened is SamplingParams' refusal.
         r = await client.post("/v1/completions", json={"prompt": [1] * 8000, "max_tokens": 300, "min_tokens": 300})
         assert r.status_code == 400

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.real.conftest import RealVllm
-from tuner.calibration.profile import load_profile
 from tuner.cli import main
 from tuner.config import parse_job
 from tuner.emulator import Emulator
 from tuner.flags import VllmFlags
+from tuner.step_profile import load_profile
 from tuner.twin.simulate import simulate
 from tuner.vllm_pin import PINNED_VLLM
 

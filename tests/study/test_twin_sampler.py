@@ -15,7 +15,6 @@ import optuna
 import pytest
 from study_fakes import JOB, FakeLauncher, fake_measure, job
 
-from tuner.calibration.profile import FittedFrom, StepCoefficients, StepProfile
 from tuner.config import parse_job
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
@@ -23,6 +22,7 @@ from tuner.load import RequestRecord
 from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED, TrialRecord
 from tuner.report.overview import status
 from tuner.report.views import study_view
+from tuner.step_profile import FittedFrom, StepCoefficients, StepProfile
 from tuner.store import Store, flag_key, open_store
 from tuner.study import TuningRun
 from tuner.study.samplers import make_sampler, sampler_name

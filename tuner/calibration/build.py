@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from tuner.calibration.fit import FitResult, LoadPoint, Measured, Prediction, fit_coefficients, fit_loads
-from tuner.calibration.profile import FitPoint, FittedFrom, StepProfile
 from tuner.calibration.replay import EngineShape, engine_shape
 from tuner.calibration.trials import StoredTrial, StudyTrials
+from tuner.step_profile import FitPoint, FittedFrom, StepProfile
 
 __all__ = ["engine_shape", "fit_profile", "fit_study"]
 

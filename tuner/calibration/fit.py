@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.calibration.profile import StepCoefficients
 from tuner.calibration.replay import (
     COEFFICIENTS,
     EngineShape,
@@ -40,6 +39,7 @@ from tuner.calibration.replay import (
     with_seconds,
 )
 from tuner.errors import ConfigError
+from tuner.step_profile import StepCoefficients
 
 __all__ = [
     "EngineShape",

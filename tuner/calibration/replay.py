@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.calibration.profile import StepCoefficients
 from tuner.capacity import StartupPlan, plan_startup
 from tuner.catalog import GpuProfile, ModelProfile
 from tuner.clock import Clock
@@ -43,6 +42,7 @@ from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.step_time import StepTimeModel
 from tuner.errors import ConfigError
 from tuner.flags import ResolvedFlags, VllmFlags, resolve
+from tuner.step_profile import StepCoefficients
 
 __all__ = ["COEFFICIENTS", "EngineShape", "Features", "Load", "Request", "engine_shape", "replay", "with_seconds"]
 

@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
@@ -29,7 +30,6 @@ from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.flags import VllmFlags, resolve
 from tuner.load import Arrival, RequestRecord
 from tuner.record import MEASURED, TrialRecord
-from tuner.report.storage import opened_study
 from tuner.store import current_revision, open_store, safe_url
 
 __all__ = ["MIN_TRIALS", "StoredTrial", "StudyTrials", "read_trials"]
@@ -80,16 +80,23 @@ class StudyTrials:
 
 @dataclass(frozen=True)
 class _Stored:
-    """What a study holds for the replay, read in one pass while its storage is open."""
+    """What a study holds for the replay, read in one pass."""
 
     job: dict[str, Any]
     gpu: dict[str, Any] | None
     trials: list[tuple[int, TrialState, TrialRecord]]
 
 
-def read_trials(url: str, study: str, *, device: GpuProfile | None, model: ModelProfile | None) -> StudyTrials:
-    """The study's trials that qualify, as loads on their servers; `device` and `model` override the study's."""
-    stored = _read_study(url, study)
+def read_trials(
+    opened: optuna.Study, url: str, *, device: GpuProfile | None, model: ModelProfile | None
+) -> StudyTrials:
+    """The study's trials that qualify, as loads on their servers; `device` and `model` override the study's.
+
+    The caller opens the study (tuner.report.storage.opened_study, which names the studies there when it is not):
+    the calibration sits below the morning's readers and does not reach up to them. `url` is its storage, read
+    again for the per-request records in the project's tables."""
+    study = opened.study_name
+    stored = _read_study(opened)
     job = stored.job
     arrival = _arrival(job, study)
     target, workload = _section(job, "target"), _section(job, "workload")
@@ -128,13 +135,14 @@ def read_trials(url: str, study: str, *, device: GpuProfile | None, model: Model
     return StudyTrials(study, model_name, device, used, {k: skipped[k] for k in order}, len(stored.trials))
 
 
-def _read_study(url: str, study: str) -> _Stored:
-    with opened_study(url, study) as s:
-        attrs = s.user_attrs
-        trials = [(t.number, t.state, TrialRecord.from_attrs(t.user_attrs)) for t in s.get_trials(deepcopy=False)]
+def _read_study(s: optuna.Study) -> _Stored:
+    attrs = s.user_attrs
+    trials = [(t.number, t.state, TrialRecord.from_attrs(t.user_attrs)) for t in s.get_trials(deepcopy=False)]
     job = attrs.get("job")
     if not isinstance(job, dict):
-        raise TunerError(f"study {study!r} holds no job (its workload and arrival): not a study `tuner tune` ran")
+        raise TunerError(
+            f"study {s.study_name!r} holds no job (its workload and arrival): not a study `tuner tune` ran"
+        )
     gpu = attrs.get("gpu_profile")
     return _Stored(job, gpu if isinstance(gpu, dict) else None, trials)
 

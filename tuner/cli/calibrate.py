@@ -13,14 +13,14 @@ from rich.console import Console
 from tuner.calibration.build import engine_shape, fit_profile, fit_study
 from tuner.calibration.fit import LoadPoint, Measured, error_figures
 from tuner.calibration.probe import decode_unseen, default_points, probe_points
-from tuner.calibration.profile import StepProfile
 from tuner.calibration.trials import read_trials
 from tuner.catalog import ModelProfile, get_gpu, load_model
 from tuner.cli import app, err_console
 from tuner.cli.bench import target_url
 from tuner.errors import ConfigError, TunerError
 from tuner.flags import VllmFlags
-from tuner.report.storage import job_study_name, resolve_storage, sole_study
+from tuner.report.storage import job_study_name, opened_study, resolve_storage, sole_study
+from tuner.step_profile import StepProfile
 from tuner.store import safe_url
 
 __all__ = ["calibrate"]
@@ -211,7 +211,8 @@ def _from_study(
 ) -> None:
     url = resolve_storage(storage, job)
     name = study or (job_study_name(job) if job is not None else sole_study(url))
-    trials = read_trials(url, name, device=get_gpu(device) if device else None, model=config)
+    with opened_study(url, name) as opened:
+        trials = read_trials(opened, url, device=get_gpu(device) if device else None, model=config)
     trials.require()
     console.print(
         f"study {name!r} in {safe_url(url)}: {trials.summary()}; replaying their loads in the engine",

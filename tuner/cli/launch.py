@@ -53,6 +53,15 @@ def _parse_volumes(volumes: list[str]) -> dict[str, str]:
     return out
 
 
+def _parse_cpu_affinity(text: str | None) -> str | dict[str, str] | None:
+    if text is None or text in ("auto", "off"):
+        return text
+    worker, sep, others = text.partition(":")
+    if not sep or not worker or not others:
+        raise ConfigError(f"--cpu-affinity {text!r}: use auto, off, or WORKER:OTHERS cores such as 1:0 or 2-7:0-1")
+    return {"worker": worker, "others": others}
+
+
 def _is_emulator_image(image: str) -> bool:
     try:
         client = docker_sdk().from_env()
@@ -82,6 +91,7 @@ def build_launcher(
     volumes: list[str],
     hf_cache: str | None,
     command: str | None,
+    cpu_affinity: str | None = None,
 ) -> Launcher:
     """The launcher `tuner launch` starts: the options checked here, built by the kind's factory in tuner.launch."""
     emulator_image = kind == "docker" and _is_emulator_image(image)
@@ -99,6 +109,7 @@ def build_launcher(
         hf_cache=hf_cache,
         command=command,
         emulator_image=emulator_image,
+        cpu_affinity=_parse_cpu_affinity(cpu_affinity),
     )
     return LAUNCHERS[kind.value].from_options(options)
 
@@ -125,6 +136,8 @@ def facts_table(server: Server) -> Table:
     )
     for name, value in rows:
         table.add_row(name, value if value is not None else "[dim]not in the log[/dim]")
+    if server.cpu_plan is not None:
+        table.add_row("CPU cores", server.cpu_plan.describe().removeprefix("CPU cores: "))
     if server.time_scale != 1.0:
         table.add_row("time scale", f"{server.time_scale:g}x faster than the GPU it imitates")
     return table
@@ -177,6 +190,11 @@ async def _serve_until_stopped(launcher: Launcher) -> int:
     try:
         async with launcher.start(VllmFlags()) as server:
             console.print(facts_table(server))
+            plan = getattr(launcher, "cpu_plan", None)
+            if plan is not None and not plan.applies:
+                console.print(f"[yellow]{plan.describe()}[/yellow]")
+            elif plan is not None and server.cpu_plan is None:
+                console.print(f"[yellow]the server's worker did not bind to cores {plan.env()}: nothing was moved")
             console.print("Press [bold]Ctrl-C[/bold] to stop the server.")
             while server.exit_code is None:
                 await asyncio.sleep(0.5)
@@ -198,7 +216,10 @@ async def _serve_until_stopped(launcher: Launcher) -> int:
     "[bold]tuner launch --gpu rtx4090 --time-scale 10 -- --max-model-len 8192[/bold]\n\n"
     "[bold]tuner launch --launcher docker --model meta-llama/Llama-3.1-8B-Instruct --env HF_TOKEN -- "
     "--max-num-seqs 128[/bold]\n\n"
-    "[bold]tuner launch --launcher process --command 'vllm serve {model}' -- --gpu-memory-utilization 0.85[/bold]",
+    "[bold]tuner launch --launcher process --command 'vllm serve {model}' -- --gpu-memory-utilization 0.85[/bold]\n\n"
+    "[bold]tuner launch --launcher process --gpu cpu --cpu-affinity 1:0 --command "
+    "'.tuner-cache/vllm/bin/python -m vllm.entrypoints.openai.api_server --model {model} --port {port}' "
+    "--model .tuner-cache/tiny-llama[/bold]",
 )
 def launch(
     ctx: typer.Context,
@@ -210,7 +231,13 @@ def launch(
         str | None,
         typer.Option(help=f"model (default {EMULATOR_MODEL} for the emulator, {VLLM_MODEL} for vLLM)"),
     ] = None,
-    gpu: Annotated[str, typer.Option(help="GPU profile the emulator imitates")] = "h100-80gb",
+    gpu: Annotated[
+        str,
+        typer.Option(
+            help="GPU profile the emulator imitates; with --launcher process, cpu says the server is vLLM's CPU "
+            "build (its cores are planned: --cpu-affinity)"
+        ),
+    ] = "h100-80gb",
     time_scale: Annotated[float, typer.Option(help="emulator: run this many times faster than the GPU")] = 1.0,
     memory_in_use_gib: Annotated[float, typer.Option(help="emulator: GPU memory held by other processes")] = 0.0,
     image: Annotated[str, typer.Option(help="docker: the image (the emulator image is recognised)")] = DEFAULT_IMAGE,
@@ -233,6 +260,13 @@ def launch(
     startup_timeout: Annotated[
         float | None, typer.Option(help="wall seconds to wait for /health before killing the server")
     ] = None,
+    cpu_affinity: Annotated[
+        str | None,
+        typer.Option(
+            help="process, vLLM's CPU build: auto (its worker gets cores of its own, the API server and engine "
+            "core the rest; default with --gpu cpu), off, or WORKER:OTHERS cores, e.g. 1:0 or 2-7:0-1"
+        ),
+    ] = None,
 ) -> None:
     if (found := secret_arg(list(ctx.args))) is not None:
         name, env_name = found
@@ -254,6 +288,7 @@ def launch(
         volumes=list(volume or []),
         hf_cache=hf_cache,
         command=command,
+        cpu_affinity=cpu_affinity,
     )
     try:
         code = asyncio.run(_serve(chosen))

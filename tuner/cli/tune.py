@@ -20,6 +20,7 @@ from tuner.cli.trial_lines import TextLog, best_text, console, count_done, paret
 from tuner.config import Job, job_schema, load_job
 from tuner.errors import ConfigError, TunerError
 from tuner.feasibility import FeasibilityModel
+from tuner.launch.factory import cpu_plan
 from tuner.store import make_engine, safe_url, upgrade
 from tuner.study.measure import Measure, measure_load
 
@@ -69,6 +70,8 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
         console.print(f"  {name}: {value} (fixed)")
     for note in space.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
+    if (plan := cpu_plan(job)) is not None:
+        console.print(plan.describe())
     fm = FeasibilityModel(job.gpu_profile(), job.model_profile(), margin=job.feasibility.margin)
     base = space.baseline()
     p = fm.predict(base)

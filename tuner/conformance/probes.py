@@ -3,7 +3,8 @@
 The same probes run against real vLLM (the recorder) and against the emulator (the fast suite), so a difference
 is a difference of the servers, never of the questions. Prompts are token ids below 1,000 (inside any vocabulary the
 tests use) so that prompt lengths, and every message quoting them, are the same on both servers whatever their
-tokenizers; outputs are pinned with `ignore_eos` + `min_tokens` for the same reason.
+tokenizers (the one text prompt over the limit is refused with a count that does not depend on its tokenizer); outputs
+are pinned with `ignore_eos` + `min_tokens` for the same reason.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class Probe:
 
 def _ids(n: int) -> list[int]:
     return [(7 * i) % 900 + 10 for i in range(n)]
+
+
+def _words(n: int) -> str:
+    return " ".join(("ka", "lo", "mi", "nu")[i % 4] for i in range(n))
 
 
 _CHAT = [{"role": "user", "content": "hello there"}]
@@ -92,6 +97,17 @@ def _refusal_probes(model: str, max_model_len: int) -> list[Probe]:
             "POST",
             "/v1/completions",
             {"model": model, "prompt": _ids(over), "max_tokens": 1},
+            errors,
+        ),
+        # A text prompt over the limit: the renderer tokenizes text with truncation at max_model_len + 1
+        # (TokenizeParams.get_encode_kwargs), so the refusal says "at least max_model_len + 1" whatever the length.
+        # One-token words under 4 characters: the same count on the recorded word-level tokenizer and the emulator's,
+        # and far below the characters-per-token bound vLLM refuses text at before tokenizing.
+        Probe(
+            "text_prompt_too_long",
+            "POST",
+            "/v1/completions",
+            {"model": model, "prompt": _words(max_model_len + 76), "max_tokens": 1},
             errors,
         ),
         Probe(
@@ -208,6 +224,8 @@ def _requests(model: str, max_model_len: int) -> dict[str, Any]:
         body: Any = p.raw.decode() if p.raw is not None else p.body
         if isinstance(body, dict) and isinstance(body.get("prompt"), list):
             body = {**body, "prompt": f"<{len(body['prompt'])} token ids>"}
+        elif isinstance(body, dict) and isinstance(body.get("prompt"), str) and len(body["prompt"]) > 80:
+            body = {**body, "prompt": f"<text of {len(body['prompt'].split())} words>"}
         out[p.name] = {"method": p.method, "path": p.path, "body": body}
     return out
 

@@ -14,10 +14,10 @@ import os
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from tuner.calibration.profile import StepProfile, load_profile
 from tuner.catalog import CPU, GPUS, GpuProfile, ModelProfile, get_gpu, load_model
 from tuner.errors import CatalogError, ConfigError
 from tuner.flags import BLOCK_SIZES, KV_CACHE_DTYPES, VllmFlags, parse_human_int, parse_model_len
+from tuner.step_profile import StepProfile, load_profile
 from tuner.vllm_args import vllm_args
 
 EXAMPLE = (
@@ -135,7 +135,15 @@ def build_parser(prog: str = "python -m tuner.emulator") -> argparse.ArgumentPar
     )
     e.add_argument("--gpu-memory-in-use-gib", type=_non_negative_float, default=0.0, help="held by other processes")
     e.add_argument("--time-scale", type=_positive_float, default=1.0, help="run S times faster than the GPU")
-    e.add_argument("--seed", type=int, default=0, help="seed of the natural (EOS) output lengths")
+    e.add_argument("--seed", type=int, default=0, help="seed of the natural (EOS) output lengths and the step jitter")
+    e.add_argument(
+        "--step-jitter",
+        type=_non_negative_float,
+        default=None,
+        metavar="SIGMA",
+        help="spread of step times, the sigma of a log-normal factor of mean 1 (default 0.08, the least spread a "
+        "real server showed; 0: every step takes the model's time), e.g. --step-jitter 0.2",
+    )
     e.add_argument("--fault-hang-on-start", action="store_true", help="never become ready, never exit")
     e.add_argument(
         "--fault-crash-after-requests", type=int, default=None, metavar="N", help="die with a CUDA error after N"
@@ -157,6 +165,7 @@ class EmulatorConfig:
     memory_in_use_gib: float = 0.0
     time_scale: float = 1.0
     seed: int = 0
+    step_jitter: float | None = None  # None: tuner.emulator.jitter.DEFAULT_STEP_JITTER
     disable_log_stats: bool = False
     api_key: str | None = None
     fault_hang_on_start: bool = False
@@ -279,6 +288,7 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
         memory_in_use_gib=ns.gpu_memory_in_use_gib,
         time_scale=ns.time_scale,
         seed=ns.seed,
+        step_jitter=ns.step_jitter,
         disable_log_stats=ns.disable_log_stats,
         api_key=ns.api_key,
         fault_hang_on_start=ns.fault_hang_on_start,

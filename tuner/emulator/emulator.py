@@ -38,6 +38,7 @@ from tuner.clock import Clock
 from tuner.emulator.blocks_override import override_blocks
 from tuner.emulator.config import EmulatorConfig, VllmRefusal, parse_config
 from tuner.emulator.frontend import FrontendEngine
+from tuner.emulator.jitter import DEFAULT_STEP_JITTER, StepJitter
 from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics, cache_config_labels
 from tuner.emulator.server import VLLM_VERSION, OpenAiApp
@@ -125,6 +126,7 @@ class Emulator:
             self._on_fatal,
             crash_after_requests=config.fault_crash_after_requests,
             log_stats=not config.disable_log_stats,
+            jitter=StepJitter(DEFAULT_STEP_JITTER if config.step_jitter is None else config.step_jitter, config.seed),
             request_latency_s=config.profile.coefficients.request_latency_s if config.profile else 0.0,
         )
         self.api = OpenAiApp(

@@ -4,9 +4,10 @@ One asyncio task. Each step schedules running requests first (one token a decode
 within the `max_num_batched_tokens` budget, then admits waiting ones FCFS while budget remains, the batch is
 below `max_num_seqs`, nothing was preempted and the free blocks hold the whole prompt (vLLM 0.32's
 `scheduler_reserve_full_isl`, on by default); blocks are allocated lazily; when a block cannot be had the
-newest running request is preempted by recompute. The step's duration comes from the step-time model; the
-task sleeps until an absolute deadline (previous deadline + step time) so Python overhead does not
-accumulate, then emits one token to every request that finished its prompt.
+newest running request is preempted by recompute. The step's duration comes from the step-time model, times a
+seeded jitter factor when the engine has one (tuner.emulator.jitter: a real server's steps spread); the task
+sleeps until an absolute deadline (previous deadline + step time) so Python overhead does not accumulate, then
+emits one token to every request that finished its prompt.
 
 With asynchronous scheduling (vLLM 0.32's default on a GPU) the scheduler runs one step ahead, as vLLM's
 AsyncScheduler under EngineCore.step_with_batch_queue does: step N+1 is scheduled when step N starts, before N's
@@ -30,6 +31,7 @@ from typing import Protocol
 from tuner.capacity import StartupPlan, cuda_oom_message, runtime_need_bytes
 from tuner.catalog import ModelProfile
 from tuner.clock import Clock
+from tuner.emulator.jitter import StepJitter
 from tuner.emulator.kv_pool import BlockHash, KvBlockPool, block_hashes
 from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics
@@ -169,6 +171,7 @@ class Engine:
         on_fatal: Callable[[str, list[str]], None],
         crash_after_requests: int | None = None,
         log_stats: bool = True,
+        jitter: StepJitter | None = None,
     ) -> None:
         self.model = model
         self.flags = flags
@@ -180,6 +183,7 @@ class Engine:
         self.on_fatal = on_fatal
         self.crash_after_requests = crash_after_requests
         self.log_stats = log_stats
+        self.jitter = jitter
         self.block_size = flags.block_size
         self.caching = flags.enable_prefix_caching
         self.async_scheduling = flags.async_scheduling
@@ -258,6 +262,12 @@ class Engine:
         if self.async_scheduling and batch.items:
             self._ahead = self.schedule()
         return batch
+
+    def step_seconds(self, batch: Batch) -> float:
+        """How long `batch` takes: the step-time model's period, times the jitter's next factor when there is one
+        (every engine loop, real-time or virtual, draws one a step, so one seed gives one run)."""
+        dt = batch.seconds(self.step_model)
+        return dt * self.jitter.factor() if self.jitter is not None else dt
 
     def schedule(self) -> Batch:
         """One V1 scheduler pass."""
@@ -460,7 +470,6 @@ class Engine:
         clock = self.clock
         scale = clock.scale
         max_lag = _MAX_LAG_WALL_S * scale
-        step_model = self.step_model
         stats = self.stats
         base = clock.now()
         busy_mark: float | None = None
@@ -484,7 +493,7 @@ class Engine:
             if len(self.running) >= self.oom_running_threshold:
                 self._runtime_oom()
                 return
-            dt = batch.seconds(step_model)
+            dt = self.step_seconds(batch)
             deadline = base + dt
             delay = (deadline - clock.now()) / scale
             await asyncio.sleep(delay if delay > 0 else 0)

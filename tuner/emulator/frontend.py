@@ -1,7 +1,9 @@
 """The engine behind a front end that takes time: a request reaches the scheduler `request_latency_s` (emulated)
 after the HTTP handler hands it over, as in vLLM, where the API server process parses and tokenises it and passes
 it to the engine-core process over ZMQ before the scheduler sees it. A fitted device profile measures that delay
-(tuner.calibration); without one it is 0 and this is the metered engine (tuner.emulator.metered) alone."""
+(tuner.calibration); without one it is 0 and this is the metered engine (tuner.emulator.metered) alone. The delay
+spreads as the steps do (the engine's jitter): the front end's work per request varies too, so requests sent
+together can reach the scheduler in different steps, as real clients drift apart."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ class FrontendEngine(MeteredEngine):
         if self.request_latency_s <= 0:
             super().submit(req)
             return
-        delay = self.request_latency_s / self.clock.scale
+        spread = self.jitter.factor() if self.jitter is not None else 1.0
+        delay = self.request_latency_s * spread / self.clock.scale
         asyncio.get_running_loop().call_later(delay, self._arrive, req)
 
     def _arrive(self, req: EngineRequest) -> None:

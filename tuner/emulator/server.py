@@ -394,7 +394,10 @@ class OpenAiApp:
                 param=name,
             )
         if prompt_len > mml:
-            # The tokenizer stops at max + 1 tokens, hence "at least" for exactly that count.
+            # A text prompt was cut at max + 1 tokens (_completion_prompt), hence "at least" for exactly that count,
+            # which vLLM's _token_len_check says of token ids of that length too. Not modelled: its refusal of a text
+            # longer than max_model_len x the vocabulary's longest token in characters, before tokenizing (the
+            # emulator has no vocabulary; real ones hold tokens of 16+ characters, so only a huge text meets it).
             at_least = "at least " if prompt_len == mml + 1 else ""
             raise ApiError(
                 400,
@@ -445,12 +448,16 @@ class OpenAiApp:
         raise ApiError(400, _with_value(problem, "temperature", t), param="temperature")
 
     @staticmethod
-    def _completion_prompt(body: dict[str, Any]) -> list[int]:
+    def _completion_prompt(body: dict[str, Any], text_limit: int | None = None) -> list[int]:
+        """The prompt's token ids; a text prompt cut after `text_limit` tokens, as vLLM 0.32's renderer tokenizes it
+        for generation (TokenizeParams.get_encode_kwargs: truncation at max_model_len + 1, so a text prompt over the
+        limit is refused as "at least max_model_len + 1" tokens whatever its length). Token ids and /tokenize are
+        counted whole."""
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
-            ids = text_token_ids(prompt)
+            ids = text_token_ids(prompt)[:text_limit]
         elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = list(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
@@ -507,7 +514,7 @@ class OpenAiApp:
                     raise ApiError(400, str(e), param="messages") from None
                 max_tokens, min_tokens, ignore_eos, n = self._limits(body, len(ids), None)
             else:
-                ids = self._completion_prompt(body)
+                ids = self._completion_prompt(body, text_limit=self.max_model_len + 1)
                 max_tokens, min_tokens, ignore_eos, n = self._limits(body, len(ids), 16)
             if self.is_dead():
                 raise ApiError(500, _ENGINE_DEAD, "InternalServerError")

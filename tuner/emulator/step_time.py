@@ -22,7 +22,7 @@ CPU build always: CpuPlatform turns it off; or --no-async-scheduling) the device
 calibration figures above are async-era measurements (the A100 one is vLLM 0.23.0's defaults), so the forward
 carries them; the host term is what synchronous scheduling adds.
 
-A device profile (`tuner calibrate`, tuner.calibration.profile) replaces the roofline with the linear model fitted
+A device profile (`tuner calibrate`, tuner.step_profile) replaces the roofline with the linear model fitted
 to a real server: overhead + per prefill token + per decoding sequence + per context token read. It is what the CPU
 needs (no roofline describes a Python-bound tiny model on two cores) and what a real GPU's trials refine.
 """
@@ -32,10 +32,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tuner.calibration.profile import StepCoefficients, StepProfile
 from tuner.capacity import cuda_graph_capture_sizes
 from tuner.catalog import GpuProfile, ModelProfile
 from tuner.flags import ResolvedFlags
+from tuner.step_profile import StepCoefficients, StepProfile
 
 # The step's fixed cost on the device that the roofline does not see (sampler kernels, graph replay, small kernels
 # below peak bandwidth): what the async-era figures above leave over the roofline, so not hidden by the overlap.

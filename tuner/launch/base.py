@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
+from tuner.launch.affinity import CpuPlan
 from tuner.launch.failures import classify_runtime_exit
 from tuner.launch.redact import Redactor
 
@@ -70,6 +71,8 @@ class Server:
         self.launcher = launcher
         # The GPUs this server was given (CUDA_VISIBLE_DEVICES, Docker device_ids); () when it was not told.
         self.devices: tuple[str, ...] = ()
+        # The cores its processes were put on, and the load client keeps to (vLLM's CPU build); None: not placed.
+        self.cpu_plan: CpuPlan | None = None
         self._handle = handle
         self._redactor = redactor
 

@@ -1,8 +1,9 @@
 """The launcher kinds by name: the one place a job's target (`tuner tune`, `tuner verify`) or `tuner launch`'s
 options become a Launcher.
 
-A new kind is its launcher module, one `LauncherKind` entry in `LAUNCHERS` here, and its name (with an options
-section) in `tuner.config.TargetSection`.
+The kinds and their options are registered in the job's schema (tuner.config.target: one field of `TargetSection`
+each), which sits below the launchers; here each registered kind gets its builders. A new kind is its launcher
+module, its options model and field there, and one `_BUILDERS` entry here.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.config import Job
+from tuner.config import LAUNCHER_KINDS, Job
 from tuner.errors import ConfigError
+from tuner.launch.affinity import CpuPlan, plan_from_setting
 from tuner.launch.base import Launcher
 from tuner.launch.docker import DockerLauncher
 from tuner.launch.emulator import EmulatorLauncher
 from tuner.launch.gpu_idle import GpuIdleWaiter, nvml_probe
+from tuner.launch.pinning import usable_cpus
 from tuner.launch.process import ProcessLauncher
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "LaunchOptions",
     "LauncherKind",
     "build_launcher",
+    "cpu_plan",
     "visible_devices_env",
 ]
 
@@ -54,6 +58,7 @@ class LaunchOptions:
     hf_cache: str | None = None
     command: str | None = None
     emulator_image: bool = False  # the docker image is the emulator's (its label says so)
+    cpu_affinity: str | dict[str, str] | None = None  # process: auto, off, {worker, others}; None: auto on gpu cpu
 
     @property
     def timeout(self) -> dict[str, Any]:
@@ -62,12 +67,21 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class LauncherKind:
-    """One kind of launcher: built from a job's target, or from `tuner launch`'s options."""
+    """One kind of launcher: built from a job's target, or from `tuner launch`'s options.
+
+    `launcher` is its class and `set_by_job` the keyword arguments `from_job` gives it from the job's own fields:
+    the rest are what `target.<kind>.options` may give (the kind's registered keywords; tests/launch hold them to
+    the class's signature)."""
 
     name: str
     from_job: Callable[[Job, Devices], Launcher]
     from_options: Callable[[LaunchOptions], Launcher]
-    help: str
+    launcher: type[Launcher]
+    set_by_job: frozenset[str] = frozenset()
+
+    @property
+    def help(self) -> str:
+        return LAUNCHER_KINDS[self.name].summary
 
 
 def build_launcher(job: Job, devices: Devices = None) -> Launcher:
@@ -137,6 +151,23 @@ def _docker_from_job(job: Job, devices: Devices) -> Launcher:
     )
 
 
+def cpu_plan(job: Job) -> CpuPlan | None:
+    """The cores of a `gpu: cpu` job's server and load client on this machine (target.cpu_affinity); None where
+    the launcher does not place them (a GPU, the docker launcher, the emulator)."""
+    if job.target.launcher != "process" or not job.gpu_profile().is_cpu:
+        return None
+    return cpu_plan_from(job.target.cpu_affinity, "target.cpu_affinity")
+
+
+def cpu_plan_from(setting: Any, what: str) -> CpuPlan:
+    """`auto`, `off`, or the {worker, others} cores (a mapping or a model of one) planned on this machine."""
+    given = setting if isinstance(setting, str | dict) else {"worker": setting.worker, "others": setting.others}
+    try:
+        return plan_from_setting(given, usable_cpus(), os.environ)
+    except ValueError as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
 def _process_from_job(job: Job, devices: Devices) -> Launcher:
     t, p = job.target, job.target.process
     options = dict(p.options)
@@ -149,6 +180,7 @@ def _process_from_job(job: Job, devices: Devices) -> Launcher:
         extra_args=p.extra_args,
         secret_env=tuple(dict.fromkeys([*p.env, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"])),
         startup_timeout_s=t.startup_timeout,
+        cpu_plan=cpu_plan(job),
         **options,
     )
 
@@ -171,7 +203,11 @@ def _emulator_from_options(o: LaunchOptions) -> Launcher:
 
 def _process_from_options(o: LaunchOptions) -> Launcher:
     argv = shlex.split(o.command) if o.command else ["vllm", "serve", "{model}"]
-    return ProcessLauncher(argv, o.model or VLLM_MODEL, extra_args=o.extra_args, secret_env=_secrets(o), **o.timeout)
+    setting = o.cpu_affinity if o.cpu_affinity is not None else ("auto" if o.gpu == "cpu" else "off")
+    plan = cpu_plan_from(setting, "--cpu-affinity") if setting != "off" else None
+    return ProcessLauncher(
+        argv, o.model or VLLM_MODEL, extra_args=o.extra_args, secret_env=_secrets(o), cpu_plan=plan, **o.timeout
+    )
 
 
 def _docker_from_options(o: LaunchOptions) -> Launcher:
@@ -200,11 +236,26 @@ def _docker_from_options(o: LaunchOptions) -> Launcher:
     )
 
 
+# How each kind registered in the job's schema is built (tests/study/test_study_record.py: every one is).
 LAUNCHERS: dict[str, LauncherKind] = {
     k.name: k
     for k in (
-        LauncherKind("emulator", _emulator_from_job, _emulator_from_options, "CPU-only look-alike"),
-        LauncherKind("process", _process_from_job, _process_from_options, "a local vllm serve"),
-        LauncherKind("docker", _docker_from_job, _docker_from_options, "the vLLM container"),
+        LauncherKind("emulator", _emulator_from_job, _emulator_from_options, EmulatorLauncher),
+        LauncherKind(
+            "process",
+            _process_from_job,
+            _process_from_options,
+            ProcessLauncher,
+            frozenset({"command", "model", "extra_args", "secret_env", "startup_timeout_s", "cpu_plan"}),
+        ),
+        LauncherKind(
+            "docker",
+            _docker_from_job,
+            _docker_from_options,
+            DockerLauncher,
+            frozenset(
+                {"image", "model", "env", "volumes", "extra_args", "startup_timeout_s", "vendor", "gpus", "client"}
+            ),
+        ),
     )
 }

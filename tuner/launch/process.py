@@ -20,10 +20,12 @@ from pathlib import Path
 
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
+from tuner.launch.affinity import CpuPlan
 from tuner.launch.base import Server
 from tuner.launch.failures import CANNOT_LAUNCH
 from tuner.launch.gpu_idle import GpuIdleWaiter
 from tuner.launch.owner import owner_alive, owner_token, pid_alive, process_start_ticks
+from tuner.launch.pinning import place_server
 from tuner.launch.ports import free_port
 from tuner.launch.redact import Redactor
 from tuner.launch.registry import ProcessRecord, ProcessRegistry
@@ -201,7 +203,8 @@ class ProcessLauncher:
 
     `--host`/`--port` are appended unless the command has `{port}`; `--model` is appended unless it has `{model}`.
     The server inherits the tuner's environment; values of `secret_env` names are masked in everything returned.
-    `startup_timeout_s` is in wall seconds.
+    `startup_timeout_s` is in wall seconds. `cpu_plan` (vLLM's CPU build): the worker is told its cores, and the
+    ready server's processes are moved onto the plan's (`Server.cpu_plan` says it was done).
     """
 
     name = "process"
@@ -222,6 +225,7 @@ class ProcessLauncher:
         state_dir: Path | str | None = None,
         cwd: Path | None = None,
         gpu_idle: GpuIdleWaiter | None = None,
+        cpu_plan: CpuPlan | None = None,
     ) -> None:
         if not command:
             raise ValueError("command must not be empty")
@@ -238,6 +242,7 @@ class ProcessLauncher:
         self.registry = ProcessRegistry(state_dir)
         self.cwd = cwd
         self.gpu_idle = gpu_idle if gpu_idle is not None else GpuIdleWaiter()
+        self.cpu_plan = cpu_plan
 
     def argv(self, flags: VllmFlags, port: int) -> list[str]:
         values = {"model": self.model, "host": self.host, "port": str(port)}
@@ -253,7 +258,8 @@ class ProcessLauncher:
 
     def _environment(self) -> dict[str, str]:
         # Unbuffered: the start-up lines must reach the pipe before the port opens, not at exit.
-        return {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        plan = self.cpu_plan.env() if self.cpu_plan is not None else {}
+        return {**os.environ, "PYTHONUNBUFFERED": "1", **plan, **self.env}
 
     @asynccontextmanager
     async def start(
@@ -278,12 +284,28 @@ class ProcessLauncher:
             async def exit_code() -> int | None:
                 return handle.exit_code()
 
-            yield await ready_server(
+            server = await ready_server(
                 handle, base_url, exit_code=exit_code, timeout_s=self.startup_timeout_s, what=what, redact=redact,
                 launcher=self.name, time_scale=self.time_scale, default_model=self.served_model_name or self.model,
             )  # fmt: skip
+            await self._place_on_cores(handle, server)
+            yield server
         finally:
             await handle.stop(self.stop_grace_s)
+
+    async def _place_on_cores(self, handle: ProcessHandle, server: Server) -> None:
+        """The ready server's processes onto the plan's cores (its worker's OpenMP threads bound themselves)."""
+        plan = self.cpu_plan
+        if plan is None or not plan.applies:
+            return
+        if await asyncio.to_thread(place_server, handle.pgid, plan.worker, plan.others):
+            server.cpu_plan = plan
+            return
+        log.warning(
+            "no thread of the server runs on the worker's cores (%s=%s): it did not bind its worker there, so "
+            "its processes and the load client were left where they were",
+            *next(iter(plan.env().items())),
+        )
 
     def cleanup_leftovers(self, study: str | None) -> list[str]:
         removed = []

@@ -9,6 +9,7 @@ from tuner.clock import Clock
 from tuner.config import Job
 from tuner.flags import VllmFlags, resolve
 from tuner.launch import Server
+from tuner.launch.pinning import keep_to
 from tuner.load import CapacityStep, LoadResult, find_max_rate, run_load
 
 __all__ = ["Measure", "Measurement", "measure_load"]
@@ -28,7 +29,15 @@ Measure = Callable[[Server, Job, VllmFlags], Awaitable[Measurement]]
 
 
 async def measure_load(server: Server, job: Job, flags: VllmFlags) -> Measurement:
-    """The job's load phase against a ready server, timed on the server's clock (emulated seconds)."""
+    """The job's load phase against a ready server, timed on the server's clock (emulated seconds); on the cores
+    the server's CPU plan left for the load client, off its worker's (vLLM's CPU build)."""
+    if server.cpu_plan is None:
+        return await _measure(server, job, flags)
+    with keep_to(server.cpu_plan.cores("client")):
+        return await _measure(server, job, flags)
+
+
+async def _measure(server: Server, job: Job, flags: VllmFlags) -> Measurement:
     clock = Clock(server.time_scale)
     seqs = resolve(flags, job.gpu_profile(), job.model_profile()).max_num_seqs
     slos = job.parsed_slos()

@@ -4,15 +4,19 @@ The engine (V1 scheduler, paged KV pool), the start-up arithmetic (`plan_startup
 emulator's own; the load is the job's (its workload's prompts, its closed or open loop, its warm-up, its request
 timeout). `Coefficients` move the hidden figures away from the catalog's: the twin fits them to real trials, and the
 efficiency benchmark perturbs them to build a "reality" the twin does not know.
+
+Step times spread as the emulator's do (tuner.emulator.jitter), the generator seeded from the job, the flag set and
+the coefficients, so one question always gets one answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import heapq
 import io
 import itertools
 import random
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,6 +25,7 @@ from tuner.capacity import KV_CACHE_TOO_SMALL, StartupPlan, plan_startup, runtim
 from tuner.clock import Clock
 from tuner.config import Job
 from tuner.emulator.engine import WAITING, Engine, EngineRequest
+from tuner.emulator.jitter import DEFAULT_STEP_JITTER, StepJitter
 from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.step_time import StepTimeModel
@@ -43,6 +48,7 @@ class Coefficients:
     overhead_scale: float = 1.0  # the per-step overheads: the device's fixed cost and the host's scheduling work
     kv_scale: float = 1.0  # KV tokens the server gets against plan_startup's figure
     headroom_gib: float = 0.0  # memory outside vLLM's budget, added (negative: the runtime OOM comes sooner)
+    step_jitter: float = DEFAULT_STEP_JITTER  # sigma of the steps' log-normal spread (0: every step the model's time)
 
     def step_model(self, base: StepTimeModel) -> StepTimeModel:
         return dataclasses.replace(
@@ -180,12 +186,20 @@ def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficien
         VllmLog(io.StringIO()),
         lambda _reason, _lines: None,
         log_stats=False,
+        jitter=StepJitter(coefficients.step_jitter, _seed(job, flags, coefficients)),
     )
     profile = job.step_profile()
     latency = profile.coefficients.request_latency_s if profile is not None else 0.0
     load = _Load(job, engine, clock, resolved, _oom_threshold(job, resolved, plan), coefficients.step_scale, latency)
     load.run(point)
     return point
+
+
+def _seed(job: Job, flags: VllmFlags, coefficients: Coefficients) -> int:
+    """The jitter's seed: a digest of everything the simulation depends on (not Python's hash, which changes from
+    process to process)."""
+    key = "\n".join((job.model_dump_json(), repr(sorted(flags.as_dict().items())), repr(coefficients)))
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
 
 
 class _Load:
@@ -219,9 +233,11 @@ class _Load:
         self.next_at = next(self.arrivals) if self.arrivals is not None else 0.0
         self.cap = a.concurrency or a.max_in_flight or 1_000_000
         self.unique = itertools.count(200_000)
-        # a fitted profile's front-end latency: a request reaches the scheduler this long after it was sent
+        # a fitted profile's front-end latency: a request reaches the scheduler this long after it was sent, spread
+        # as the steps are (the front end's work per request varies too), so requests sent together can reach the
+        # scheduler in different steps; a heap, as a later send can arrive first
         self.latency = request_latency_s * step_scale
-        self.arriving: deque[tuple[float, EngineRequest]] = deque()
+        self.arriving: list[tuple[float, int, EngineRequest]] = []
 
     def _send(self) -> None:
         spec = next(self.prompts)
@@ -235,7 +251,8 @@ class _Load:
         r = self.resolved
         req = EngineRequest(f"r{index}", ids, spec.output_len, "length", sink, r.block_size, r.enable_prefix_caching)
         if self.latency > 0:
-            self.arriving.append((self.clock.t + self.latency, req))
+            spread = self.engine.jitter.factor() if self.engine.jitter is not None else 1.0
+            heapq.heappush(self.arriving, (self.clock.t + self.latency * spread, index, req))
         else:
             self.engine.submit(req)
         self.in_flight[index] = (req, sink, spec)
@@ -244,7 +261,7 @@ class _Load:
         """Hand the scheduler the requests whose front-end latency has passed; False if the engine has nothing to
         do yet (the clock then moves to the next arrival)."""
         while self.arriving and self.arriving[0][0] <= self.clock.t + 1e-12:
-            req = self.arriving.popleft()[1]
+            req = heapq.heappop(self.arriving)[2]
             if req.state == WAITING:
                 self.engine.submit(req)
         if self.engine.running or self.engine.waiting or not self.arriving:
@@ -281,7 +298,7 @@ class _Load:
             if len(engine.running) >= self.oom_at:
                 point.crashed = True
                 break
-            self.clock.at[0] += batch.seconds(engine.step_model) * self.step_scale
+            self.clock.at[0] += engine.step_seconds(batch) * self.step_scale
             engine.complete(batch.items, self.clock.t)
             self._collect()
         for index, (_req, sink, spec) in self.in_flight.items():  # a crash cuts every open stream
