@@ -346,6 +346,7 @@ class ReplayServer:
         self.facts = StartupFacts(kv_tokens=point.kv_tokens)
         self.time_scale = 1.0
         self.exit_code: int | None = None
+        self.cpu_plan = None
 
     def logs(self) -> str:
         return ""

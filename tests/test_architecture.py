@@ -21,7 +21,7 @@ ROOT = Path(tuner.__file__).parent
 # package's own __init__ (its version and the errors it re-exports).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "clock", "vllm_pin"),
-    ("catalog", "scoring", "record", "vllm_args", "flags", "tuner"),
+    ("catalog", "scoring", "intervals", "record", "vllm_args", "flags", "tuner"),
     ("load", "capacity", "step_profile", "export"),
     ("emulator", "feasibility", "space", "store", "config"),
     ("launch", "twin", "calibration", "conformance"),

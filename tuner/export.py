@@ -17,7 +17,7 @@ import datetime as dt
 import json
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ import yaml
 
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
+from tuner.scoring import Figure, figures
 from tuner.vllm_pin import PINNED_VLLM
 
 __all__ = [
@@ -80,9 +81,9 @@ class Provenance:
     launcher: str | None = None
     workload_hash: str | None = None
     output_tok_s: float | None = None
-    latency_p95_s: float | None = None
-    ttft_p95_s: float | None = None
-    e2e_p95_s: float | None = None
+    objective_latency_s: float | None = None  # the latency the study minimised: its `latency_metric`
+    latency_metric: str | None = None
+    latencies: Mapping[str, float] = field(default_factory=dict)  # the registry's figures by name, in seconds
     success_rate: float | None = None
     slos: tuple[str, ...] = ()
     tuner_version: str | None = None
@@ -102,9 +103,10 @@ class Provenance:
             "launcher": self.launcher,
             "workload_hash": self.workload_hash,
             "output_tok_s": self.output_tok_s,
-            "latency_p95_s": self.latency_p95_s,
-            "ttft_p95_s": self.ttft_p95_s,
-            "e2e_p95_s": self.e2e_p95_s,
+            "objective_latency_s": self.objective_latency_s,
+            "latency_metric": self.latency_metric,
+            "latency_p95_s": self.objective_latency_s,  # its name in tuner 0.1, whatever its statistic
+            **{f.attr: self.latencies.get(f.name) for f in figures()},
             "success_rate": self.success_rate,
             "slos": list(self.slos),
             "tuner_version": self.tuner_version,
@@ -114,6 +116,11 @@ class Provenance:
             "exported_at": self.exported_at.isoformat(timespec="seconds"),
         }
         return d
+
+    def _objective_label(self) -> str:
+        """ "latency P95" for an e2e_p95 objective, "latency P99" for a ttft_p99; "latency" when not known."""
+        figure = Figure.named(self.latency_metric or "")
+        return f"latency {figure.stat.upper()}" if figure is not None else "latency"
 
     def comment_lines(self) -> list[str]:
         """Short lines, without the comment marker; each a single line whatever the stored strings hold."""
@@ -127,12 +134,12 @@ class Provenance:
         measured = []
         if self.output_tok_s is not None:
             measured.append(f"{self.output_tok_s:,.1f} output tok/s")
-        if self.latency_p95_s is not None:
-            measured.append(f"latency P95 {self.latency_p95_s:.3f} s")
-        if self.ttft_p95_s is not None:
-            measured.append(f"TTFT P95 {self.ttft_p95_s:.3f} s")
-        if self.e2e_p95_s is not None:
-            measured.append(f"e2e P95 {self.e2e_p95_s:.3f} s")
+        if self.objective_latency_s is not None:
+            measured.append(f"{self._objective_label()} {self.objective_latency_s:.3f} s")
+        for f in figures():
+            value = self.latencies.get(f.name)
+            if f.headline and value is not None:
+                measured.append(f"{f.label} {value:.3f} s")
         if self.success_rate is not None:
             measured.append(f"success {self.success_rate:.1%}")
         if measured:

@@ -13,6 +13,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tuner import scoring
+
 __all__ = [
     "CRASHED",
     "INTERRUPTED",
@@ -69,9 +71,9 @@ class TrialRecord(BaseModel):
     output_tok_s: float | None = None
     request_rate: float | None = None
     success_rate: float | None = None
-    e2e_p95_s: float | None = None
-    ttft_p95_s: float | None = None
-    tpot_p95_s: float | None = None
+    # The registry's figures (`tuner.scoring.FIGURES`) by name, in seconds: stored flat, one attribute each
+    # (`ttft_p95` as `ttft_p95_s`, the names tuner 0.1.0 wrote); a figure not measured is absent here.
+    latencies: dict[str, float] = Field(default_factory=dict)
     goodput: float | None = None
     diagnosis: str | None = None
     slo_stop: str | None = None  # the load stopped at a certain SLO miss: its figures cover part of the run
@@ -94,16 +96,20 @@ class TrialRecord(BaseModel):
         study written by hand or by another tool may hold anything there)."""
         values: dict[str, Any] = {}
         for name, info in cls.model_fields.items():
-            if attrs.get(name) is None:
+            if name == "latencies" or attrs.get(name) is None:
                 continue
             value = _READERS[_type_name(info.annotation)](attrs[name])
             if value is not None:
                 values[name] = value
+        figures = ((f.name, _number(attrs.get(f.attr))) for f in scoring.figures())
+        values["latencies"] = {name: value for name, value in figures if value is not None}
         return cls.model_validate(values)
 
     def to_attrs(self) -> dict[str, Any]:
         """The user attributes to write: every field, but the optional ones only when set."""
         out = self.model_dump(mode="json")
+        del out["latencies"]
+        out |= {f.attr: self.latencies.get(f.name) for f in scoring.figures()}
         for name in _ONLY_WHEN_SET:
             if not out.get(name) and out.get(name) != 0:
                 out.pop(name, None)

@@ -16,18 +16,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.errors import ConfigError
 
 __all__ = [
+    "FIGURES",
     "LATENCY_METRICS",
     "METRICS",
     "NO_DATA_VIOLATION",
+    "OBJECTIVE_FALLBACK",
     "RATE_METRICS",
     "STATS",
+    "Figure",
     "LoadSummary",
     "Metric",
     "Percentiles",
     "RequestLike",
     "Slo",
     "closest",
+    "figures",
     "latency_metrics",
+    "latency_of",
     "objective_latency",
     "parse_slo",
     "percentile",
@@ -83,6 +88,13 @@ class Metric:
     # latency: one request's own value under a statistic (goodput, the early stop); None: it has none
     own: Callable[[RequestLike, str], float | None] | None = None
     per_request: bool = False  # one value per request, so a percentile's miss is certain early (the SLO guard)
+    # latency: the vLLM Prometheus histogram that answers it in production (the alert rules and the dashboard ask it)
+    histogram: str | None = None
+    title: str | None = None  # its name in an alert or a dashboard panel; None: the label
+
+    @property
+    def long_label(self) -> str:
+        return self.title or self.label
 
     @property
     def is_latency(self) -> bool:
@@ -98,11 +110,46 @@ def _own_itl(record: RequestLike, stat: str) -> float | None:
     return Percentiles.of(record.itl_s).stat(stat) if record.itl_s else 0.0
 
 
+# vLLM's histograms (vllm/v1/metrics/loggers.py): TPOT is one value a request, as ours; ITL one a gap, as ours.
 _METRICS = (
-    Metric("ttft", "s", "TTFT", lambda r: _one(r.ttft_s), lambda r, _: r.ttft_s, per_request=True),
-    Metric("tpot", "s", "TPOT", lambda r: _one(r.tpot_s), lambda r, _: r.tpot_s, per_request=True),
-    Metric("itl", "s", "ITL", lambda r: r.itl_s, _own_itl),  # pools every gap: its count is not the requests'
-    Metric("e2e", "s", "e2e", lambda r: (r.e2e_s,), lambda r, _: r.e2e_s, per_request=True),
+    Metric(
+        "ttft",
+        "s",
+        "TTFT",
+        lambda r: _one(r.ttft_s),
+        lambda r, _: r.ttft_s,
+        per_request=True,
+        histogram="vllm:time_to_first_token_seconds",
+    ),
+    Metric(
+        "tpot",
+        "s",
+        "TPOT",
+        lambda r: _one(r.tpot_s),
+        lambda r, _: r.tpot_s,
+        per_request=True,
+        histogram="vllm:request_time_per_output_token_seconds",
+    ),
+    # pools every gap: its count is not the requests'
+    Metric(
+        "itl",
+        "s",
+        "ITL",
+        lambda r: r.itl_s,
+        _own_itl,
+        histogram="vllm:inter_token_latency_seconds",
+        title="Inter-token latency",
+    ),
+    Metric(
+        "e2e",
+        "s",
+        "e2e",
+        lambda r: (r.e2e_s,),
+        lambda r, _: r.e2e_s,
+        per_request=True,
+        histogram="vllm:e2e_request_latency_seconds",
+        title="End-to-end latency",
+    ),
     Metric("success_rate", "fraction", "success"),
     Metric("request_throughput", "req/s", "req/s"),
     Metric("output_throughput", "tok/s", "tok/s"),
@@ -118,7 +165,84 @@ RATE_METRICS = tuple(m.name for m in _METRICS if not m.is_latency)
 
 
 def latency_metrics() -> list[Metric]:
-    return [m for m in _METRICS if m.is_latency]
+    return [m for m in METRICS.values() if m.is_latency]
+
+
+def latency_of(name: str) -> tuple[Metric, str] | None:
+    """The latency metric and statistic an SLO name holds (`ttft_p95` -> ttft, p95), None if it names none.
+
+    Matched against the registry, not split at the first underscore: a metric's own name may hold one
+    (`decode_time_p95`). No statistic holds an underscore, so the name is the longest registered prefix before it.
+    """
+    base, _, stat = name.rpartition("_")
+    metric = METRICS.get(base)
+    if metric is None or not metric.is_latency or stat not in STATS:
+        return None
+    return metric, stat
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A latency statistic every trial records and shows: `ttft_p95` is the ttft metric under p95.
+
+    It is stored flat in the trial's user attributes as `<name>_s` (seconds), written to the CSV/JSON of
+    `tuner trials` and `tuner rescore`, and, when a `headline`, shown in their tables under `label` and quoted in an
+    export's provenance.
+    """
+
+    metric: str
+    stat: str
+    headline: bool = True  # a column of `tuner trials` and a figure of the export's provenance
+
+    @classmethod
+    def named(cls, name: str) -> Figure | None:
+        """The figure an SLO name holds (`ttft_p99`), registered or not; None if it names no latency."""
+        latency = latency_of(name)
+        return cls(latency[0].name, latency[1]) if latency is not None else None
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_{self.stat}"
+
+    @property
+    def attr(self) -> str:
+        """Its key in a trial's user attributes and in the CSV/JSON rows, in seconds."""
+        return f"{self.name}_s"
+
+    @property
+    def entry(self) -> Metric:
+        """Its metric's registry entry."""
+        return METRICS[self.metric]
+
+    @property
+    def label(self) -> str:
+        return f"{self.entry.label} {self.stat.upper()}"
+
+    @property
+    def quantile(self) -> float | None:
+        """A percentile's quantile (`p99` -> 0.99, as Prometheus's histogram_quantile takes it); None otherwise."""
+        return int(self.stat[1:]) / 100 if self.stat.startswith("p") else None
+
+    def of(self, summary: LoadSummary) -> float | None:
+        """Its value in a run; None when no request succeeded or it is not finite (nothing to record)."""
+        if summary.requests_succeeded == 0:
+            return None
+        value = float(summary.metric(self.name))
+        return value if math.isfinite(value) else None
+
+
+FIGURES: tuple[Figure, ...] = (Figure("ttft", "p95"), Figure("e2e", "p95"), Figure("tpot", "p95", headline=False))
+"""The figures a trial records, in the order tables and CSV columns show them. Another (`Figure("ttft", "p90")`) is
+an entry here: the study records it from then on, and the morning tables, CSV/JSON, rescore and exports show it."""
+
+
+def figures() -> tuple[Figure, ...]:
+    """The registry's figures, read when called (so a test may register one)."""
+    return FIGURES
+
+
+OBJECTIVE_FALLBACK = "e2e_p95"
+"""The latency a study minimises beside throughput when its job names none and it has no latency SLO."""
 
 
 NO_DATA_VIOLATION = 1.0e6
@@ -198,17 +322,20 @@ class LoadSummary(BaseModel):
 
     def metric(self, name: str) -> float:
         """A scalar by SLO name: `e2e_p95`, `ttft_mean`, `success_rate`, `output_throughput`, ..."""
-        if name in RATE_METRICS:
+        metric = METRICS.get(name)
+        if metric is not None and not metric.is_latency:
             return float(getattr(self, name))
-        base, _, stat = name.partition("_")
-        if base in LATENCY_METRICS and stat in STATS:
-            pct: Percentiles = getattr(self, base)
-            return pct.stat(stat)
+        latency = latency_of(name)
+        if latency is not None:
+            pct: Percentiles = getattr(self, latency[0].name)
+            return pct.stat(latency[1])
         raise ConfigError(f"unknown metric {name!r}; allowed: {_allowed_metrics()}")
 
 
 def _allowed_metrics() -> str:
-    return f"{{{','.join(LATENCY_METRICS)}}}_{{{','.join(STATS)}}} or {', '.join(RATE_METRICS)}"
+    latencies = ",".join(m.name for m in latency_metrics())
+    rates = ", ".join(m.name for m in METRICS.values() if not m.is_latency)
+    return f"{{{latencies}}}_{{{','.join(STATS)}}} or {rates}"
 
 
 Op = Literal["<=", "<", ">=", ">"]
@@ -230,7 +357,7 @@ class Slo(BaseModel):
 
     @property
     def is_latency(self) -> bool:
-        return self.metric.partition("_")[0] in LATENCY_METRICS
+        return latency_of(self.metric) is not None
 
     def value(self, summary: LoadSummary) -> float:
         return summary.metric(self.metric)
@@ -240,7 +367,8 @@ class Slo(BaseModel):
 
     def violation(self, summary: LoadSummary) -> float:
         """Optuna's constraint shape: <= 0 when met; otherwise the relative distance to the threshold."""
-        if self.is_latency and getattr(summary, self.metric.partition("_")[0]).count == 0:
+        latency = latency_of(self.metric)
+        if latency is not None and getattr(summary, latency[0].name).count == 0:
             return NO_DATA_VIOLATION
         value = self.value(summary)
         scale = abs(self.threshold) if self.threshold != 0 else 1.0
@@ -252,8 +380,10 @@ class Slo(BaseModel):
 
     def request_meets(self, record: RequestLike) -> bool:
         """Per-request reading of a latency SLO, for goodput: the request's own value against the threshold."""
-        base, _, stat = self.metric.partition("_")
-        value = request_value(record, base, stat)
+        latency = latency_of(self.metric)
+        if latency is None:
+            return False  # a rate has no per-request reading
+        value = request_value(record, latency[0].name, latency[1])
         if value is None:
             return False
         return _compare(value, self.op, self.threshold)
@@ -291,12 +421,11 @@ def parse_slo(text: str) -> Slo:
         )
     metric, op, number, unit = m.groups()
     value = float(number)
-    base, _, stat = metric.partition("_")
-    if base in LATENCY_METRICS and stat in STATS:
+    if latency_of(metric) is not None:
         if unit not in _UNITS or unit == "%":
             raise ConfigError(f"SLO {text!r}: unit {unit!r} is not a time unit; use s, ms or us")
         value *= _UNITS[unit]
-    elif metric in RATE_METRICS:
+    elif metric in METRICS and not METRICS[metric].is_latency:
         if unit == "%":
             value /= 100.0
         elif unit not in ("", "/s"):
@@ -331,7 +460,7 @@ def summarize(records: Iterable[RequestLike], *, duration_s: float, slos: Sequen
     latency_slos = [s for s in slos if s.is_latency]
     good = [r for r in ok if all(s.request_meets(r) for s in latency_slos)]
     busy = math.fsum(r.e2e_s for r in measured)
-    latencies = {m.name: Percentiles.of([v for r in ok for v in m.samples(r)]) for m in _METRICS if m.samples}
+    latencies = {m.name: Percentiles.of([v for r in ok for v in m.samples(r)]) for m in latency_metrics() if m.samples}
     return LoadSummary(
         **latencies,
         requests_sent=len(measured),

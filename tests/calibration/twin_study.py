@@ -39,7 +39,7 @@ JOB: dict[str, Any] = {
     "arrival": {"concurrency": 16, "requests": 48, "warmup_requests": 4},
     "slos": ["e2e_p95 <= 600s"],
     "request_timeout": 600,
-    "budget": {"n_trials": 10},
+    "budget": {"n_trials": 10, "confirm": 0},
     "sampler": {"name": "random", "seed": 1},
 }
 
@@ -50,6 +50,7 @@ class _Server:
     model: str
     facts: StartupFacts
     time_scale: float = 1.0
+    cpu_plan: None = None  # not placed on cores of its own (a CPU target's plan: tuner.launch.affinity)
 
     def logs(self) -> str:
         return ""
@@ -92,6 +93,7 @@ async def _measure(server: _Server, job: Job, flags: VllmFlags) -> Measurement:
 def twin_job(profile: Path, storage: str, **changes: Any) -> dict[str, Any]:
     """The job as a file would give it, its server the known profile, its study in `storage`."""
     data = {**JOB, **changes}
+    data["budget"] = {**JOB["budget"], **changes.get("budget", {})}  # the search alone (confirm 0), unless asked
     data["target"] = {**JOB["target"], **changes.get("target", {}), "profile": str(profile)}
     data["study"] = {**JOB["study"], "storage": storage}
     return data

@@ -29,7 +29,7 @@ def _step_model(gpu_name: str, model_name: str = "llama-3.1-8b", **flags: object
 def test_decode_step_time_is_calibrated() -> None:
     h100 = _step_model("h100-80gb")
     assert 5e-3 <= h100.decode_step_seconds(1, 640) <= 8e-3
-    assert 7e-3 <= h100.decode_step_seconds(16, 640) <= 13e-3
+    assert 6.2e-3 <= h100.decode_step_seconds(16, 640) <= 13e-3  # AIC: 6.9-7.5 ms at 512-1k
     rtx = _step_model("rtx4090")
     assert 55 <= 1 / rtx.decode_step_seconds(1, 640) <= 60
     # memory-bound decode: 64x the batch costs far less than 64x the time
@@ -52,7 +52,7 @@ def test_simulated_closed_loop_tpot_matches_the_targets() -> None:
     one = simulate_closed_loop(LLAMA, H100, FLAGS, concurrency=1, input_len=512, output_len=256, requests=2)
     assert 5e-3 <= one.tpot_mean_s <= 8e-3
     sixteen = simulate_closed_loop(LLAMA, H100, FLAGS, concurrency=16, input_len=512, output_len=256)
-    assert 7e-3 <= sixteen.tpot_mean_s <= 13e-3
+    assert 6.2e-3 <= sixteen.tpot_mean_s <= 13e-3
     assert sixteen.output_tok_s > 10 * one.output_tok_s  # batching pays
     rtx = simulate_closed_loop(LLAMA, RTX4090, FLAGS, concurrency=1, input_len=512, output_len=256, requests=2)
     assert 55 <= 1 / rtx.tpot_mean_s <= 60

@@ -15,7 +15,7 @@ from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from tuner.load.results import RequestRecord
-from tuner.scoring import LoadSummary, parse_slo, summarize
+from tuner.scoring import LoadSummary, figures, parse_slo, summarize
 from tuner.store import open_store
 
 
@@ -187,9 +187,7 @@ def build_demo_study(path: Path | str) -> str:
                     "output_tok_s": summary.output_throughput,
                     "request_rate": summary.request_throughput,
                     "success_rate": summary.success_rate,
-                    "e2e_p95_s": summary.e2e.p95,
-                    "ttft_p95_s": summary.ttft.p95,
-                    "tpot_p95_s": summary.tpot.p95,
+                    **{f.attr: f.of(summary) for f in figures()},  # as the study writes them
                     "goodput": summary.goodput,
                     "kv_tokens": 473_216,
                     "diagnosis": "bottleneck: KV cache (preemptions 12)" if spec.number == 2 else "bottleneck: decode",

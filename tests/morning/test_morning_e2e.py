@@ -38,7 +38,7 @@ JOB = {
     "slos": ["e2e_p95 <= 300s", "success_rate >= 0.99"],
     "objective": "throughput",
     "request_timeout": "600s",
-    "budget": {"n_trials": 4},
+    "budget": {"n_trials": 4, "confirm": 0},
     "sampler": {"name": "tpe", "seed": 3, "n_startup_trials": 3},
 }
 

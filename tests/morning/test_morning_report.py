@@ -46,7 +46,7 @@ def test_trial_views_read_the_contract_attrs(view: StudyView) -> None:
     assert by[5].verdict == "skipped: no_kv_memory"
     assert by[8].verdict == "crashed: crashed_under_load"
     assert by[11].verdict == "running" and by[11].flags["max_num_seqs"] == 96
-    assert by[9].latency_p95_s == pytest.approx(4.8) and by[9].e2e_p95_s == pytest.approx(4.8)
+    assert by[9].objective_latency_s == pytest.approx(4.8) and by[9].latency("e2e_p95") == pytest.approx(4.8)
 
 
 def test_front_matches_optunas_own_best_trials(view: StudyView, demo_url: str) -> None:
@@ -210,7 +210,7 @@ def test_max_rate_rescore_walks_down_the_stored_steps() -> None:
     tight = rescore(view, source, [parse_slo("e2e_p95<=3s")]).trials[0]
     # 8 req/s misses 3 s (4.0 s), 4 req/s meets it (2.5 s): the highest rate that still meets the SLO
     assert (tight.step, tight.source, tight.after.request_rate) == (1, "stored summary", 4.0)
-    assert tight.after.feasible and tight.after.latency_p95_s == pytest.approx(2.5)
+    assert tight.after.feasible and tight.after.objective_latency_s == pytest.approx(2.5)
     assert tight.after.throughput == pytest.approx(400.0)  # 10 requests x 400 tokens / 10 s
     none = rescore(view, source, [parse_slo("e2e_p95<=1s")]).trials[0]
     assert not none.after.feasible and none.step == 0  # closest miss, as the study scores it

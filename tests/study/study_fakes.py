@@ -11,6 +11,7 @@ from tuner.config import Job, parse_job
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import StartupFacts
+from tuner.launch.affinity import CpuPlan
 from tuner.load import LoadResult, RequestRecord
 from tuner.scoring import summarize
 from tuner.study import Measurement
@@ -27,12 +28,15 @@ JOB: dict[str, Any] = {
     "arrival": {"concurrency": 4, "requests": 10},
     "slos": ["e2e_p95 <= 2s", "success_rate >= 0.9"],
     "request_timeout": 30,
-    "budget": {"n_trials": 4},
+    "budget": {"n_trials": 4, "confirm": 0},  # the search alone; the confirmation has its own tests
     "sampler": {"name": "random", "seed": 1},
 }
 
 
 def job(**changes: Any) -> Job:
+    """The fake job with `changes`; a budget given without `confirm` runs the search alone, as JOB's does."""
+    if isinstance(changes.get("budget"), dict):
+        changes["budget"] = {"confirm": 0, **changes["budget"]}
     data = {**JOB, **changes}
     return parse_job(data)
 
@@ -46,6 +50,7 @@ class FakeServer:
     exit_code: int | None = None
     crash: LaunchError | None = None
     log_text: str = "INFO fake server\nINFO Application startup complete.\n"
+    cpu_plan: CpuPlan | None = None  # a CPU target's cores (tuner.launch.affinity): none here
 
     def logs(self) -> str:
         return self.log_text

@@ -47,7 +47,7 @@ JOB: dict[str, Any] = {
     "arrival": {"concurrency": 4, "requests": 8},
     "slos": ["e2e_p95 <= 60s", "success_rate >= 0.9"],
     "request_timeout": "60s",
-    "budget": {"n_trials": 4},
+    "budget": {"n_trials": 4, "confirm": 0},
     "sampler": {"seed": 1},  # the twin: deterministic, so only its reservations keep the workers' proposals apart
 }
 
@@ -236,7 +236,8 @@ def test_ctrl_c_sent_to_the_parent_alone_is_relayed_to_every_worker(tmp_path: Pa
 
 @pytest.mark.slow
 def test_a_killed_worker_s_trial_is_failed_by_the_heartbeat_and_run_again(tmp_path: Path) -> None:
-    job = {**JOB, "study": {"name": "par", "heartbeat_interval": 1, "grace_period": 3}, "budget": {"n_trials": 2}}
+    study = {"name": "par", "heartbeat_interval": 1, "grace_period": 3}
+    job = {**JOB, "study": study, "budget": {"n_trials": 2, "confirm": 0}}
     run = Run(tmp_path, "--parallel", "2", job=job)
     try:
         arrived = run.arrived(2)

@@ -4,7 +4,6 @@ baseline's missing flag no longer shrinks."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +12,14 @@ from typing import Any
 import optuna
 import pytest
 import yaml
+from sampler_fakes import random_trials_before_the_model, require_gp
 from study_fakes import JOB, FakeLauncher, fake_measure, job
 from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.config import parse_job
 from tuner.errors import ConfigError
+from tuner.flags import VllmFlags
 from tuner.study import TuningRun
 from tuner.study.samplers import make_sampler
 
@@ -118,11 +119,8 @@ def test_the_default_sampler_takes_the_tpe_options() -> None:
     assert j.sampler.group is True
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None or importlib.util.find_spec("scipy") is None,
-    reason="GPSampler needs torch and scipy (not project dependencies; benchmarks/README.md: the gp venv)",
-)
 def test_gp_draws_the_flag_the_baseline_lacks_with_tpe_not_at_random(tmp_path: Path) -> None:
+    require_gp()
     study = run_study(tmp_path, {"name": "gp", "n_startup_trials": 2}, n_trials=6)
     gp = study.sampler
     assert isinstance(gp, optuna.samplers.GPSampler)
@@ -132,6 +130,41 @@ def test_gp_draws_the_flag_the_baseline_lacks_with_tpe_not_at_random(tmp_path: P
     independent = gp._independent_sampler
     assert isinstance(independent, optuna.samplers.TPESampler) and not independent._multivariate
     assert len({t.params.get("max_num_seqs") for t in study.trials}) > 1
+
+
+def seqs_throughput(flags: VllmFlags) -> float:
+    return float(flags.max_num_seqs or 256)
+
+
+@pytest.mark.parametrize(
+    ("n_trials", "options", "random_trials"),
+    [
+        (8, {}, 2),  # Optuna's 10 would be the whole budget: random search
+        (20, {}, 5),  # a quarter of the budget
+        (100, {}, 10),  # Optuna's default, from a budget of 40 on
+        (8, {"n_startup_trials": 6}, 6),  # the job's own count wins
+        (8, {"n_startup_trials": 0}, 1),  # TPE's model needs one trial to model
+    ],
+)
+def test_tpes_start_up_trials_follow_the_budget(n_trials: int, options: dict[str, Any], random_trials: int) -> None:
+    j = job(space=SPACE, sampler={"name": "tpe", "seed": 1, **options}, budget={"n_trials": n_trials})
+    tpe = make_sampler(j, j.search_space())
+    assert random_trials_before_the_model(tpe, j.search_space(), seqs_throughput, 12) == random_trials
+
+
+def test_gps_start_up_trials_and_nsga2s_population_follow_the_budget() -> None:
+    require_gp()
+    j = job(space=SPACE, sampler={"name": "gp", "seed": 1}, budget={"n_trials": 12})
+    assert random_trials_before_the_model(make_sampler(j, j.search_space()), j.search_space(), seqs_throughput, 6) == 3
+
+    def population(n_trials: int, **options: Any) -> int | None:
+        j = job(space=SPACE, sampler={"name": "nsga2", **options}, budget={"n_trials": n_trials})
+        nsga2 = make_sampler(j, j.search_space())
+        assert isinstance(nsga2, optuna.samplers.NSGAIISampler)
+        return nsga2.population_size
+
+    # The first generation is random: a quarter of the budget, at least the two parents its crossover takes.
+    assert (population(8), population(20), population(200), population(8, population_size=6)) == (2, 5, 8, 6)
 
 
 def test_tuner_tune_shows_the_samplers_options_and_refuses_a_wrong_one_in_one_line(tmp_path: Path) -> None:

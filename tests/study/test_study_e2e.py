@@ -42,7 +42,7 @@ JOB = {
     "arrival": {"concurrency": 4, "requests": 12},
     "slos": ["e2e_p95 <= 5s", "success_rate >= 0.9"],
     "request_timeout": "30s",
-    "budget": {"n_trials": 4},
+    "budget": {"n_trials": 4, "confirm": 0},
     "sampler": {"name": "random", "seed": 3},
 }
 
@@ -120,6 +120,9 @@ def test_tune_on_sqlite_ends_with_a_feasible_front_and_no_server_left(tmp_path: 
     assert_complete_and_stored(url, trials, 4)
     assert trials[0].user_attrs["baseline"] and trials[0].user_attrs["flags"]["max_num_seqs"] == 1024
     assert "#0   (baseline)" in log.read_text()
+    # The closing lines say how sure the result is; without a confirmation, that every figure is one start.
+    assert "budget.confirm is 0: every figure is one start" in out and "budget.confirm is 0" in log.read_text()
+    assert "the baseline" in out.split("Feasible Pareto front")[-1]
     assert registry_of(state_dir).records() == []
     # In the morning: the winner launched again from the job stored with the study, confirmed over two runs.
     env = {**os.environ, "TUNER_STATE_DIR": str(state_dir), "COLUMNS": "200"}
@@ -166,7 +169,7 @@ def test_two_workers_on_one_postgres_study(tmp_path: Path, state_dir: Path, post
     space = {**JOB["space"], "max_num_seqs": seqs}  # type: ignore[dict-item]
     # Both workers live: a grace period no busy machine's late heartbeat outlasts (the short one is for the kill tests)
     study = {**JOB["study"], "grace_period": 60}  # type: ignore[dict-item]
-    job = write_job(tmp_path, budget={"n_trials": 6}, space=space, study=study)
+    job = write_job(tmp_path, budget={"n_trials": 6, "confirm": 0}, space=space, study=study)
     workers = [tuner(job, state_dir, "--storage", postgres_url) for _ in range(2)]
     results = [finish(w, 300) for w in workers]
     ran = []
@@ -268,7 +271,7 @@ def test_bad_job_file_is_one_line_exit_2(tmp_path: Path) -> None:
     job = write_job(tmp_path, budget={"n_trails": 3})
     out = subprocess.run([sys.executable, "-m", "tuner", "tune", str(job)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
-    assert "budget.n_trails: unknown field; allowed: n_trials, timeout" in out.stderr
+    assert "budget.n_trails: unknown field; allowed: n_trials, timeout, confirm" in out.stderr
     assert "Traceback" not in out.stderr
     schema = subprocess.run([sys.executable, "-m", "tuner", "schema"], capture_output=True, text=True, timeout=60)
     assert json.loads(schema.stdout)["title"] == "tuner job file"

@@ -31,6 +31,7 @@ STUDY_ATTRS = {
     "objective",
     "n_trials",
     "job",
+    "confirm",  # what the confirmation decided (tuner.study.confirm), written when a run ends
 }
 
 

@@ -14,7 +14,7 @@ import io
 import json
 import os
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,6 +32,7 @@ from tuner.flags import VllmFlags
 from tuner.record import OUTCOMES
 from tuner.report import (
     BEST_CHOICES,
+    RescoredTrial,
     StudyListing,
     StudyView,
     TrialView,
@@ -65,6 +66,7 @@ from tuner.report.tables import (
     steps_table,
     summary_table,
 )
+from tuner.scoring import figures
 from tuner.ship.manifest import PlanInputs, planned_kubernetes
 from tuner.store import safe_url
 
@@ -94,7 +96,9 @@ WideOpt = Annotated[
 ]
 
 _OUTCOMES = (*OUTCOMES, "running", "waiting", "fail")  # the record's outcomes, and Optuna states without one
-_SORT_KEYS = ("number", "throughput", "latency", "ttft", "e2e", "success")
+# A headline P95 sorts by its metric's name (`ttft`), another statistic by the figure's (`ttft_p90`).
+_FIGURE_KEYS = {(f.metric if f.stat == "p95" else f.name): f.name for f in figures() if f.headline}
+_SORT_KEYS = ("number", "throughput", "latency", *_FIGURE_KEYS, "success")
 
 
 def console_for_output() -> Console:
@@ -227,7 +231,7 @@ def status_cmd(
         vs = f"  ({ratio(r.throughput)} throughput, {ratio(r.latency_p95)} P95 vs baseline)" if base else ""
         con.print(
             f"best so far: trial {st.best.number}: {fmt(st.best.throughput)} tok/s, "
-            f"P95 {fmt(st.best.latency_p95_s, '.3f', ' s')}{vs}  {escape('[' + flags_text(st.best.flags) + ']')}"
+            f"P95 {fmt(st.best.objective_latency_s, '.3f', ' s')}{vs}  {escape('[' + flags_text(st.best.flags) + ']')}"
         )
     else:
         con.print("best so far: no feasible trial yet")
@@ -280,14 +284,21 @@ def _sort_key(key: str) -> Any:
     keys = {
         "number": lambda t: t.number,
         "throughput": lambda t: -(t.throughput if t.measured and t.throughput is not None else -inf),
-        "latency": lambda t: t.latency_p95_s if t.measured and t.latency_p95_s is not None else inf,
-        "ttft": lambda t: t.ttft_p95_s if t.ttft_p95_s is not None else inf,
-        "e2e": lambda t: t.e2e_p95_s if t.e2e_p95_s is not None else inf,
+        "latency": lambda t: t.objective_latency_s if t.measured and t.objective_latency_s is not None else inf,
+        **{key: _by_figure(name) for key, name in _FIGURE_KEYS.items()},
         "success": lambda t: -(t.success_rate if t.success_rate is not None else -inf),
     }
     if key not in keys:
         raise ConfigError(f"unknown --sort {key!r}; allowed: {', '.join(_SORT_KEYS)}")
     return keys[key]
+
+
+def _by_figure(name: str) -> Callable[[TrialView], float]:
+    def key(t: TrialView) -> float:
+        value = t.latency(name)
+        return value if value is not None else float("inf")
+
+    return key
 
 
 @app.command("trials")
@@ -334,8 +345,9 @@ def trials_cmd(
         return
     if as_csv:
         buf = io.StringIO()
-        fields = ["number", "state", "baseline", "outcome", "verdict", "feasible", "throughput", "latency_p95_s"]
-        fields += ["output_tok_s", "request_rate", "ttft_p95_s", "e2e_p95_s", "tpot_p95_s", "success_rate"]
+        fields = ["number", "state", "baseline", "outcome", "verdict", "feasible", "throughput"]
+        fields += ["objective_latency_s", "latency_p95_s", "output_tok_s", "request_rate"]
+        fields += [*(f.attr for f in figures()), "success_rate"]
         fields += ["goodput", "diagnosis", "reason", "server_seconds", "flags"]
         w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
@@ -360,10 +372,12 @@ def _trial_key(t: TrialView) -> str:
 def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Table:
     """Narrow (the default) fits 80 columns, the flags printed after it a line each; --wide: flags and bottleneck
     in the table."""
-    cols: tuple[str, ...] = ("#", "flags", "tok/s", "TTFT P95", "e2e P95", "success", "verdict", "bottleneck")
+    shown = [f for f in figures() if f.headline]
+    labels = tuple(f.label for f in shown)
+    cols: tuple[str, ...] = ("#", "flags", "tok/s", *labels, "success", "verdict", "bottleneck")
     if not wide:
-        cols = ("#", "tok/s", "TTFT P95", "e2e P95", "success", "verdict")
-    numeric = ("#", "tok/s", "TTFT P95", "e2e P95", "success")
+        cols = ("#", "tok/s", *labels, "success", "verdict")
+    numeric = ("#", "tok/s", *labels, "success")
     table = Table(title=f"{escape(view.name)}: {len(rows)} of {len(view.trials)} trials")
     for col in cols:
         table.add_column(col, justify="right" if col in numeric else "left", no_wrap=col in numeric)
@@ -373,8 +387,7 @@ def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Tabl
             "#": f"{t.number}{'ᵇ' if t.baseline else ''}",
             "flags": escape(flags_text(t.flags)),
             "tok/s": fmt(t.throughput if t.measured else t.output_tok_s),
-            "TTFT P95": fmt(t.ttft_p95_s, ".3f", " s"),
-            "e2e P95": fmt(t.e2e_p95_s, ".3f", " s"),
+            **{f.label: fmt(t.latency(f.name), ".3f", " s") for f in shown},
             "success": fmt(t.success_rate, ".1%"),
             "verdict": f"[{style}]{escape(t.verdict)}[/{style}]",
             "bottleneck": escape(t.diagnosis or "—"),
@@ -556,8 +569,9 @@ def show_cmd(
             con.print(table)
     elif t.measured:
         con.print(
-            f"load: {fmt(t.throughput)} tok/s, latency P95 {fmt(t.latency_p95_s, '.3f', ' s')}, "
-            f"TTFT P95 {fmt(t.ttft_p95_s, '.3f', ' s')}, success {fmt(t.success_rate, '.1%')}"
+            f"load: {fmt(t.throughput)} tok/s, latency P95 {fmt(t.objective_latency_s, '.3f', ' s')}, "
+            + "".join(f"{f.label} {fmt(t.latency(f.name), '.3f', ' s')}, " for f in figures() if f.headline)
+            + f"success {fmt(t.success_rate, '.1%')}"
         )
     if d.get("capacity_steps"):
         con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
@@ -766,20 +780,7 @@ def rescore_cmd(
                 "latency_metric": result.latency_metric,
                 "feasible_before": result.feasible_before,
                 "feasible_after": result.feasible_after,
-                "trials": [
-                    {
-                        "number": r.after.number,
-                        "feasible_before": r.before.feasible,
-                        "feasible_after": r.after.feasible,
-                        "throughput": r.after.throughput,
-                        "latency_p95_s": r.after.latency_p95_s,
-                        "constraints": list(r.after.constraints),
-                        "violated": list(r.after.violated),
-                        "step": r.step,
-                        "note": r.note,
-                    }
-                    for r in result.trials
-                ],
+                "trials": [_rescored_doc(r) for r in result.trials],
                 **front_doc(result.front, after.baseline),
             }
         )
@@ -797,7 +798,7 @@ def rescore_cmd(
             "ok" if r.before.feasible else "—",
             ("[green]ok[/green]" if a_.feasible else "[red]no[/red]") + (" (changed)" if r.changed else ""),
             fmt(a_.throughput),
-            fmt(a_.latency_p95_s, ".3f", " s"),
+            fmt(a_.objective_latency_s, ".3f", " s"),
             fmt(a_.success_rate, ".1%"),
             escape(", ".join(a_.violated) or r.note or ""),
         )
@@ -806,3 +807,19 @@ def rescore_cmd(
     _show_front(after, result.front, as_json=False, plot=plot, width=80, height=20)
     if not result.front:
         choose(result.front, "throughput", study=view.name)
+
+
+def _rescored_doc(r: RescoredTrial) -> dict[str, Any]:
+    return {
+        "number": r.after.number,
+        "feasible_before": r.before.feasible,
+        "feasible_after": r.after.feasible,
+        "throughput": r.after.throughput,
+        "objective_latency_s": r.after.objective_latency_s,
+        "latency_p95_s": r.after.objective_latency_s,  # its name in tuner 0.1
+        **{f.attr: r.after.latency(f.name) for f in figures()},
+        "constraints": list(r.after.constraints),
+        "violated": list(r.after.violated),
+        "step": r.step,
+        "note": r.note,
+    }

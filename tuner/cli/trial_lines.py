@@ -16,6 +16,7 @@ from rich.table import Table
 
 from tuner.record import MEASURED, TrialRecord
 from tuner.report.tables import flag_label
+from tuner.scoring import OBJECTIVE_FALLBACK
 
 __all__ = ["TextLog", "best_text", "console", "count_done", "pareto_table", "short_flags", "trial_line"]
 
@@ -33,10 +34,12 @@ def trial_line(t: FrozenTrial) -> str:
     r = TrialRecord.from_attrs(t.user_attrs)
     head = f"#{t.number:<3}{' (baseline)' if r.baseline else ''} {short_flags(r.flags)}"
     suffix = f"  [same flags as #{r.duplicate_of}, not relaunched]" if r.duplicate_of is not None else ""
+    if t.user_attrs.get("repeat_of") is not None:  # a confirmation start (tuner.study.confirm): launched again
+        suffix = f"  [#{t.user_attrs['repeat_of']} started again, to confirm it]"
     suffix += f"  [GPU {','.join(r.devices)}]" if r.devices else ""
     if r.outcome != MEASURED:
         return f"{head} -> {r.outcome}: {r.reason}{suffix}"
-    metric = r.latency_metric or "e2e_p95"
+    metric = r.latency_metric or OBJECTIVE_FALLBACK
     latency = t.values[1] if t.values else None
     verdict = "feasible" if r.feasible else "misses " + ", ".join(_missed(r))
     if r.slo_stop:

@@ -247,9 +247,12 @@ def run(
         say(
             f"finished ({report.stopped_by}) after {took:.0f}s; {report.trials_run} trials run by this worker; "
             f"{report.distinct} distinct flag sets tried ({report.measured} measured), {report.repeats} sampler "
-            "repeats answered from their first trial (not counted in the budget)"
+            "repeats answered from their first trial (not counted in the budget); "
+            f"{report.confirmation_starts} confirmation starts (budget.confirm)"
         )
         console.print(pareto_table(tuning.study))
+        for line in report.closing:  # how sure the result is: the confirmation's verdict
+            say(line)
         log(json.dumps([t.number for t in tuning.study.best_trials]))
     except KeyboardInterrupt:
         say("interrupted: the running trial is recorded as interrupted and will run again; the same command continues")

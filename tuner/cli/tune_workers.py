@@ -121,6 +121,8 @@ def run_workers(
             "answered from their first trial (not counted in the budget)"
         )
         console.print(pareto_table(parent.study))
+        for line in parent.closing():  # how sure the result is, from every worker's starts
+            say(line)
         log(json.dumps([t.number for t in parent.study.best_trials]))
     except KeyboardInterrupt:
         say(

@@ -60,9 +60,23 @@ class CapacitySearch(StrictModel):
     max_steps: int = Field(default=6, ge=1)
 
 
+# Extra starts a study spends re-measuring before it ends: the baseline and the leader a second time (2), then the
+# contenders whose intervals overlap the leader's. Counted in starts, not server-minutes: a start's cost is not known
+# before it runs, so a cap in minutes could only be checked after the start that overran it; the minutes spent are
+# counted and printed.
+CONFIRM_DEFAULT = 6
+
+
 class Budget(StrictModel):
     n_trials: int = Field(default=30, ge=1, description="trials of the whole study, over every worker")
     timeout: Duration | None = Field(default=None, description="stop starting trials after this long (e.g. 8h)")
+    confirm: int = Field(
+        default=CONFIRM_DEFAULT,
+        ge=0,
+        le=1000,
+        description="extra server starts spent re-measuring the baseline, the leader and the flag sets within the "
+        "noise of it before the study ends (0: off; every figure is then one start)",
+    )
 
 
 class SamplerSection(StrictModel):

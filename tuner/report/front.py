@@ -39,8 +39,8 @@ def _t(t: TrialView) -> float:
 
 
 def _l(t: TrialView) -> float:
-    assert t.latency_p95_s is not None
-    return t.latency_p95_s
+    assert t.objective_latency_s is not None
+    return t.objective_latency_s
 
 
 def _dominates(a: TrialView, b: TrialView) -> bool:
@@ -73,7 +73,7 @@ def choose(front: Sequence[TrialView], how: str, *, study: str = "") -> TrialVie
 def ratios(winner: TrialView, baseline: TrialView | None) -> Ratios:
     if baseline is None or not baseline.measured:
         return Ratios(None, None)
-    bt, bl = baseline.throughput, baseline.latency_p95_s
+    bt, bl = baseline.throughput, baseline.objective_latency_s
     assert bt is not None and bl is not None
     return Ratios(
         throughput=_t(winner) / bt if bt > 0 else None,

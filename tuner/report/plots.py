@@ -23,7 +23,7 @@ def _y_label(view: StudyView) -> str:
 
 
 def _points(trials: Sequence[TrialView]) -> tuple[list[float], list[float]]:
-    return [t.throughput or 0.0 for t in trials], [t.latency_p95_s or 0.0 for t in trials]
+    return [t.throughput or 0.0 for t in trials], [t.objective_latency_s or 0.0 for t in trials]
 
 
 def _groups(view: StudyView, front: Sequence[TrialView]) -> dict[str, list[TrialView]]:
@@ -98,7 +98,7 @@ def _plot_study(view: StudyView) -> optuna.Study:
         params = {k: v for k, v in t.flags.items() if isinstance(v, bool | int | float | str)}
         study.add_trial(
             optuna.trial.create_trial(
-                values=[t.throughput or 0.0, t.latency_p95_s or 0.0],
+                values=[t.throughput or 0.0, t.objective_latency_s or 0.0],
                 params=params,
                 distributions={k: CategoricalDistribution((v,)) for k, v in params.items()},
                 user_attrs={"trial": t.number, "baseline": t.baseline, "verdict": t.verdict},
@@ -131,7 +131,7 @@ def _add_overlays(fig: Any, view: StudyView, front: Sequence[TrialView]) -> None
         fig.add_trace(
             go.Scatter(
                 x=[base.throughput],
-                y=[base.latency_p95_s],
+                y=[base.objective_latency_s],
                 mode="markers",
                 name="baseline (vLLM defaults)",
                 marker={"symbol": "star", "size": 14, "color": "#2ca02c"},
@@ -145,7 +145,7 @@ def _hover(t: TrialView) -> str:
     flags = "<br>".join(f"{k}={v}" for k, v in t.flags.items())
     return (
         f"trial {t.number}{' (baseline)' if t.baseline else ''}<br>{t.throughput or 0:,.1f} tok/s, "
-        f"P95 {t.latency_p95_s or 0:.3f} s<br>{t.verdict}<br>{flags}"
+        f"P95 {t.objective_latency_s or 0:.3f} s<br>{t.verdict}<br>{flags}"
     )
 
 
@@ -167,7 +167,7 @@ def write_png(view: StudyView, front: Sequence[TrialView], path: Path) -> None:
         ordered = sorted(front, key=lambda t: t.throughput or 0.0)
         ax.plot(*_points(ordered), marker="o", color="#d62728", label="feasible front")
         for t in ordered:
-            ax.annotate(f"#{t.number}", (t.throughput or 0.0, t.latency_p95_s or 0.0), fontsize=8)
+            ax.annotate(f"#{t.number}", (t.throughput or 0.0, t.objective_latency_s or 0.0), fontsize=8)
     if groups["baseline"]:
         ax.scatter(*_points(groups["baseline"]), marker="*", s=200, color="#2ca02c", label="baseline", zorder=3)
     ax.set_xlabel(X_LABEL)

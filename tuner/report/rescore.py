@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from tuner.load.results import RequestRecord
 from tuner.report.front import pareto_front
 from tuner.report.views import StudyView, TrialView
-from tuner.scoring import LoadSummary, Slo, closest, objective_latency, summarize
+from tuner.scoring import LoadSummary, Slo, closest, figures, objective_latency, summarize
 
 __all__ = ["RecordSource", "RescoreResult", "RescoredTrial", "rescore"]
 
@@ -142,13 +142,11 @@ class _Rescorer:
         after = dataclasses.replace(
             t,
             throughput=float(s.output_throughput),
-            latency_p95_s=objective_latency(s, self.latency_metric, self.worst_latency),
+            objective_latency_s=objective_latency(s, self.latency_metric, self.worst_latency),
             output_tok_s=float(s.output_throughput),
             request_rate=run.rate if run.rate is not None else float(s.request_throughput),
             success_rate=float(s.success_rate),
-            ttft_p95_s=s.ttft.p95,
-            e2e_p95_s=s.e2e.p95,
-            tpot_p95_s=s.tpot.p95,
+            latencies={f.name: value for f in figures() if (value := f.of(s)) is not None},
             goodput=float(s.goodput),
             feasible=run.meets,
             constraints=tuple(run.violations),

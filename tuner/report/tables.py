@@ -14,7 +14,7 @@ from tuner.errors import TunerError
 from tuner.flags import VllmFlags
 from tuner.report.front import BEST_CHOICES, choose, ratios
 from tuner.report.views import StudyView, TrialView
-from tuner.scoring import LATENCY_METRICS, STATS
+from tuner.scoring import STATS, figures, latency_metrics
 
 __all__ = [
     "FLAG_LABELS",
@@ -86,7 +86,8 @@ def _picks(front: list[TrialView]) -> dict[str, int]:
 
 def front_table(front: list[TrialView], baseline: TrialView | None, title: str, *, wide: bool = False) -> Table:
     """The front with its ratios to the baseline. Narrow (the default) fits 80 columns: the figures a pick is made
-    on, the flags left to `front_flags`; wide adds TTFT and e2e P95 and the flags in the table."""
+    on, the flags left to `front_flags`; wide adds the registry's headline figures (TTFT and e2e P95) and the flags in
+    the table."""
     if wide:
         return _front_table_wide(front, baseline, title)
     picks = _picks(front)
@@ -99,7 +100,7 @@ def front_table(front: list[TrialView], baseline: TrialView | None, title: str, 
             ", ".join(h for h, n in picks.items() if n == t.number),
             str(t.number),
             fmt(t.throughput),
-            fmt(t.latency_p95_s, ".3f", " s"),
+            fmt(t.objective_latency_s, ".3f", " s"),
             fmt(t.success_rate, ".1%"),
             ratio(r.throughput),
             ratio(r.latency_p95),
@@ -110,7 +111,7 @@ def front_table(front: list[TrialView], baseline: TrialView | None, title: str, 
             "baseline",
             str(baseline.number),
             fmt(baseline.throughput if baseline.measured else None),
-            fmt(baseline.latency_p95_s if baseline.measured else None, ".3f", " s"),
+            fmt(baseline.objective_latency_s if baseline.measured else None, ".3f", " s"),
             fmt(baseline.success_rate, ".1%"),
             "×1.00" if baseline.measured else "—",
             "×1.00" if baseline.measured else "—",
@@ -129,7 +130,9 @@ def front_flags(front: list[TrialView], baseline: TrialView | None) -> Table:
 def _front_table_wide(front: list[TrialView], baseline: TrialView | None, title: str) -> Table:
     picks = _picks(front)
     table = Table(title=title)
-    for col in ("pick", "#", "tok/s", "latency P95", "TTFT P95", "e2e P95", "success", "× tok/s", "× P95", "flags"):
+    shown = [f for f in figures() if f.headline]
+    cols = ("pick", "#", "tok/s", "latency P95", *(f.label for f in shown), "success", "× tok/s", "× P95", "flags")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("pick", "flags") else "right")
     for t in front:
         r = ratios(t, baseline)
@@ -137,9 +140,8 @@ def _front_table_wide(front: list[TrialView], baseline: TrialView | None, title:
             ", ".join(h for h, n in picks.items() if n == t.number),
             str(t.number),
             fmt(t.throughput),
-            fmt(t.latency_p95_s, ".3f", " s"),
-            fmt(t.ttft_p95_s, ".3f", " s"),
-            fmt(t.e2e_p95_s, ".3f", " s"),
+            fmt(t.objective_latency_s, ".3f", " s"),
+            *(fmt(t.latency(f.name), ".3f", " s") for f in shown),
             fmt(t.success_rate, ".1%"),
             ratio(r.throughput),
             ratio(r.latency_p95),
@@ -151,9 +153,8 @@ def _front_table_wide(front: list[TrialView], baseline: TrialView | None, title:
             "baseline",
             str(baseline.number),
             fmt(baseline.throughput if baseline.measured else None),
-            fmt(baseline.latency_p95_s if baseline.measured else None, ".3f", " s"),
-            fmt(baseline.ttft_p95_s, ".3f", " s"),
-            fmt(baseline.e2e_p95_s, ".3f", " s"),
+            fmt(baseline.objective_latency_s if baseline.measured else None, ".3f", " s"),
+            *(fmt(baseline.latency(f.name), ".3f", " s") for f in shown),
             fmt(baseline.success_rate, ".1%"),
             "×1.00" if baseline.measured else "—",
             "×1.00" if baseline.measured else "—",
@@ -232,7 +233,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_column("latency (s)")
     for st in stats:
         table.add_column(st, justify="right")
-    for metric in LATENCY_METRICS:
+    for metric in (m.name for m in latency_metrics()):
         p = summary.get(metric) or {}
         table.add_row(metric, *(fmt(p.get(st), ".4f") for st in stats))
     return table

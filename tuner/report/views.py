@@ -8,7 +8,7 @@ contract in docs: "flags", "outcome", "reason", "output_tok_s", ...), so anythin
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError
 from tuner.record import MEASURED, StoredJob, TrialRecord
-from tuner.scoring import Slo, parse_slo
+from tuner.scoring import OBJECTIVE_FALLBACK, Slo, figures, parse_slo
 
 __all__ = ["StudyView", "TrialView", "study_view", "trial_view"]
 
@@ -31,13 +31,11 @@ class TrialView:
     reason: str | None
     flags: dict[str, Any]
     throughput: float | None  # first objective: output tok/s (or the max SLO-meeting rate's)
-    latency_p95_s: float | None  # second objective
+    objective_latency_s: float | None  # second objective: the study's `latency_metric` (e2e_p95, ttft_p99, ...)
     output_tok_s: float | None = None
     request_rate: float | None = None
     success_rate: float | None = None
-    ttft_p95_s: float | None = None
-    e2e_p95_s: float | None = None
-    tpot_p95_s: float | None = None
+    latencies: Mapping[str, float] = field(default_factory=dict)  # the registry's figures by name, in seconds
     goodput: float | None = None
     diagnosis: str | None = None
     kv_tokens: int | None = None
@@ -59,7 +57,11 @@ class TrialView:
     @property
     def measured(self) -> bool:
         """A load phase ran and produced both objective values."""
-        return self.outcome == MEASURED and self.throughput is not None and self.latency_p95_s is not None
+        return self.outcome == MEASURED and self.throughput is not None and self.objective_latency_s is not None
+
+    def latency(self, name: str) -> float | None:
+        """A figure by name (`ttft_p95`), in seconds; None when not recorded."""
+        return self.latencies.get(name)
 
     @property
     def verdict(self) -> str:
@@ -84,7 +86,16 @@ class TrialView:
         return f"{label}: {self.reason}" if self.reason else label
 
     def as_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """The trial as the CSV/JSON write it: flat, each figure under its stored name (`ttft_p95_s`)."""
+        d: dict[str, Any] = {}
+        for k in self.__dataclass_fields__:
+            if k == "latencies":
+                d |= {f.attr: self.latency(f.name) for f in figures()}
+                continue
+            d[k] = getattr(self, k)
+            if k == "objective_latency_s":
+                # The name tuner 0.1 gave it, whatever its statistic: scripts read it.
+                d["latency_p95_s"] = self.objective_latency_s
         d["constraints"] = dict(zip(self.constraint_names, self.constraints, strict=True))
         del d["constraint_names"]
         d["violated"] = list(self.violated)
@@ -121,7 +132,8 @@ class StudyView:
 
     @property
     def latency_metric(self) -> str:
-        """The P95 minimised beside throughput: as the job chose it, else its first latency SLO, else e2e_p95."""
+        """The latency minimised beside throughput: as the job chose it, else its first latency SLO, else the
+        registry's fallback (e2e_p95)."""
         chosen = self.attrs.get("latency_metric") or self.job.latency_metric
         chosen = chosen or next((t.latency_metric for t in self.trials if t.latency_metric), None)
         if isinstance(chosen, str) and chosen:
@@ -130,7 +142,7 @@ class StudyView:
             slo = _parsed(text)
             if slo is not None and slo.is_latency:
                 return slo.metric
-        return "e2e_p95"
+        return OBJECTIVE_FALLBACK
 
     @property
     def stopped(self) -> str | None:
@@ -180,13 +192,13 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         if "flags" in trial.user_attrs and isinstance(trial.user_attrs["flags"], dict)
         else dict(trial.params),
         throughput=_float(values[0]) if values else r.output_tok_s,
-        latency_p95_s=_float(values[1]) if values and len(values) > 1 else r.e2e_p95_s,
+        objective_latency_s=_float(values[1])
+        if values and len(values) > 1
+        else r.latencies.get(r.latency_metric or OBJECTIVE_FALLBACK),
         output_tok_s=r.output_tok_s,
         request_rate=r.request_rate,
         success_rate=r.success_rate,
-        ttft_p95_s=r.ttft_p95_s,
-        e2e_p95_s=r.e2e_p95_s,
-        tpot_p95_s=r.tpot_p95_s,
+        latencies=r.latencies,
         goodput=r.goodput,
         diagnosis=r.diagnosis,
         slo_stop=r.slo_stop,

@@ -12,34 +12,29 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError
-from tuner.scoring import Slo, parse_slo
+from tuner.scoring import Figure, Slo, parse_slo
 
-__all__ = ["alert_rules", "prometheus_rule", "rules_file"]
-
-# The SLO metrics a vLLM histogram answers, and that histogram's name.
-_HISTOGRAMS = {
-    "ttft_p95": ("vllm:time_to_first_token_seconds_bucket", "TTFT"),
-    "e2e_p95": ("vllm:e2e_request_latency_seconds_bucket", "End-to-end latency"),
-}
+__all__ = ["alert_rules", "latency_expr", "prometheus_rule", "rules_file"]
 
 
 def alert_rules(slos: Sequence[str], *, queue_at_capacity: float, name: str = "vllm") -> list[dict[str, Any]]:
-    """The rules: latency P95s over their SLO, queue above the winner's at capacity, KV cache nearly full,
-    preemptions, errors against the success-rate SLO, server down."""
+    """The rules: latencies over their SLO (each on the vLLM histogram the registry names, at the SLO's own
+    quantile), queue above the winner's at capacity, KV cache nearly full, preemptions, errors against the
+    success-rate SLO, server down."""
     job = f'job="{name}"'
     rules: list[dict[str, Any]] = []
     parsed = [_parse(s) for s in slos]
     for slo in parsed:
-        if slo.metric in _HISTOGRAMS and slo.op in ("<=", "<"):
-            bucket, label = _HISTOGRAMS[slo.metric]
-            expr = f"histogram_quantile(0.95, sum by (le) (rate({bucket}{{{job}}}[5m]))) > {slo.threshold:g}"
+        figure = Figure.named(slo.metric)
+        expr = latency_expr(figure, job) if figure is not None and slo.op in ("<=", "<") else None
+        if figure is not None and expr is not None:
             rules.append(
                 _rule(
                     f"VllmSlo{slo.metric.title().replace('_', '')}",
-                    expr,
+                    f"{expr} > {slo.threshold:g}",
                     "10m",
                     "warning",
-                    f"{label} P95 is over the SLO {slo} the flags were tuned for.",
+                    f"{figure.entry.long_label} {figure.stat.upper()} is over the SLO {slo} the flags were tuned for.",
                     "Load is above the planned capacity: add replicas (check the HPA's max) or shed load; "
                     "rerun `tuner plan` with the current rate.",
                 )
@@ -95,6 +90,20 @@ def alert_rules(slos: Sequence[str], *, queue_at_capacity: float, name: str = "v
         ),
     ]
     return rules
+
+
+def latency_expr(figure: Figure, job: str, window: str = "5m") -> str | None:
+    """PromQL for a latency figure from the vLLM histogram that answers its metric: a percentile at its own
+    quantile, a mean as sum over count; None when vLLM has no histogram for it or the statistic (max) is not one a
+    histogram answers."""
+    histogram = figure.entry.histogram
+    if histogram is None:
+        return None
+    if figure.stat == "mean":
+        return f"sum(rate({histogram}_sum{{{job}}}[{window}])) / sum(rate({histogram}_count{{{job}}}[{window}]))"
+    if figure.quantile is None:
+        return None
+    return f"histogram_quantile({figure.quantile:g}, sum by (le) (rate({histogram}_bucket{{{job}}}[{window}])))"
 
 
 def rules_file(rules: list[dict[str, Any]], *, group: str = "vllm-slo") -> str:

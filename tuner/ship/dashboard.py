@@ -6,15 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tuner.scoring import parse_slo
+from tuner.scoring import Figure, latency_metrics, parse_slo
+from tuner.ship.alerts import latency_expr
 
 __all__ = ["dashboard"]
 
-_LATENCIES = (  # (title, histogram, the SLO metric whose bound is drawn)
-    ("TTFT", "vllm:time_to_first_token_seconds_bucket", "ttft_p95"),
-    ("TPOT", "vllm:request_time_per_output_token_seconds_bucket", "tpot_p95"),
-    ("End-to-end latency", "vllm:e2e_request_latency_seconds_bucket", "e2e_p95"),
-)
+_DRAWN = ("p50", "p95", "p99")  # the percentiles each latency panel plots
 
 
 def dashboard(name: str, slos: Sequence[str], *, queue_at_capacity: float) -> dict[str, Any]:
@@ -30,12 +27,13 @@ def dashboard(name: str, slos: Sequence[str], *, queue_at_capacity: float) -> di
             "short",
         )
     ]
-    for title, bucket, metric in _LATENCIES:
-        queries = [
-            (f"histogram_quantile({q}, sum by (le) (rate({bucket}{{{job}}}[5m])))", f"P{round(q * 100)}")
-            for q in (0.5, 0.95, 0.99)
-        ]
-        panels.append(_panel(f"{title} percentiles", queries, "s", bound=bounds.get(metric)))
+    for metric in latency_metrics():
+        drawn = [Figure(metric.name, stat) for stat in _DRAWN]
+        queries = [(q, f.stat.upper()) for f in drawn if (q := latency_expr(f, job)) is not None]
+        if queries:
+            # The bound drawn: the metric's P95 SLO as before, else any percentile SLO on it.
+            bound = next((bounds[f.name] for f in (drawn[1], drawn[0], drawn[2]) if f.name in bounds), None)
+            panels.append(_panel(f"{metric.long_label} percentiles", queries, "s", bound=bound))
     panels += [
         _panel("KV cache usage", [(f"vllm:kv_cache_usage_perc{{{job}}}", "{{instance}}")], "percentunit", bound=0.9),
         _panel(

@@ -7,7 +7,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
@@ -19,9 +19,20 @@ from tuner.errors import ConfigError, TunerError
 from tuner.launch import Launcher
 from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, TrialRecord
 from tuner.store import flag_key, open_store, safe_url
+from tuner.study.confirm import (
+    CI_RUN_ATTR,
+    CONFIRM_ATTR,
+    REPEAT_OF,
+    Confirmation,
+    RepeatingObjective,
+    ci_run_attr,
+    closing_lines,
+    is_repeat,
+    spent,
+    summary_attr,
+)
 from tuner.study.heartbeat import Heartbeat
 from tuner.study.measure import Measure, measure_load
-from tuner.study.objective import Objective
 from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler, sampler_name
 from tuner.study.storage import make_storage, study_attrs
@@ -46,6 +57,7 @@ class RunReport:
     study: optuna.Study
     trials_run: int
     stopped_by: str  # "budget", "timeout", "stopped", "grid done" (every grid point measured), "repeats" (REPEAT_CAP)
+    closing: list[str] = field(default_factory=list)  # how sure the result is (the confirmation's lines)
 
     @property
     def distinct(self) -> int:
@@ -63,9 +75,18 @@ class RunReport:
         """Finished trials whose flag set an earlier trial had tried: answered from its result, not launched."""
         return len(_finished(self.study)) - self.distinct
 
+    @property
+    def confirmation_starts(self) -> int:
+        """Finished trials that started a flag set again to confirm it (`budget.confirm` counts these)."""
+        return sum(is_repeat(t) for t in _finished(self.study, confirmations=True))
 
-def _finished(study: optuna.Study, *, repeats: bool = True) -> list[FrozenTrial]:
+
+def _finished(study: optuna.Study, *, repeats: bool = True, confirmations: bool = False) -> list[FrozenTrial]:
+    """Finished trials: every sampler trial (its repeats of a flag set too unless `repeats` is False); the
+    confirmation's starts only when asked for."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    if not confirmations:
+        done = [t for t in done if not is_repeat(t)]
     return done if repeats else [t for t in done if t.user_attrs.get("duplicate_of") is None]
 
 
@@ -136,7 +157,7 @@ class TuningRun:
         except BaseException:
             self.store.close()
             raise
-        self.objective = Objective(
+        self.objective = RepeatingObjective(
             job,
             launcher,
             store=self.store,
@@ -221,7 +242,8 @@ class TuningRun:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ExperimentalWarning)
                 fail_stale_trials(self.study)
-            trials = self.study.get_trials(deepcopy=False)
+            # The confirmation's starts are neither the search's budget nor a sampler's repeats.
+            trials = [t for t in self.study.get_trials(deepcopy=False) if not is_repeat(t)]
             finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
             done = sum(t.user_attrs.get("duplicate_of") is None for t in finished)
             running = sum(t.state == TrialState.RUNNING for t in trials)
@@ -244,16 +266,30 @@ class TuningRun:
     def run(self) -> RunReport:
         self._prepare()
         started = time.monotonic()
+        ran, stopped_by = self._search(started)
+        if stopped_by in ("budget", "grid done", "repeats"):
+            ran += self._confirm(started)
+            if self._stop.is_set():
+                stopped_by = "stopped"
+            elif self._timed_out(started):
+                stopped_by = "timeout"
+        return RunReport(self.study, ran, stopped_by, self.closing())
+
+    def _timed_out(self, started: float) -> bool:
+        return self.job.budget.timeout is not None and time.monotonic() - started > self.job.budget.timeout
+
+    def _search(self, started: float) -> tuple[int, str]:
+        """The sampler's trials to the budget: (trials this worker ran, why it stopped)."""
         ran = 0
         waiting_said = False
         while True:
             if self._stop.is_set():
-                return RunReport(self.study, ran, "stopped")
-            if self.job.budget.timeout is not None and time.monotonic() - started > self.job.budget.timeout:
-                return RunReport(self.study, ran, "timeout")
+                return ran, "stopped"
+            if self._timed_out(started):
+                return ran, "timeout"
             trial = self._next_trial()
             if trial is None:
-                return RunReport(self.study, ran, "repeats" if self._only_repeats else "budget")
+                return ran, "repeats" if self._only_repeats else "budget"
             if trial is False:
                 if not waiting_said:
                     self.on_event("the rest of the budget is running on other workers (or a dead one); waiting")
@@ -262,25 +298,97 @@ class TuningRun:
                 continue
             waiting_said = False
             assert isinstance(trial, optuna.Trial)
-            self.on_trial_start(trial.number)
-            with Heartbeat(self.storage, trial._trial_id):
-                try:
-                    values = self.objective(trial)
-                except BaseException as e:
-                    # A refused workload is FAIL too: it says nothing about the flags, and spends no budget.
-                    self.study.tell(trial, state=TrialState.FAIL)
-                    if isinstance(e, WorkloadRejected):
-                        self._stopped_on(trial, e)
-                    if not isinstance(e, KeyboardInterrupt | TunerError):
-                        self.on_event(f"trial {trial.number} failed in the tuner itself: {type(e).__name__}: {e}")
-                    raise
-            self.study.tell(trial, list(values))
-            if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
-                self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
+            self._run_one(trial)
             ran += 1
-            self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
             if getattr(self.study.sampler, "exhausted", False):
-                return RunReport(self.study, ran, "grid done")
+                return ran, "grid done"
+
+    def _run_one(self, trial: optuna.Trial) -> None:
+        self.on_trial_start(trial.number)
+        with Heartbeat(self.storage, trial._trial_id):
+            try:
+                values = self.objective(trial)
+                self._keep_intervals(trial)
+            except BaseException as e:
+                # A refused workload is FAIL too: it says nothing about the flags, and spends no budget.
+                self.study.tell(trial, state=TrialState.FAIL)
+                if isinstance(e, WorkloadRejected):
+                    self._stopped_on(trial, e)
+                if not isinstance(e, KeyboardInterrupt | TunerError):
+                    self.on_event(f"trial {trial.number} failed in the tuner itself: {type(e).__name__}: {e}")
+                raise
+        self.study.tell(trial, list(values))
+        if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
+            self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
+        self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
+
+    def _keep_intervals(self, trial: optuna.Trial) -> None:
+        """A measured start's within-run intervals, from the requests the objective stored (none for a sampler's
+        repeat: it measured nothing of its own)."""
+        attrs = trial.user_attrs
+        if attrs.get("outcome") != MEASURED or (attrs.get("duplicate_of") is not None and not is_repeat(trial)):
+            return
+        name = self.job.study.name
+        detail = self.store.trial_detail(name, trial.number)
+        duration = float((detail.load_summary or {}).get("duration_s") or 0.0) if detail is not None else 0.0
+        records = self.store.request_records(name, trial.number)
+        if records:
+            trial.set_user_attr(CI_RUN_ATTR, ci_run_attr(records, duration, seed=trial.number))
+
+    # -- the confirmation: flag sets started again before the study ends (tuner.study.confirm) ------------------
+
+    def _confirm(self, started: float) -> int:
+        """Starts of the confirmation this worker ran, within `budget.confirm` over every worker."""
+        ran = 0
+        while not self._stop.is_set() and not self._timed_out(started):
+            trial = self._next_repeat()
+            if trial is None:
+                break
+            if trial is False:
+                time.sleep(self.poll_s)
+                continue
+            assert isinstance(trial, optuna.Trial)
+            self._run_one(trial)
+            ran += 1
+        return ran
+
+    def _next_repeat(self) -> optuna.Trial | bool | None:
+        """Under the lock: the next confirmation start, None when the result stands or the budget is spent, False
+        while another worker's start is running (the next decision reads its result)."""
+        with self.store.exclusive(self.job.study.name):
+            trials = self.study.get_trials(deepcopy=False)
+            count, _ = spent(trials)
+            pending = [t for t in trials if is_repeat(t) and t.state in (TrialState.RUNNING, TrialState.WAITING)]
+            if any(t.state == TrialState.WAITING for t in pending):
+                return self._ask()  # a retried start (its first attempt interrupted): run it
+            if pending:
+                return False
+            if count >= self.job.budget.confirm:
+                return None
+            target = Confirmation.of(trials, self.objective.slos).next_start()
+            if target is None:
+                return None
+            attrs = {REPEAT_OF: target.number, "duplicate_of": target.number, "baseline": target.baseline}
+            self.study.enqueue_trial(target.params, user_attrs=attrs, skip_if_exists=False)
+            self.on_event(
+                f"confirming: {target.label} started again ({len(target.starts) + 1} starts; "
+                f"{count + 1} of {self.job.budget.confirm} extra starts)"
+            )
+            return self._ask()
+
+    def _ask(self) -> optuna.Trial:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            return self.study.ask()
+
+    def closing(self) -> list[str]:
+        """How sure the study's result is (also kept in the study's `confirm` attribute)."""
+        trials = self.study.get_trials(deepcopy=False)
+        count, seconds = spent(trials)
+        c = Confirmation.of(trials, self.objective.slos)
+        lines = closing_lines(c, starts_spent=count, server_seconds=seconds, budget=self.job.budget.confirm)
+        self.study.set_user_attr(CONFIRM_ATTR, summary_attr(c, lines, starts_spent=count, server_seconds=seconds))
+        return lines
 
 
 def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
@@ -289,7 +397,7 @@ def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
     out = []
     for t in sorted(study.best_trials, key=lambda t: t.number):
         record = TrialRecord.from_attrs(t.user_attrs)
-        if record.is_duplicate:
+        if record.is_duplicate or is_repeat(t):
             continue
         key = flag_key(record.flags)
         if key not in seen:

@@ -10,6 +10,9 @@ default (`max_num_seqs: {choices: [16, ..., 128]}` against vLLM's 256). Optuna's
 intersection of the trials' parameters, so that flag dropped out of the joint model for the whole study and was
 drawn one at a time (TPE) or at random (GP). TPE here decomposes the space into groups (the baseline's flags, the
 rest), each modelled jointly; GP draws such a flag with univariate TPE.
+
+Budget-aware: a model-based sampler's random start (TPE's and GP's start-up trials, NSGA-II's first generation) is
+a share of the job's budget unless the job names it (`startup_trials`), so a budget of 8 is not random search.
 """
 
 from __future__ import annotations
@@ -34,12 +37,15 @@ __all__ = [
     "AskTellGridSampler",
     "SamplerFactory",
     "make_sampler",
+    "population_size",
     "sampler",
     "sampler_name",
+    "startup_trials",
 ]
 
-SamplerFactory = Callable[[SamplerSection, SearchSpace, "int | None"], optuna.samplers.BaseSampler]
-"""(the job's sampler section, its search space, the seed for this worker) -> the sampler."""
+SamplerFactory = Callable[[SamplerSection, SearchSpace, "int | None", int], optuna.samplers.BaseSampler]
+"""(the job's sampler section, its search space, the seed for this worker, the job's budget in trials) -> the
+sampler."""
 
 SAMPLERS: dict[str, SamplerFactory] = {}
 
@@ -62,6 +68,31 @@ def sampler_name(job: Job) -> str:
     return "twin" if twin_unsupported(job) is None else "tpe"
 
 
+def startup_trials(s: SamplerSection, n_trials: int) -> int:
+    """Random trials before TPE's or GP's model: the job's `n_startup_trials`, else a quarter of the budget, 2 to 10.
+
+    Optuna's default of 10 is sized for its own recommended budgets (TPE 100 to 1000 trials, GP 10 to 100, the
+    start-up trials included: the samplers table of its reference), where it is a tenth or less; against a budget
+    of 8 it is the whole budget and the model never runs (Optuna's own issue 6723). A quarter keeps three quarters
+    of a small budget for the model; 2 is the least TPE splits into a good and a bad trial; 10 is Optuna's default,
+    kept from a budget of 40 on. The baseline and the flag sets the pre-launch filter skips count among them.
+    """
+    if s.n_startup_trials is not None:
+        return s.n_startup_trials
+    return max(2, min(10, n_trials // 4))
+
+
+def population_size(s: SamplerSection, n_trials: int) -> int:
+    """NSGA-II's population: the job's `population_size`, else a quarter of the budget, 2 to 8.
+
+    Its first generation is drawn at random: Optuna's default population of 50, or our 8 against a budget of 8, is
+    random search. A quarter leaves three quarters of the budget to bred generations, as TPE's start-up share
+    does; 2 is the least its crossover takes (two parents); 8, the default before, from a budget of 32 on."""
+    if s.population_size is not None:
+        return s.population_size
+    return max(2, min(8, n_trials // 4))
+
+
 def make_sampler(
     job: Job, space: SearchSpace, *, seed_offset: int = 0, on_event: Callable[[str], None] | None = None
 ) -> optuna.samplers.BaseSampler:
@@ -78,17 +109,15 @@ def make_sampler(
             raise ConfigError(f"sampler.name: twin cannot imitate this job: {why}; use tpe, gp, nsga2, random or grid")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
-        made = factory(s, space, seed)
+        made = factory(s, space, seed, job.budget.n_trials)
     if isinstance(made, TwinSampler):
         made.bind(job, on_event)
     return made
 
 
 @sampler("tpe")
-def _tpe(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
-    kwargs: dict[str, Any] = {"seed": seed, "constant_liar": True}
-    if s.n_startup_trials is not None:
-        kwargs["n_startup_trials"] = s.n_startup_trials
+def _tpe(s: SamplerSection, space: SearchSpace, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
+    kwargs: dict[str, Any] = {"seed": seed, "constant_liar": True, "n_startup_trials": startup_trials(s, n_trials)}
     if s.multivariate is False:
         return optuna.samplers.TPESampler(multivariate=False, **kwargs)
     # Group decomposition by default: the flags the baseline holds are one group, the ones it lacks another, each
@@ -99,12 +128,12 @@ def _tpe(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samp
 
 
 @sampler("nsga2")
-def _nsga2(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
-    return optuna.samplers.NSGAIISampler(seed=seed, population_size=s.population_size or 8)
+def _nsga2(s: SamplerSection, space: SearchSpace, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.NSGAIISampler(seed=seed, population_size=population_size(s, n_trials))
 
 
 @sampler("random")
-def _random(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
+def _random(s: SamplerSection, space: SearchSpace, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
     return optuna.samplers.RandomSampler(seed=seed)
 
 
@@ -129,18 +158,18 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
 
 
 @sampler("grid")
-def _grid(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
+def _grid(s: SamplerSection, space: SearchSpace, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
     return AskTellGridSampler(space.grid(), seed=seed)
 
 
 @sampler("gp")
-def _gp(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
+def _gp(s: SamplerSection, space: SearchSpace, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("scipy") is None:
         raise ConfigError(
-            "sampler.name: gp needs torch and scipy, which are not installed (pip install torch scipy); "
+            "sampler.name: gp needs torch and scipy, which are not installed (pip install 'tuner[gp]'); "
             "use tpe, nsga2, random or grid"
         ) from None
-    startup = 10 if s.n_startup_trials is None else s.n_startup_trials
+    startup = startup_trials(s, n_trials)
     # GP models the intersection of the trials' parameters; a flag the baseline lacks falls to the independent
     # sampler for the whole study: univariate TPE models it from the trials that hold it, where Optuna's default
     # (random) would draw it blind. Within the start-up trials TPE is random too.
@@ -149,9 +178,9 @@ def _gp(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.sampl
 
 
 @sampler("twin")
-def _twin(s: SamplerSection, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
+def _twin(s: SamplerSection, space: SearchSpace, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
     # The fallback models the trials measured so far at once: they are its start-up trials.
-    fallback = _tpe(s.model_copy(update={"n_startup_trials": s.n_startup_trials or 0}), space, seed)
+    fallback = _tpe(s.model_copy(update={"n_startup_trials": s.n_startup_trials or 0}), space, seed, n_trials)
     return TwinSampler(space, seed, fallback)
 
 

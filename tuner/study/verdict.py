@@ -7,7 +7,6 @@ starting the flags were, so every sampler steers away from the region (see the p
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,7 +14,7 @@ from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
 from tuner.flags import resolve
 from tuner.record import MEASURED, RECORD_VERSION, TrialRecord
-from tuner.scoring import LoadSummary, Slo, closest, objective_latency
+from tuner.scoring import LoadSummary, Slo, closest, figures, objective_latency
 from tuner.study.trial import TrialResult
 
 __all__ = ["DIRECTIONS", "STARTUP_CONSTRAINT", "Scorer"]
@@ -118,18 +117,10 @@ class Scorer:
 
 
 def _figures(summary: LoadSummary) -> dict[str, Any]:
+    latencies = {f.name: f.of(summary) for f in figures()}
     return {
         "output_tok_s": float(summary.output_throughput),
         "success_rate": float(summary.success_rate),
-        "e2e_p95_s": _p95(summary, "e2e"),
-        "ttft_p95_s": _p95(summary, "ttft"),
-        "tpot_p95_s": _p95(summary, "tpot"),
+        "latencies": {name: value for name, value in latencies.items() if value is not None},
         "goodput": float(summary.goodput),
     }
-
-
-def _p95(summary: LoadSummary, base: str) -> float | None:
-    if summary.requests_succeeded == 0:
-        return None
-    value = float(summary.metric(f"{base}_p95"))
-    return value if math.isfinite(value) else None
