@@ -202,7 +202,7 @@ SCENARIOS.update(
     {
         "l4-awq-chat-reality": {
             **_L4_AWQ_CHAT,
-            "slos": ["ttft_p95 <= 34s", "e2e_p95 <= 54s", "success_rate >= 0.99"],
+            "slos": ["ttft_p95 <= 34s", "e2e_p95 <= 51s", "success_rate >= 0.99"],
             "hidden": _SEVERAL_OFF,
         },
         "l4-awq-chat-outside": {
@@ -213,12 +213,12 @@ SCENARIOS.update(
         },
         "h100-chat-reality": {
             **_H100_CHAT,
-            "slos": ["tpot_p95 <= 40ms", "ttft_p95 <= 12s", "success_rate >= 0.99"],
+            "slos": ["tpot_p95 <= 25ms", "ttft_p95 <= 10s", "success_rate >= 0.99"],
             "hidden": _H100_OFF,
         },
         "h100-chat-outside": {
             **_H100_CHAT,
-            "slos": ["tpot_p95 <= 50ms", "ttft_p95 <= 18s", "success_rate >= 0.99"],
+            "slos": ["tpot_p95 <= 35ms", "ttft_p95 <= 11s", "success_rate >= 0.99"],
             "hidden": _H100_OFF,
             "outside": {**_OUTSIDE, "cliff_tokens": 4096},
         },
