@@ -11,7 +11,10 @@ profiling); a flag set the pre-launch filter skips, or a duplicate, costs nothin
 
 "Reality" scenarios measure a server whose hidden figures differ from the catalog's (step-time terms, scheduler
 overhead, KV memory, the runtime-OOM headroom: `hidden`) while the twin sampler starts from the catalog: the
-sim-to-real gap it must close from the real trials alone.
+sim-to-real gap it must close from the real trials alone. The "outside" ones add effects the twin's model family
+cannot express (`Reality`: a step mixing prefill and decode costing more, per-sequence work growing faster than
+linearly with the batch, a cliff in a step's cost above a number of tokens): a twin that cannot fit them must still
+find the best, or hand over to a sampler that does.
 
 The samplers run through the real study (tuner.study.TuningRun on a SQLite file: baseline first, feasibility filter,
 one launch per flag set, failures told as infeasible) with a launcher and load phase that replay the simulation.
@@ -35,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config import Job, parse_job
 from tuner.emulator.config import parse_config
 from tuner.emulator.emulator import Emulator
+from tuner.emulator.step_time import StepTimeModel
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import StartupFacts
@@ -164,10 +168,99 @@ SCENARIOS.update(
     }
 )
 
+# Chat scenarios whose binding SLOs are latencies, written with a budget of 8 real trials in mind: a real server
+# several figures off the catalog ("reality"), and the same with effects outside the twin's model family
+# ("outside": Reality's fields).
+_L4_AWQ_CHAT: dict[str, Any] = {
+    "target": {"model": "llama-3.1-8b-awq", "gpu": "l4"},
+    "space": {
+        "max_num_seqs": {"choices": [8, 16, 24, 32, 48, 64, 96, 128]},
+        "max_num_batched_tokens": {"choices": [512, 1024, 2048, 4096]},
+        "gpu_memory_utilization": {"choices": [0.85, 0.9, 0.95]},
+        "max_model_len": 8192,
+    },
+    "workload": {"input_len": {"dist": "uniform", "low": 200, "high": 1000}, "output_len": 256, "seed": 6},
+    "arrival": {"concurrency": 64, "requests": 160, "warmup_requests": 8},
+}
+_H100_CHAT: dict[str, Any] = {
+    "target": {"model": "qwen2.5-7b", "gpu": "h100-80gb"},
+    "space": {
+        "max_num_seqs": {"choices": [16, 32, 64, 96, 128, 192, 256, 384]},
+        "max_num_batched_tokens": {"choices": [1024, 2048, 4096, 8192, 16384]},
+        "gpu_memory_utilization": {"choices": [0.85, 0.9, 0.95]},
+        "max_model_len": 16384,
+    },
+    "workload": {"input_len": {"dist": "uniform", "low": 200, "high": 1800}, "output_len": 200, "seed": 7},
+    "arrival": {"concurrency": 256, "requests": 512, "warmup_requests": 16},
+}
+_SEVERAL_OFF = {"memory_scale": 0.9, "compute_scale": 1.45, "overhead_scale": 1.3, "kv_scale": 0.92}
+_H100_OFF = {"memory_scale": 1.25, "compute_scale": 1.3, "overhead_scale": 0.7, "kv_scale": 0.95}
+_OUTSIDE = {"mixed_step": 0.25, "seq_power": 1.25, "cliff_tokens": 2048, "cliff_factor": 1.3}
+# Each one's SLOs put its best at a latency's edge on its own real server (more sequences: less queueing, so a
+# shorter TTFT, but a slower step, so a longer TPOT and E2E), with the vLLM defaults' flags missing them.
+SCENARIOS.update(
+    {
+        "l4-awq-chat-reality": {
+            **_L4_AWQ_CHAT,
+            "slos": ["ttft_p95 <= 34s", "e2e_p95 <= 51s", "success_rate >= 0.99"],
+            "hidden": _SEVERAL_OFF,
+        },
+        "l4-awq-chat-outside": {
+            **_L4_AWQ_CHAT,
+            "slos": ["ttft_p95 <= 40s", "e2e_p95 <= 64s", "success_rate >= 0.99"],
+            "hidden": _SEVERAL_OFF,
+            "outside": _OUTSIDE,
+        },
+        "h100-chat-reality": {
+            **_H100_CHAT,
+            "slos": ["tpot_p95 <= 25ms", "ttft_p95 <= 10s", "success_rate >= 0.99"],
+            "hidden": _H100_OFF,
+        },
+        "h100-chat-outside": {
+            **_H100_CHAT,
+            "slos": ["tpot_p95 <= 35ms", "ttft_p95 <= 11s", "success_rate >= 0.99"],
+            "hidden": _H100_OFF,
+            "outside": {**_OUTSIDE, "cliff_tokens": 4096},
+        },
+    }
+)
+
+
+@dataclass(frozen=True)
+class Reality(Coefficients):
+    """A real server with effects outside the twin's model family (the twin's Coefficients cannot fit them)."""
+
+    mixed_step: float = 0.0  # a step that mixes prefill and decode costs this fraction more
+    seq_power: float = 1.0  # per-sequence work grows as batch ** seq_power (1: linearly, as the twin has it)
+    cliff_tokens: int = 0  # a step of more tokens than this costs cliff_factor times as much (0: no cliff)
+    cliff_factor: float = 1.0
+
+    def step_model(self, base: StepTimeModel) -> StepTimeModel:
+        scaled = super().step_model(base)
+        return RealityStepModel(**{f.name: getattr(scaled, f.name) for f in fields(scaled)}, effects=self)
+
+
+@dataclass(frozen=True)
+class RealityStepModel(StepTimeModel):
+    effects: Reality = Reality()
+
+    def forward_seconds(self, num_tokens: int, num_decode: int, kv_tokens_read: int, attn_pairs: int) -> float:
+        t = super().forward_seconds(num_tokens, num_decode, kv_tokens_read, attn_pairs)
+        e = self.effects
+        if e.seq_power != 1.0 and num_decode > 1:
+            t += self.per_seq_s * num_decode * (num_decode ** (e.seq_power - 1.0) - 1.0)
+        if 0 < num_decode < num_tokens:
+            t *= 1.0 + e.mixed_step
+        if e.cliff_tokens and num_tokens > e.cliff_tokens:
+            t *= e.cliff_factor
+        return t
+
 
 def hidden_of(name: str) -> Coefficients:
     """The scenario's real server: its hidden figures (the catalog's where it gives none)."""
-    return Coefficients(**SCENARIOS[name].get("hidden", {}))
+    hidden = SCENARIOS[name].get("hidden", {})
+    outside = SCENARIOS[name].get("outside")
+    return Reality(**hidden, **outside) if outside else Coefficients(**hidden)
 
 
 def scenario_job(name: str, sampler: str, seed: int, n_trials: int) -> Job:
@@ -432,7 +525,7 @@ def measure_grid(name: str, twin: CatalogTwin) -> tuple[dict[str, Point], dict[s
         (x, cost(p, job, stop_early=False), cost(p, job, stop_early=True)) for x, p in zip(tputs, order, strict=True)
     ]
     row: dict[str, Any] = {
-        "hidden": {k: v for k, v in hidden.__dict__.items() if v != getattr(CATALOG, k)},
+        "hidden": {k: v for k, v in hidden.__dict__.items() if v != getattr(CATALOG, k, None)},
         "grid_points": len(order),
         "cannot_start": sum(p.reason is not None for p in order),
         "feasible": sum(x is not None for x in tputs),

@@ -108,16 +108,17 @@ def test_the_first_proposal_is_the_twins_best() -> None:
 
 def test_a_measurement_that_differs_refits_the_twin_and_moves_the_next_proposal() -> None:
     # Reality is twice as slow: 64 sequences now take 2 s x 2 = 4 s at the P95, over the 2.5 s SLO (the measured
-    # throughput says so: the step scale comes out 2); the refit twin puts the best at 32 sequences.
+    # throughput says so: the step scale comes out 2, a little less under the catalog's prior); the refit twin puts
+    # the best at 32 sequences.
     study, sampler, log = twin_study()
     first = run_trial(study, lambda f: (MEASURED, fake_tok_s(f) / 2))
     second = run_trial(study, lambda f: (MEASURED, fake_tok_s(f) / 2))
     assert sampler.twin is not None
-    assert sampler.twin.coefficients.step_scale == pytest.approx(2.0, rel=1e-3)
+    assert sampler.twin.coefficients.step_scale == pytest.approx(2.0, rel=0.03)
     assert first.max_num_seqs == 64 and second.max_num_seqs == 32
-    assert any("twin refit to 1 real trial: step time x2.000" in line for line in log)
+    assert any("twin refit to 1 real trial: step time x1.9" in line for line in log)
     assert any("error 100%" in line for line in log)  # the first prediction, before any refit
-    assert study.trials[1].user_attrs[PREDICTED_ATTR] == pytest.approx(fake_tok_s(second) / 2, rel=1e-3)
+    assert study.trials[1].user_attrs[PREDICTED_ATTR] == pytest.approx(fake_tok_s(second) / 2, rel=0.03)
 
 
 def test_a_crash_the_twin_did_not_foresee_is_not_a_throughput_error() -> None:
@@ -172,7 +173,8 @@ def test_a_load_stopped_before_any_token_is_neither_an_error_nor_a_miss() -> Non
 
 def test_foreseen_crashes_do_not_hide_a_throughput_error_from_the_fallback() -> None:
     # Reality is 3x faster than the twin: the first prediction is 67% off the measurement, the refit (step time
-    # x1/3) then predicts the next one exactly; between them two crashes the twin foresaw. The median of the
+    # x1/3, a little less under the prior) then predicts the next one within 5%; between them two crashes the twin
+    # foresaw. The median of the
     # throughput errors (67%, 0%) is over the bound and the twin hands over at the 5th proposal. Had the crashes
     # counted as 0% errors, the median of the last three would be 0% and the twin would go on.
     study, sampler, log = twin_study(simulate_fn=crashing_at_64, check_after=4, error_bound=0.25)
@@ -181,7 +183,7 @@ def test_foreseen_crashes_do_not_hide_a_throughput_error_from_the_fallback() -> 
         study.enqueue_trial({"max_num_seqs": 64, "gpu_memory_utilization": 0.95})
         run_trial(study, lambda f: (CRASHED, None))
     run_trial(study, lambda f: (MEASURED, fake_tok_s(f) * 3))
-    assert sampler.errors == {0: pytest.approx(2 / 3, rel=1e-3), 3: pytest.approx(0.0, abs=1e-6)}
+    assert sampler.errors == {0: pytest.approx(2 / 3, rel=1e-3), 3: pytest.approx(0.0, abs=0.05)}
     assert not sampler.fell_back
     run_trial(study, lambda f: (MEASURED, fake_tok_s(f) * 3))
     assert sampler.fell_back
@@ -284,7 +286,8 @@ def test_a_rerun_continues_on_tpe_where_the_twin_handed_over(tmp_path: Path) -> 
     run_trial(again, lambda f: (MEASURED, fake_tok_s(f)))
     sampler = again.sampler
     assert isinstance(sampler, TwinSampler) and sampler.fell_back
-    assert calls == []  # TPE proposed it: the twin's sweep was not redone
+    # TPE proposes; the twin, swept again, stays its prior (of TPE's draws, the one it expects the most from)
+    assert len(calls) > 0
     assert any(line.startswith("twin: handed over to TPE after 4 real trials in an earlier run") for line in log)
     assert not any("falling back" in line for line in log)  # said once, by the run that did it
     shown = status(study_view(again)).twin_fallback

@@ -2,39 +2,55 @@
 
 Before the first launch `sweep()` simulates every candidate (the space's grid, or a seeded sample of it) with the
 catalog's figures. After each real trial `refit()` moves the hidden figures to agree with every real trial so far:
-the KV tokens each server logged against plan_startup's (`kv_scale`), the throughput against the twin's
-(`step_scale`, a geometric mean: one scale moves every duration alike, so latencies scale with it), and a runtime
-OOM the twin did not predict (`headroom_gib`). A candidate is then predicted from its sweep scaled by the fit, and the
-leaders are simulated again under the fit itself (`exact`), so the next real trial goes where the refit twin puts
-the best.
+the KV tokens each server logged against plan_startup's (`kv_scale`), a runtime OOM the twin did not predict
+(`headroom_gib`), and the step-time terms (memory, compute, per-step overhead, the whole step: tuner.twin.terms)
+against each trial's throughput and SLO metrics, with the catalog as the prior. A candidate is then predicted from
+its sweep moved by what the fit did to the trials' figures, and the leaders are simulated again under the fit itself
+(`exact`). Every prediction carries the spread the refit's residuals show per figure, so its SLO verdict is a
+chance (tuner.twin.figures), and the next real trial goes where the refit twin expects the most feasible throughput.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from tuner.capacity import runtime_need_bytes
 from tuner.config import Job
 from tuner.flags import VllmFlags, resolve
-from tuner.scoring import LoadSummary, Slo
+from tuner.scoring import LoadSummary
 from tuner.space import SearchSpace
 from tuner.store import flag_key
+from tuner.twin.figures import chance_of_meeting, figures_of, violation_of
 from tuner.twin.simulate import GIB, Coefficients, SimPoint, simulate
+from tuner.twin.terms import STEP, TERMS, Anchor, fit_terms, slopes_of, term_logs, with_terms
 
-__all__ = ["Candidate", "Observation", "Predicted", "Twin", "candidates"]
+__all__ = ["Candidate", "Observation", "Predicted", "Twin", "candidates", "distance"]
 
 Simulate = Callable[[Job, VllmFlags, Coefficients], SimPoint]
 
 VALUES_PER_RANGE = 9  # a continuous (or long) range is measured at this many evenly spaced values
 RERANK = 6  # leaders simulated again under the fit before one is proposed
+# The spread of a figure (in logs) before any real trial: the catalog's step times are within about 10% of a
+# measured card's (benchmarks/README.md); it counts as PRIOR_WEIGHT trials' worth of residuals.
+PRIOR_SPREAD = 0.08
+PRIOR_WEIGHT = 1.0
+SPREAD_FLOOR = 0.03  # a real server's figures move a few percent between starts: no fit is surer than that
+SWEEP_SPREAD = 0.05  # added (in quadrature) where a prediction is the sweep moved, not simulated under the fit
+UNCERTAIN_BELOW = 0.84  # a chance of one sigma: a margin smaller than the spread
+# What the terms cannot fit (an effect outside the twin's model family) is left in each trial's residuals; they carry
+# to flag sets the twin simulates alike (figures within about this much, in logs: its own simulation is the measure
+# of likeness, so 64 and 128 sequences under 64 users are neighbours and 32 is not), against a prior of no
+# correction worth RESIDUAL_PRIOR trials.
+RESIDUAL_LENGTH = 0.08
+RESIDUAL_PRIOR = 0.3
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,10 @@ class Observation:
     crashed: bool
     output_tok_s: float | None  # over the whole load (None: not measured, or the load stopped at a certain SLO miss)
     kv_tokens: int | None
+    # The throughput and each SLO metric measured over the whole load (tuner.twin.figures), for the terms' fit
+    figures: dict[str, float] = field(default_factory=dict)
+    # What the twin predicted of them before the trial ran: its honest error, where the refit's residuals flatter it
+    predicted: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -63,30 +83,23 @@ class Predicted:
     crashed: bool
     output_tok_s: float
     violation: float  # the largest SLO violation (<= 0: every SLO met)
-    exact: bool  # simulated under the current fit (else the sweep, scaled)
+    exact: bool  # simulated under the current fit (else the sweep, moved by the fit)
+    figures: dict[str, float] = field(default_factory=dict)  # the throughput and each SLO metric
+    chance: float = 0.0  # of meeting every SLO, under the twin's spread per figure
 
     @property
     def feasible(self) -> bool:
         return self.started and not self.crashed and self.violation <= 0
 
+    @property
+    def uncertain(self) -> bool:
+        """Predicted to meet the SLOs by less than the twin's spread (within one sigma of an edge)."""
+        return self.feasible and self.chance < UNCERTAIN_BELOW
 
-@functools.lru_cache(maxsize=64)
-def _scaled(slos: tuple[Slo, ...], scale: float) -> tuple[Slo, ...]:
-    """SLOs that judge an unscaled summary as the original ones judge it with every duration times `scale`:
-    a latency's bound divided by it, a rate's multiplied (the relative violation comes out the same)."""
-    out = []
-    for slo in slos:
-        if slo.is_latency:
-            out.append(slo.model_copy(update={"threshold": slo.threshold / scale}))
-        elif slo.metric == "success_rate":
-            out.append(slo)
-        else:
-            out.append(slo.model_copy(update={"threshold": slo.threshold * scale}))
-    return tuple(out)
-
-
-def _scaled_slos(job: Job, scale: float) -> tuple[Slo, ...]:
-    return _scaled(tuple(job.parsed_slos()), scale)
+    @property
+    def expected_tok_s(self) -> float:
+        """The throughput a trial of it is expected to add as feasible: its throughput times its chance."""
+        return self.output_tok_s * self.chance if self.started and not self.crashed else 0.0
 
 
 def _values(dist: BaseDistribution) -> list[Any]:
@@ -139,6 +152,7 @@ class Twin:
 
     def __init__(self, job: Job, pool: list[Candidate], simulate_fn: Simulate = simulate) -> None:
         self.job = job
+        self.slos = tuple(job.parsed_slos())
         self.pool = {c.key: c for c in pool}
         self.known = {c.key: c.flags for c in pool}  # and every flag set a real trial ran
         self.simulate = simulate_fn
@@ -147,6 +161,12 @@ class Twin:
         self._memo: dict[tuple[str, Coefficients], SimPoint] = {}
         self._summaries: dict[int, tuple[SimPoint, LoadSummary | None]] = {}  # by id(point), the point kept
         self.exact: dict[str, SimPoint] = {}  # under `coefficients`
+        self.anchors: dict[str, Anchor] = {}  # per real trial's flag set with figures: the terms' fit
+        self.spread: dict[str, float] = {}  # per figure, in logs (PRIOR_SPREAD until a trial measured it)
+        self.moved: dict[str, float] = {}  # per figure: what the fit does to the trials' figures (the sweep's factor)
+        self.residuals: dict[str, dict[str, float]] = {}  # per real trial's flag set: log(measured / fit) per figure
+        self._corrections: dict[str, dict[str, float]] = {}
+        self._feature_memo: dict[str, dict[str, float]] = {}
 
     def sweep(self) -> None:
         for key, c in self.pool.items():
@@ -160,14 +180,12 @@ class Twin:
         return self.swept[key]
 
     def predict(self, key: str) -> Predicted:
-        # The step-time scale moves every duration alike: applied to the summary, never simulated again.
-        scale = self.coefficients.step_scale
         exact = self.exact.get(key)
         if exact is not None:
-            return self._judge(key, exact, scale, True)
-        return self._judge(key, self.point(key), scale, False)
+            return self._judge(key, exact, True)
+        return self._judge(key, self.point(key), False)
 
-    def _judge(self, key: str, p: SimPoint, scale: float, exact: bool) -> Predicted:
+    def _judge(self, key: str, p: SimPoint, exact: bool) -> Predicted:
         c = self.coefficients
         started = p.started
         if started and not exact and p.kv_tokens is not None:
@@ -177,8 +195,69 @@ class Twin:
         crashed = p.crashed or (started and not exact and self._would_crash(key, p))
         if summary is None or crashed:
             return Predicted(key, started, crashed, 0.0, math.inf, exact)
-        violation = max((slo.violation(summary) for slo in _scaled_slos(self.job, scale)), default=0.0)
-        return Predicted(key, True, False, float(summary.output_throughput) / scale, violation, exact)
+        if exact:  # simulated under the fit's terms: only the whole-step scale is left to apply
+            figures = figures_of(summary, self.slos, c.step_scale)
+        else:
+            figures = {k: v * self.moved.get(k, 1.0) for k, v in figures_of(summary, self.slos).items()}
+        correction = self._correction(key)
+        figures = {k: v * correction.get(k, 1.0) for k, v in figures.items()}
+        nearness = self._nearness(key)
+        spread = {k: _near(self._spread(k, exact), nearness) for k in figures}
+        violation = max((violation_of(slo, figures) for slo in self.slos), default=0.0)
+        chance = chance_of_meeting(self.slos, figures, spread)
+        return Predicted(key, True, False, figures["output_tok_s"], violation, exact, figures, chance)
+
+    def _correction(self, key: str) -> dict[str, float]:
+        """Factors per figure from the real trials' residuals: their mean everywhere (a bias the terms cannot fit is
+        most often the whole server's), and what is left of each near it (kernel-weighted); both shrunk toward 1.
+        At a measured flag set the twin then agrees with what was measured, in its neighbourhood nearly so."""
+        held = self._corrections.get(key)
+        if held is not None:
+            return held
+        bias = self._bias()
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        for other, residuals in self.residuals.items():
+            w = self._likeness(key, other)
+            for figure, r in residuals.items():
+                sums[figure] = sums.get(figure, 0.0) + w * (r - bias[figure])
+                weights[figure] = weights.get(figure, 0.0) + w
+        held = {f: math.exp(bias[f] + sums[f] / (RESIDUAL_PRIOR + weights[f])) for f in sums}
+        self._corrections[key] = held
+        return held
+
+    def _bias(self) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for residuals in self.residuals.values():
+            for figure, r in residuals.items():
+                sums[figure] = sums.get(figure, 0.0) + r
+                counts[figure] = counts.get(figure, 0) + 1
+        return {f: sums[f] / (RESIDUAL_PRIOR + counts[f]) for f in sums}
+
+    def _nearness(self, key: str) -> float:
+        """1 at a flag set a real trial measured (or one the twin simulates alike), fading to 0 away from them."""
+        return max((self._likeness(key, other) for other in self.residuals), default=0.0)
+
+    def _likeness(self, a: str, b: str) -> float:
+        """1 for two flag sets the twin simulates alike (its catalog figures), fading as they differ."""
+        fa, fb = self._features(a), self._features(b)
+        common = [f for f in fa if f in fb]
+        if not common:
+            return 0.0
+        d = math.sqrt(sum((fa[f] - fb[f]) ** 2 for f in common) / len(common))
+        return math.exp(-0.5 * (d / RESIDUAL_LENGTH) ** 2)
+
+    def _features(self, key: str) -> dict[str, float]:
+        held = self._feature_memo.get(key)
+        if held is None:
+            held = {f: math.log(v) for f, v in self._catalog_figures(key).items() if v > 0 and f != "success_rate"}
+            self._feature_memo[key] = held
+        return held
+
+    def _spread(self, figure: str, exact: bool) -> float:
+        s = self.spread.get(figure, PRIOR_SPREAD)
+        return s if exact else math.hypot(s, SWEEP_SPREAD)
 
     def _summary(self, p: SimPoint) -> LoadSummary | None:
         held = self._summaries.get(id(p))
@@ -212,19 +291,56 @@ class Twin:
         # Rounded, so a fit that barely moved reuses the simulations made under the last one
         kv_scale = round(statistics.median(ratios), 3) if ratios else 1.0
         headroom = round(self._headroom(observations) / 0.05) * 0.05
-        base = Coefficients(kv_scale=kv_scale, headroom_gib=headroom)
-        logs = []
-        for o in observations:
-            if o.started and not o.crashed and o.output_tok_s:
-                twin = self._simulate(o.key, Coefficients(kv_scale=kv_scale)).summary(self.job)
-                if twin is not None and twin.output_throughput > 0:
-                    logs.append(math.log(twin.output_throughput / o.output_tok_s))
-        step = math.exp(statistics.fmean(logs)) if logs else 1.0
-        new = replace(base, step_scale=step)
-        if base != replace(self.coefficients, step_scale=1.0):
+        base = replace(self.coefficients, kv_scale=kv_scale, headroom_gib=headroom)
+        measured = [o for o in observations if o.started and not o.crashed and o.figures]
+        for o in measured:
+            if o.key not in self.anchors:
+                self.anchors[o.key] = self._anchor(o, base)
+        new = self._fit_terms(base, [o.key for o in measured])
+        self.spread = _spreads(measured, self.residuals)
+        if replace(new, step_scale=1.0) != replace(self.coefficients, step_scale=1.0):
             self.exact = {}
         self.coefficients = new
         return new
+
+    def _figures_at(self, key: str, c: Coefficients) -> dict[str, float]:
+        """The figures of flag set `key` simulated under `c` (its step scale applied to the summary)."""
+        summary = self._simulate(key, replace(c, step_scale=1.0)).summary(self.job)
+        return {} if summary is None else figures_of(summary, self.slos, c.step_scale)
+
+    def _anchor(self, o: Observation, c: Coefficients) -> Anchor:
+        base = self._figures_at(o.key, c)
+        moved = [self._figures_at(o.key, replace(c, **{t: getattr(c, t) * math.exp(STEP)})) for t in TERMS[:-1]]
+        measured = {k: math.log(v) for k, v in o.figures.items() if v > 0}
+        predicted = {k: math.log(v) for k, v in base.items() if v > 0}
+        return Anchor(measured, term_logs(c), predicted, slopes_of(base, moved))
+
+    def _fit_terms(self, base: Coefficients, keys: list[str]) -> Coefficients:
+        """A Gauss-Newton step from the current terms, each trial simulated again there; then the spread per
+        figure from the residuals at the result, and what the result does to each trial's figures."""
+        if not keys:
+            return base
+        at = term_logs(base)
+        anchors = [self.anchors[k].moved(at, self._figures_at(k, base)) for k in keys]
+        fitted = with_terms(base, fit_terms(anchors))
+        residuals: dict[str, list[float]] = {}
+        moved: dict[str, list[float]] = {}
+        self.residuals, self._corrections = {}, {}
+        for k in keys:
+            now, catalog = self._figures_at(k, fitted), self._catalog_figures(k)
+            for name, value in now.items():
+                got = self.anchors[k].measured.get(name)
+                if got is not None and value > 0:
+                    residuals.setdefault(name, []).append(got - math.log(value))
+                    self.residuals.setdefault(k, {})[name] = got - math.log(value)
+                if value > 0 and catalog.get(name, 0.0) > 0:
+                    moved.setdefault(name, []).append(math.log(value / catalog[name]))
+        self.moved = {name: math.exp(float(np.mean(m))) for name, m in moved.items()}
+        return fitted
+
+    def _catalog_figures(self, key: str) -> dict[str, float]:
+        summary = self._summary(self.point(key))
+        return {} if summary is None else figures_of(summary, self.slos)
 
     def _headroom(self, observations: list[Observation]) -> float:
         """The runtime headroom's shift (GiB) between what the real crashes and survivals bound it to.
@@ -263,3 +379,58 @@ class Twin:
         if memo not in self._memo:
             self._memo[memo] = self.simulate(self.job, self._flags(key), coefficients)
         return self._memo[memo]
+
+
+def distance(dists: dict[str, BaseDistribution], a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The normalised distance (0..1) between two parameter sets of a space (a log range in logs; choices of
+    numbers by their place in the ordered list, other choices 0 or 1)."""
+    parts = []
+    for name, dist in dists.items():
+        x, y = a.get(name), b.get(name)
+        if isinstance(dist, CategoricalDistribution):
+            parts.append(_choice_distance(dist, x, y))
+            continue
+        if x is None or y is None:
+            parts.append(0.0 if x == y else 1.0)
+            continue
+        low, high = float(dist.low), float(dist.high)  # type: ignore[attr-defined]
+        if getattr(dist, "log", False) and low > 0:
+            low, high, x, y = math.log(low), math.log(high), math.log(max(x, 1e-12)), math.log(max(y, 1e-12))
+        parts.append(min(1.0, abs(float(x) - float(y)) / (high - low)) if high > low else 0.0)
+    return math.sqrt(sum(p * p for p in parts) / max(len(parts), 1))
+
+
+def _choice_distance(dist: CategoricalDistribution, x: Any, y: Any) -> float:
+    if x == y:
+        return 0.0
+    numbers = [c for c in dist.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+    if len(numbers) != len(dist.choices) or x not in numbers or y not in numbers or len(numbers) < 2:
+        return 1.0
+    ordered = sorted(numbers)
+    return abs(ordered.index(x) - ordered.index(y)) / (len(ordered) - 1)
+
+
+def _near(spread: float, nearness: float) -> float:
+    """The spread where a real trial measured what the twin simulates alike: its figures are known there, to the
+    floor (a start's own noise); away from every trial, the twin's spread."""
+    return math.sqrt(nearness * SPREAD_FLOOR**2 + (1.0 - nearness) * spread**2)
+
+
+def _spreads(measured: list[Observation], residuals: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each figure's spread in logs: from the twin's errors before each trial ran (out of sample, as every proposal
+    is), or the refit's residual where a trial has no prediction recorded."""
+    errors: dict[str, list[float]] = {}
+    for o in measured:
+        for name, value in o.figures.items():
+            before = o.predicted.get(name)
+            if before is not None and before > 0 and value > 0:
+                errors.setdefault(name, []).append(math.log(value / before))
+            elif name in residuals.get(o.key, {}):
+                errors.setdefault(name, []).append(residuals[o.key][name])
+    return {name: _spread(e) for name, e in errors.items()}
+
+
+def _spread(residuals: list[float]) -> float:
+    """A figure's spread in logs: the errors' with the prior's weight, never below the floor."""
+    total = PRIOR_WEIGHT * PRIOR_SPREAD**2 + sum(r * r for r in residuals)
+    return max(math.sqrt(total / (PRIOR_WEIGHT + len(residuals))), SPREAD_FLOOR)

@@ -4,25 +4,30 @@ Before the first launch the twin measures every candidate flag set (tuner.twin.m
 refit the twin to the real trials, re-rank, and propose the best untried candidate (among near-equals, the one
 farthest from what was tried); every `explore_every`-th proposal goes instead where the twin is least sure (the
 highest optimistic throughput, its uncertainty the twin's measured error times the distance from any real trial).
-After each real trial the record gets the twin's prediction (`twin_predicted_tok_s`) and the log a line of predicted
-against measured. Where the error stays above `error_bound` after `check_after` real trials the sampler says so and
-hands over to TPE, which models every trial measured so far.
+After each real trial the record gets the twin's prediction (`twin_predicted_tok_s`; every SLO metric predicted and
+measured in `twin_figures`) and the log a line of predicted against measured, the SLO verdict first: a trial the
+twin said meets the SLOs and does not (or the reverse) is a wrong verdict (`twin_verdict_missed`), whatever its
+throughput error. Where the twin stays wrong after `check_after` real trials (its throughput error above
+`error_bound`, its verdicts wrong in most of the latest trials, or its ranking of the trials measured mostly
+reversed) the sampler says so and hands over to the fallback sampler (TPE). The twin goes on refitting after that
+and stays its prior: of a few flag sets the fallback draws, the one the twin expects the most feasible throughput
+from is proposed.
 
-The fallback state lives in the study, not in one process: each trial's error (`twin_error`) or miss
-(`twin_missed`) is a trial attribute and the hand-over a study attribute (`twin_fallback`), so a rerun of
-`tuner tune` (or another worker) continues on TPE where the twin gave up, and counts the errors measured before.
+The fallback state lives in the study, not in one process: each trial's error (`twin_error`), miss
+(`twin_missed`) or wrong verdict is a trial attribute and the hand-over a study attribute (`twin_fallback`), so a
+rerun of `tuner tune` (or another worker) continues on the fallback where the twin gave up, and counts the errors
+measured before.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
@@ -31,17 +36,31 @@ from tuner.config import Job
 from tuner.errors import TunerError
 from tuner.flags import VllmFlags
 from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED, TrialRecord
+from tuner.scoring import Slo
 from tuner.space import SearchSpace
 from tuner.store import flag_key
-from tuner.twin.model import RERANK, Candidate, Observation, Predicted, Simulate, Twin, candidates
+from tuner.twin.figures import THROUGHPUT, describe_miss, measured_slo_values
+from tuner.twin.model import RERANK, Candidate, Observation, Predicted, Simulate, Twin, candidates, distance
 from tuner.twin.simulate import simulate
 
-__all__ = ["ERROR_ATTR", "FALLBACK_ATTR", "MISSED_ATTR", "PREDICTED_ATTR", "TwinSampler", "twin_unsupported"]
+__all__ = [
+    "ERROR_ATTR",
+    "FALLBACK_ATTR",
+    "FIGURES_ATTR",
+    "MISSED_ATTR",
+    "PREDICTED_ATTR",
+    "VERDICT_ATTR",
+    "TwinSampler",
+    "twin_unsupported",
+]
 
 PREDICTED_ATTR = "twin_predicted_tok_s"
 ERROR_ATTR = "twin_error"  # trial: |predicted - measured| / measured, for a trial measured in full as foreseen
 MISSED_ATTR = "twin_missed"  # trial: it started, crashed or failed to start other than the twin predicted
+VERDICT_ATTR = "twin_verdict_missed"  # trial: the SLO verdict the twin got wrong, said in a line
+FIGURES_ATTR = "twin_figures"  # trial: {"predicted": {figure: value}, "measured": {...}, "chance": p}
 FALLBACK_ATTR = "twin_fallback"  # study: {"after": real trials, "why": ...} once the twin handed over to TPE
+GUIDE_DRAWS = 4  # after the hand-over: the fallback's draws the twin chooses among
 
 Reserve = Callable[[str, int], bool]
 NEAR_BEST = 0.02  # candidates predicted within this of the best are equals: the most distant from the tried wins
@@ -95,6 +114,7 @@ class TwinSampler(BaseSampler):
         self.fell_back = False
         self.errors: dict[int, float] = {}  # trial number -> |predicted - measured| / measured (in full, as foreseen)
         self.missed: dict[int, bool] = {}  # trial number -> it started or crashed other than the twin predicted
+        self.verdicts: dict[int, bool] = {}  # trial number -> the twin's SLO verdict was wrong (measured in full)
         self._predicted: dict[int, Predicted] = {}
         self._fitted_on = -1
         self._proposals = 0
@@ -115,22 +135,18 @@ class TwinSampler(BaseSampler):
     # -- Optuna's sampler interface --------------------------------------------------------------------------
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        if self.fell_back:
-            return self.fallback.infer_relative_search_space(study, trial)
         return dict(self.space.distributions)
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        if self.fell_back:
-            return self.fallback.sample_relative(study, trial, search_space)
-        twin = self._ready()
         if "fixed_params" in trial.system_attrs:
             return {}  # an enqueued trial (the baseline): its parameters are given
+        twin = self._ready()
         done = _real_trials(study)
         self._refit(twin, done)
-        if self._failing(study, done):
-            return self.fallback.sample_relative(study, trial, self.fallback.infer_relative_search_space(study, trial))
+        if self.fell_back or self._failing(study, done):
+            return self._guided(twin, study, trial)
         choice = self._choose_reserved(twin, study, done, trial.number)
         if choice is None:
             return {}  # every candidate tried: the independent sampler draws the rest
@@ -150,8 +166,7 @@ class TwinSampler(BaseSampler):
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         self._restore(study)
-        if not self.fell_back:
-            self._ready()  # the sweep, before the first launch: the baseline gets a prediction too
+        self._ready()  # the sweep, before the first launch: the baseline gets a prediction too
         self.fallback.before_trial(study, trial)
 
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
@@ -164,15 +179,24 @@ class TwinSampler(BaseSampler):
         key = flag_key(record.flags)
         self.twin.known.setdefault(key, VllmFlags.from_dict(record.flags))
         predicted = self._predicted.pop(trial.number, None) or self.twin.predict(key)
-        study._storage.set_trial_user_attr(trial._trial_id, PREDICTED_ATTR, _shown(predicted))
+        store = study._storage
+        store.set_trial_user_attr(trial._trial_id, PREDICTED_ATTR, _shown(predicted))
         foreseen, error = _error(predicted, record)
+        measured = _measured_figures(record, self.twin.slos)
+        if predicted.figures:
+            shown = {"predicted": _rounded(predicted.figures), "measured": _rounded(measured)}
+            store.set_trial_user_attr(trial._trial_id, FIGURES_ATTR, {**shown, "chance": round(predicted.chance, 4)})
         if not foreseen:
             self.missed[trial.number] = True
-            study._storage.set_trial_user_attr(trial._trial_id, MISSED_ATTR, True)
+            store.set_trial_user_attr(trial._trial_id, MISSED_ATTR, True)
         elif error is not None and record.slo_stop is None:
             self.errors[trial.number] = error
-            study._storage.set_trial_user_attr(trial._trial_id, ERROR_ATTR, round(error, 6))
-        self.on_event(f"trial {trial.number}: {_compare(predicted, record, foreseen, error)}")
+            store.set_trial_user_attr(trial._trial_id, ERROR_ATTR, round(error, 6))
+        wrong = _wrong_verdict(predicted, record, measured, self.twin.slos) if foreseen else None
+        if wrong is not None:
+            self.verdicts[trial.number] = True
+            store.set_trial_user_attr(trial._trial_id, VERDICT_ATTR, wrong)
+        self.on_event(f"trial {trial.number}: {_compare(predicted, record, foreseen, error, wrong)}")
 
     # -- the twin ------------------------------------------------------------------------------------------------
 
@@ -197,13 +221,22 @@ class TwinSampler(BaseSampler):
         if len(done) == self._fitted_on:
             return
         self._fitted_on = len(done)
-        observations = [_observation(t) for t in done]
+        observations = [_observation(t, twin.slos) for t in done]
         c = twin.refit([o for o in observations if o is not None])
         if done:
             headroom = f", runtime headroom {c.headroom_gib:+.2f} GiB" if c.headroom_gib else ""
+            terms = "".join(
+                f", {label} x{value:.2f}"
+                for label, value in (
+                    ("memory", c.memory_scale),
+                    ("compute", c.compute_scale),
+                    ("overhead", c.overhead_scale),
+                )
+                if value != 1.0
+            )
             self.on_event(
                 f"twin refit to {len(done)} real trial{'s' if len(done) > 1 else ''}: step time "
-                f"x{c.step_scale:.3f}, KV tokens x{c.kv_scale:.3f}{headroom}"
+                f"x{c.step_scale:.3f}{terms}, KV tokens x{c.kv_scale:.3f}{headroom}"
             )
 
     def _restore(self, study: Study) -> None:
@@ -214,6 +247,8 @@ class TwinSampler(BaseSampler):
                 self.errors.setdefault(t.number, float(t.user_attrs[ERROR_ATTR]))
             if t.user_attrs.get(MISSED_ATTR) is True:
                 self.missed.setdefault(t.number, True)
+            if isinstance(t.user_attrs.get(VERDICT_ATTR), str):
+                self.verdicts.setdefault(t.number, True)
         handed = study.user_attrs.get(FALLBACK_ATTR)
         if not self.fell_back and isinstance(handed, dict):
             self.fell_back = True
@@ -224,18 +259,25 @@ class TwinSampler(BaseSampler):
 
     def _failing(self, study: Study, done: list[FrozenTrial]) -> bool:
         """After `check_after` real trials: is the twin still wrong? Its throughput error (the median of the latest
-        trials measured in full) above the bound, or the latest `check_after` trials all not as it foresaw (a
-        start, a crash)."""
-        if len(done) < self.check_after:
+        trials measured in full) above the bound, the latest `check_after` trials all not as it foresaw (a start,
+        a crash), its SLO verdict wrong in most of them, or its ranking of the trials measured mostly reversed."""
+        if self.fell_back or len(done) < self.check_after:
             return False
         errors = [self.errors[t.number] for t in done if t.number in self.errors]
-        missed = [self.missed.get(t.number, False) for t in done][-self.check_after :]
+        latest = done[-self.check_after :]
+        missed = [self.missed.get(t.number, False) for t in latest]
+        wrong = sum(self.verdicts.get(t.number, False) for t in latest)
         recent = errors[-(self.check_after - 1) :]
+        reversed_pairs = _reversed_pairs(done)
         if recent and statistics.median(recent) > self.error_bound:
             why = f"its throughput error stayed above {self.error_bound:.0%} (median of the last {len(recent)}: "
             why += f"{statistics.median(recent):.0%})"
         elif all(missed):
             why = f"the last {len(missed)} real trials did not start or crash as it predicted"
+        elif 2 * wrong > len(latest):
+            why = f"its SLO verdict was wrong in {wrong} of the last {len(latest)} real trials"
+        elif reversed_pairs is not None:
+            why = f"it ranked {reversed_pairs[0]} of {reversed_pairs[1]} pairs of measured trials the wrong way round"
         else:
             return False
         self.fell_back = True
@@ -245,6 +287,30 @@ class TwinSampler(BaseSampler):
             "measured"
         )
         return True
+
+    def _guided(self, twin: Twin, study: Study, trial: FrozenTrial) -> dict[str, Any]:
+        """After the hand-over: a few of the fallback's draws (its own search, unchanged), and of them the one the
+        refit twin expects the most feasible throughput from; the first draw where the twin sees no difference.
+        A draw names every parameter: those outside the fallback's relative space come from its independent
+        sampling, as Optuna would have asked it."""
+        relative = self.fallback.infer_relative_search_space(study, trial)
+        tried = _tried_keys(study, self.space)
+        best: tuple[float, int, dict[str, Any], Predicted] | None = None
+        for i in range(GUIDE_DRAWS):
+            params = dict(self.fallback.sample_relative(study, trial, relative)) if relative else {}
+            for name, dist in self.space.distributions.items():
+                if name not in params:
+                    params[name] = self.fallback.sample_independent(study, trial, name, dist)
+            flags = self.space.repair(params).flags
+            key = flag_key(flags.as_dict())
+            twin.known.setdefault(key, flags)
+            p = twin.predict(key)
+            score = -1.0 if key in tried else p.expected_tok_s
+            if best is None or score > best[0]:
+                best = (score, i, params, p)
+        assert best is not None
+        self._predicted[trial.number] = best[3]
+        return best[2]
 
     def _choose_reserved(self, twin: Twin, study: Study, done: list[FrozenTrial], number: int) -> Candidate | None:
         """The choice, reserved for trial `number`; a candidate another running trial reserved is passed over."""
@@ -282,9 +348,10 @@ class TwinSampler(BaseSampler):
             twin.rerank(leaders)
         ranked = sorted((twin.predict(k) for k in untried), key=_rank)
         top = ranked[0]
-        if not top.feasible:
+        if _rank(top)[0] != 0:
             return top.key
-        equals = [p.key for p in ranked[:3] if p.feasible and p.output_tok_s >= (1 - NEAR_BEST) * top.output_tok_s]
+        bar = (1 - NEAR_BEST) * top.expected_tok_s
+        equals = [p.key for p in ranked[:3] if _rank(p)[0] == 0 and p.expected_tok_s >= bar]
         tried = self._tried_params(study)
         return max(equals, key=lambda k: (self._distance(twin.pool[k].params, tried), -equals.index(k)))
 
@@ -295,10 +362,12 @@ class TwinSampler(BaseSampler):
         options = []
         for key in untried:
             p = twin.predict(key)
-            if key == best or not p.started or p.crashed or p.violation > u:
+            if key == best or not p.started or p.crashed or (p.violation > u and p.chance < MIN_CHANCE / 5):
                 continue
             d = self._distance(twin.pool[key].params, tried)
-            options.append((p.output_tok_s * (1 + u * d), key))
+            # where the verdict is least sure a trial teaches the most: an even chance doubles the weight
+            doubt = 4 * p.chance * (1 - p.chance)
+            options.append((p.output_tok_s * (1 + u * d) * (1 + doubt), key))
         return max(options)[1] if options else None
 
     def _tried_params(self, study: Study) -> list[dict[str, Any]]:
@@ -308,30 +377,40 @@ class TwinSampler(BaseSampler):
         """The normalised distance (0..1) to the nearest tried parameters."""
         if not tried:
             return 1.0
-        return min(_distance(self.space.distributions, params, other) for other in tried)
+        return min(distance(self.space.distributions, params, other) for other in tried)
 
 
-def _distance(dists: dict[str, BaseDistribution], a: dict[str, Any], b: dict[str, Any]) -> float:
-    parts = []
-    for name, dist in dists.items():
-        x, y = a.get(name), b.get(name)
-        if x is None or y is None or isinstance(dist, CategoricalDistribution):
-            parts.append(0.0 if x == y else 1.0)
-            continue
-        low, high = float(dist.low), float(dist.high)  # type: ignore[attr-defined]
-        if getattr(dist, "log", False) and low > 0:
-            low, high, x, y = math.log(low), math.log(high), math.log(max(x, 1e-12)), math.log(max(y, 1e-12))
-        parts.append(min(1.0, abs(float(x) - float(y)) / (high - low)) if high > low else 0.0)
-    return math.sqrt(sum(p * p for p in parts) / max(len(parts), 1))
+MIN_CHANCE = 0.05  # below this a flag set is ranked as missing the SLOs, by how far
 
 
-def _rank(p: Predicted) -> tuple[int, float]:
-    """Feasible first, by throughput; then the closest to the SLOs; what cannot start or crashes last."""
-    if p.feasible:
-        return (0, -p.output_tok_s)
-    if p.started and not p.crashed:
-        return (1, p.violation - p.output_tok_s * 1e-9)
+def _rank(p: Predicted) -> tuple[float, ...]:
+    """By the feasible throughput it is expected to add (its throughput times its chance of meeting the SLOs);
+    then the closest to the SLOs; what cannot start or crashes last."""
+    if p.started and not p.crashed and p.chance >= MIN_CHANCE:
+        return (0, -p.expected_tok_s)
+    if p.started and not p.crashed:  # none likely to meet them: the likeliest, nearest the SLOs in its spread
+        return (1, -p.chance, p.violation - p.output_tok_s * 1e-9)
     return (2, 0.0)
+
+
+def _reversed_pairs(done: list[FrozenTrial]) -> tuple[int, int] | None:
+    """(reversed, compared) when the twin ranked most pairs of trials measured in full the wrong way round. Only
+    pairs it predicted more than NEAR_BEST x 5 apart count: closer ones are within its own error."""
+    points = []
+    for t in done:
+        r = TrialRecord.from_attrs(t.user_attrs)
+        predicted = t.user_attrs.get(PREDICTED_ATTR)
+        full = r.outcome == MEASURED and r.slo_stop is None and r.output_tok_s
+        if full and isinstance(predicted, float | int) and predicted > 0:
+            points.append((float(predicted), float(r.output_tok_s or 0.0)))
+    pairs = [
+        (a, b)
+        for i, a in enumerate(points)
+        for b in points[i + 1 :]
+        if abs(a[0] - b[0]) > 5 * NEAR_BEST * max(a[0], b[0])
+    ]
+    wrong = sum((a[0] - b[0]) * (a[1] - b[1]) < 0 for a, b in pairs)
+    return (wrong, len(pairs)) if len(pairs) >= 3 and 2 * wrong > len(pairs) else None
 
 
 def _real_trials(study: Study) -> list[FrozenTrial]:
@@ -357,7 +436,7 @@ def _tried_keys(study: Study, space: SearchSpace) -> set[str]:
     return keys
 
 
-def _observation(t: FrozenTrial) -> Observation | None:
+def _observation(t: FrozenTrial, slos: Sequence[Slo]) -> Observation | None:
     r = TrialRecord.from_attrs(t.user_attrs)
     if not r.flags:
         return None
@@ -369,6 +448,44 @@ def _observation(t: FrozenTrial) -> Observation | None:
         crashed=r.outcome == CRASHED,
         output_tok_s=r.output_tok_s if full else None,
         kv_tokens=r.kv_tokens,
+        figures=_measured_figures(r, slos) if full else {},
+        predicted=_predicted_figures(t.user_attrs.get(FIGURES_ATTR)),
+    )
+
+
+def _predicted_figures(stored: Any) -> dict[str, float]:
+    """The twin's figures before the trial ran, as after_trial stored them (FIGURES_ATTR)."""
+    if not isinstance(stored, dict) or not isinstance(stored.get("predicted"), dict):
+        return {}
+    return {str(k): float(v) for k, v in stored["predicted"].items() if isinstance(v, int | float)}
+
+
+def _measured_figures(r: TrialRecord, slos: Sequence[Slo]) -> dict[str, float]:
+    """The throughput and each SLO metric a trial measured (its SLO values from its stored constraints)."""
+    if r.outcome != MEASURED or not r.output_tok_s:
+        return {}
+    out = {THROUGHPUT: r.output_tok_s}
+    if r.constraints and r.constraint_names:
+        out.update(measured_slo_values(slos, r.constraint_names, r.constraints))
+    return out
+
+
+def _rounded(figures: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 6) for k, v in figures.items()}
+
+
+def _wrong_verdict(p: Predicted, r: TrialRecord, measured: dict[str, float], slos: Sequence[Slo]) -> str | None:
+    """The SLO verdict the twin got wrong for a trial measured as it foresaw, said in a line; None when right
+    (or when there is no verdict to compare: a failed start, a crash, a record without one)."""
+    if r.outcome != MEASURED or r.feasible is None or p.feasible == r.feasible:
+        return None
+    if not r.feasible:
+        miss = describe_miss(slos, measured, p.figures)
+        return f"misses {miss}" if miss else "misses the SLOs"
+    return "meets the SLOs it was predicted to miss" + (
+        f" ({describe_miss(slos, p.figures, measured).replace(': predicted', ', measured')} predicted)"
+        if describe_miss(slos, p.figures, measured)
+        else ""
     )
 
 
@@ -400,17 +517,26 @@ def _describe(p: Predicted) -> str:
         return "predicted not to start"
     if p.crashed:
         return "predicted to crash under load"
-    slo = "meets the SLOs" if p.violation <= 0 else f"misses an SLO by {p.violation:.0%}"
+    if p.violation > 0:
+        slo = f"misses an SLO by {p.violation:.0%}"
+    elif p.uncertain:
+        slo = f"meets the SLOs, uncertain ({p.chance:.0%} chance)"
+    else:
+        slo = "meets the SLOs"
     return f"predicted {p.output_tok_s:,.0f} tok/s, {slo}"
 
 
-def _compare(p: Predicted, r: TrialRecord, foreseen: bool, error: float | None) -> str:
+def _compare(p: Predicted, r: TrialRecord, foreseen: bool, error: float | None, wrong: str | None = None) -> str:
     if r.outcome == MEASURED and r.output_tok_s is not None:
         measured = f"measured {r.output_tok_s:,.0f} tok/s" + (" (stopped early)" if r.slo_stop else "")
+        if wrong is not None:
+            measured += f", {wrong}"
     else:
         measured = f"measured: {r.outcome} ({r.reason})"
     if not foreseen:
         verdict = "not as predicted"
+    elif wrong is not None:
+        verdict = "verdict wrong" + ("" if error is None else f", throughput error {error:.0%}")
     elif error is not None:
         verdict = f"error {error:.0%}"
     else:  # a failed start or a crash foreseen; or a load stopped before any token (nothing to compare)

@@ -5,8 +5,8 @@ emulator's own; the load is the job's (its workload's prompts, its closed or ope
 timeout). `Coefficients` move the hidden figures away from the catalog's: the twin fits them to real trials, and the
 efficiency benchmark perturbs them to build a "reality" the twin does not know.
 
-Step times spread as the emulator's do (tuner.emulator.jitter), the generator seeded from the job, the flag set and
-the coefficients, so one question always gets one answer.
+Step times spread as the emulator's do (tuner.emulator.jitter), the generator seeded from the job's load alone, so
+one question always gets one answer and every flag set of a job sees the same draws.
 """
 
 from __future__ import annotations
@@ -196,9 +196,10 @@ def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficien
 
 
 def _seed(job: Job, flags: VllmFlags, coefficients: Coefficients) -> int:
-    """The jitter's seed: a digest of everything the simulation depends on (not Python's hash, which changes from
-    process to process)."""
-    key = "\n".join((job.model_dump_json(), repr(sorted(flags.as_dict().items())), repr(coefficients)))
+    """The jitter's seed: a digest of the load (not Python's hash, which changes from process to process). Every
+    flag set and every fit of one job draws the same spread (common random numbers): the twin's comparisons between
+    flag sets, and its slopes between fits, then show what the flags and the terms do, not a different draw."""
+    key = "\n".join((job.workload.model_dump_json(), job.arrival.model_dump_json()))
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
 
 
