@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError
+from tuner.intervals import format_with_ci
 from tuner.record import MEASURED, StoredJob, TrialRecord
 from tuner.scoring import OBJECTIVE_FALLBACK, Slo, figures, parse_slo
 
@@ -53,6 +54,17 @@ class TrialView:
     latency_metric: str | None = None
     started: dt.datetime | None = None
     completed: dt.datetime | None = None
+    # Output tok/s with its 95% interval (value, low, high) and the starts it pools: the confirmation's over every
+    # start of the flag set where it ran (the study's `confirm`), else the run's own over its requests (`ci_run`)
+    throughput_ci: tuple[float, float, float] | None = None
+    starts: int = 1
+
+    @property
+    def throughput_text(self) -> str:
+        """`312 ± 9` where the interval is known, the bare figure where not; `—` for no measurement."""
+        if self.throughput_ci is None:
+            return "—" if self.throughput is None else f"{self.throughput:,.1f}"
+        return format_with_ci(*self.throughput_ci, "")
 
     @property
     def measured(self) -> bool:
@@ -167,8 +179,35 @@ class StudyView:
 def study_view(study: optuna.Study) -> StudyView:
     attrs = dict(study.user_attrs)
     slos = [str(s) for s in attrs.get("slos") or []]
-    trials = [trial_view(t, slos) for t in study.get_trials(deepcopy=False)]
+    pooled = _pooled(attrs.get("confirm"))
+    trials = [_with_interval(trial_view(t, slos), t, pooled) for t in study.get_trials(deepcopy=False)]
     return StudyView(name=study.study_name, attrs=attrs, trials=trials)
+
+
+def _pooled(confirm: Any) -> dict[int, tuple[tuple[float, float, float], int]]:
+    """Per first trial of a flag set the confirmation started again: its pooled tok/s interval and its starts."""
+    out: dict[int, tuple[tuple[float, float, float], int]] = {}
+    sets = confirm.get("flag_sets") if isinstance(confirm, dict) else None
+    for number, g in (sets or {}).items() if isinstance(sets, dict) else ():
+        ci, starts = (g.get("output_tok_s"), g.get("starts")) if isinstance(g, dict) else (None, None)
+        if _triple(ci) is not None and isinstance(starts, list) and str(number).isdigit():
+            out[int(number)] = (_triple(ci), len(starts))  # type: ignore[assignment]
+    return out
+
+
+def _with_interval(view: TrialView, trial: FrozenTrial, pooled: Mapping[int, Any]) -> TrialView:
+    if view.number in pooled and pooled[view.number][1] > 1:
+        ci, starts = pooled[view.number]
+        return replace(view, throughput_ci=ci, starts=starts)
+    run = trial.user_attrs.get("ci_run")
+    ci = _triple(run.get("output_tok_s")) if isinstance(run, dict) and view.measured else None
+    return view if ci is None else replace(view, throughput_ci=ci)
+
+
+def _triple(v: Any) -> tuple[float, float, float] | None:
+    if isinstance(v, list) and len(v) == 3 and all(isinstance(x, int | float) for x in v):
+        return (float(v[0]), float(v[1]), float(v[2]))
+    return None
 
 
 def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
