@@ -22,6 +22,8 @@ from tuner.config import Job
 from tuner.flags import VllmFlags
 from tuner.load import RequestRecord
 from tuner.record import MEASURED, TrialRecord
+from tuner.report.overview import status
+from tuner.report.views import study_view
 from tuner.scoring import summarize
 from tuner.store import flag_key
 from tuner.study.verdict import DIRECTIONS
@@ -99,6 +101,9 @@ def test_a_wrong_verdict_with_no_throughput_error_is_logged_recorded_and_counted
     figures = trial.user_attrs[FIGURES_ATTR]
     assert figures["predicted"]["e2e_p95"] == pytest.approx(2.0)
     assert figures["measured"]["e2e_p95"] == pytest.approx(2.8)
+    shown = status(study_view(study))  # `tuner status` lists it beside the throughput error
+    assert shown.twin_verdicts == {0: "misses e2e_p95 (2.8 s > 2.5 s): predicted 2.0 s"}
+    assert shown.as_dict()["twin"][0]["verdict_missed"] == shown.twin_verdicts[0]
 
 
 def test_after_a_wrong_verdict_the_twin_moves_away_from_the_edge() -> None:

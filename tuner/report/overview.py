@@ -54,6 +54,7 @@ class StudyStatus:
     # The twin sampler's prediction against the measurement, per real trial: (trial, predicted, measured tok/s)
     twin: list[tuple[int, float, float | None]] = field(default_factory=list)
     twin_fallback: str | None = None  # where the twin handed over to TPE (StudyView.twin_fallback)
+    twin_verdicts: dict[int, str] = field(default_factory=dict)  # trial -> the SLO verdict the twin got wrong
 
     @property
     def skipped_total(self) -> int:
@@ -75,7 +76,10 @@ class StudyStatus:
             "server_minutes": self.server_minutes,
             "server_minutes_saved": self.server_minutes_saved,
             "stopped": self.stopped,
-            "twin": [{"trial": n, "predicted_tok_s": p, "measured_tok_s": m} for n, p, m in self.twin],
+            "twin": [
+                {"trial": n, "predicted_tok_s": p, "measured_tok_s": m, "verdict_missed": self.twin_verdicts.get(n)}
+                for n, p, m in self.twin
+            ],
             "twin_fallback": self.twin_fallback,
         }
 
@@ -148,6 +152,7 @@ def status(view: StudyView) -> StudyStatus:
             if t.twin_predicted_tok_s is not None and t.duplicate_of is None
         ],
         twin_fallback=view.twin_fallback,
+        twin_verdicts={t.number: t.twin_verdict_missed for t in finished if t.twin_verdict_missed is not None},
     )
 
 

@@ -42,6 +42,7 @@ class TrialView:
     kv_tokens: int | None = None
     predicted_kv_tokens: int | None = None
     twin_predicted_tok_s: float | None = None  # the twin sampler's prediction before the trial ran
+    twin_verdict_missed: str | None = None  # the SLO verdict the twin got wrong for it, said in a line
     vllm_version: str | None = None  # the server's, from its start-up facts (None: not logged, or an older study)
     slo_stop: str | None = None  # the load stopped at a certain SLO miss: its figures cover part of the run
     feasible: bool = False
@@ -204,6 +205,10 @@ def _with_interval(view: TrialView, trial: FrozenTrial, pooled: Mapping[int, Any
     return view if ci is None else replace(view, throughput_ci=ci)
 
 
+def _opt_text(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
 def _triple(v: Any) -> tuple[float, float, float] | None:
     if isinstance(v, list) and len(v) == 3 and all(isinstance(x, int | float) for x in v):
         return (float(v[0]), float(v[1]), float(v[2]))
@@ -244,6 +249,7 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         kv_tokens=r.kv_tokens,
         predicted_kv_tokens=r.predicted_kv_tokens,
         twin_predicted_tok_s=r.twin_predicted_tok_s,
+        twin_verdict_missed=_opt_text(trial.user_attrs.get("twin_verdict_missed")),
         vllm_version=r.vllm_version,
         feasible=feasible,
         constraints=constraints,
