@@ -25,7 +25,7 @@ one. The tokens vLLM logs are `max concurrency x max_model_len`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuner.catalog.architectures import LayerGroup
 from tuner.catalog.gpus import GpuProfile
@@ -289,6 +289,26 @@ def plan_startup(
     """Replay vLLM's start-up checks in vLLM's order; the first that fails gives the reason and message."""
     if gpu.is_cpu:
         return plan_cpu_startup(model, gpu, flags, memory_in_use_gib)
+    pool = kv_pool(model, flags)
+    plan = _gpu_budget(model, gpu, flags, pool, memory_in_use_gib)
+    return _refused(plan, _gpu_refusal(plan, model, flags, pool))
+
+
+# The first start-up check that fails: (reason, vLLM's message, the estimated max model length when it has one).
+_Refusal = tuple[str, str, int | None]
+
+
+def _refused(plan: StartupPlan, refusal: _Refusal | None) -> StartupPlan:
+    if refusal is None:
+        return plan
+    reason, message, est = refusal
+    return replace(plan, reason=reason, message=message, estimated_max_model_len=est)
+
+
+def _gpu_budget(
+    model: ModelProfile, gpu: GpuProfile, flags: ResolvedFlags, pool: KvPool, memory_in_use_gib: float
+) -> StartupPlan:
+    """The memory figures of a GPU start (Worker.determine_available_memory), before any check."""
     tp = flags.tensor_parallel_size
     total = gpu.memory_bytes
     u = flags.gpu_memory_utilization
@@ -300,7 +320,6 @@ def plan_startup(
     graphs = cuda_graph_bytes(model, flags, blackwell=is_datacenter_blackwell(gpu))
     given = flags.kv_cache_memory_bytes  # Worker.determine_available_memory: the figure as given, nothing profiled
     available = given if given is not None else requested - weights - act - non_torch - graphs
-    pool = kv_pool(model, flags)
     # The null block BlockPool holds back is not the requests' (check_enough_kv_cache_memory, 0.32).
     check = available - pool.block_bytes
     max_len = flags.max_model_len
@@ -308,49 +327,55 @@ def plan_startup(
         max_len = fit_max_model_len(pool, check, max_len) or max_len
     blocks = max(0, available) // pool.block_bytes if pool.block_bytes else 0
     kv_tokens = pool.tokens(blocks, max_len)
-    headroom = free - (given if given is not None else requested)
+    return StartupPlan(
+        total_bytes=total,
+        requested_bytes=requested,
+        free_bytes=free,
+        weights_bytes=weights,
+        activation_bytes=act,
+        non_torch_bytes=non_torch,
+        available_kv_bytes=available,
+        kv_bytes_per_token=pool.bytes_per_token,
+        num_gpu_blocks=blocks,
+        kv_tokens=kv_tokens,
+        max_concurrency=_concurrency(pool, blocks, kv_tokens, max_len),
+        cuda_graph_bytes=graphs,
+        headroom_bytes=free - (given if given is not None else requested),
+        max_model_len=max_len,
+        cuda_graph_profiled=graphs > 0 and given is None,
+    )
 
-    def plan(reason: str | None = None, message: str | None = None, est: int | None = None) -> StartupPlan:
-        return StartupPlan(
-            total_bytes=total,
-            requested_bytes=requested,
-            free_bytes=free,
-            weights_bytes=weights,
-            activation_bytes=act,
-            non_torch_bytes=non_torch,
-            available_kv_bytes=available,
-            kv_bytes_per_token=pool.bytes_per_token,
-            num_gpu_blocks=blocks,
-            kv_tokens=kv_tokens,
-            max_concurrency=_concurrency(pool, blocks, kv_tokens, max_len),
-            cuda_graph_bytes=graphs,
-            headroom_bytes=headroom,
-            reason=reason,
-            message=message,
-            estimated_max_model_len=est,
-            max_model_len=max_len,
-            cuda_graph_profiled=graphs > 0 and given is None,
-        )
 
+def _gpu_refusal(plan: StartupPlan, model: ModelProfile, flags: ResolvedFlags, pool: KvPool) -> _Refusal | None:
+    """vLLM's GPU start-up checks on the figures, in vLLM's order."""
+    total, free, requested, weights = plan.total_bytes, plan.free_bytes, plan.requested_bytes, plan.weights_bytes
+    available, max_len, headroom = plan.available_kv_bytes, plan.max_model_len, plan.headroom_bytes
+    given = flags.kv_cache_memory_bytes
+    check = available - pool.block_bytes  # the null block, as in _gpu_budget
     invalid = validate(flags, model)
     if invalid:
-        return plan(INVALID_FLAGS, invalid)
+        return INVALID_FLAGS, invalid, None
     if given is None and free < requested:
-        return plan(INSUFFICIENT_FREE_MEMORY, _free_memory_message(free, total, u, requested))
+        return (
+            INSUFFICIENT_FREE_MEMORY,
+            _free_memory_message(free, total, flags.gpu_memory_utilization, requested),
+            None,
+        )
     if weights > free:
-        return plan(CUDA_OOM, _weights_oom_message(total, free, weights))
+        return CUDA_OOM, _weights_oom_message(total, free, weights), None
     if available <= 0:
-        return plan(NO_KV_MEMORY, NO_KV_MEMORY_MESSAGE)
+        return NO_KV_MEMORY, NO_KV_MEMORY_MESSAGE, None
     needed = pool.needed_bytes(max_len)
     if needed > check:
         est = pool.longest_fitting(check, max_len)
-        return plan(KV_CACHE_TOO_SMALL, kv_too_small_message(max_len, needed, check, est), est)
-    if given is not None and given + weights + act + non_torch + graphs > free:
+        return KV_CACHE_TOO_SMALL, kv_too_small_message(max_len, needed, check, est), est
+    runtime = plan.activation_bytes + plan.non_torch_bytes
+    if given is not None and given + weights + runtime + plan.cuda_graph_bytes > free:
         # the figure given is not checked against the device: the KV allocation or the capture then fails
-        return plan(CUDA_OOM, cuda_oom_message(graphs, total, max(0, free - given - weights - act - non_torch)))
+        return CUDA_OOM, cuda_oom_message(plan.cuda_graph_bytes, total, max(0, free - given - weights - runtime)), None
     if headroom < _RUNTIME_SLACK_BYTES:
-        return plan(CUDA_OOM, cuda_oom_message(_RUNTIME_SLACK_BYTES, total, max(0, headroom)))
-    return plan()
+        return CUDA_OOM, cuda_oom_message(_RUNTIME_SLACK_BYTES, total, max(0, headroom)), None
+    return None
 
 
 # _check_enough_kv_cache_memory (vllm/v1/core/kv_cache_utils.py, 0.32.0), on a GPU and on the CPU build alike
@@ -416,76 +441,93 @@ def plan_cpu_startup(
 ) -> StartupPlan:
     """vLLM's CPU build (CPUWorker.determine_available_memory): the KV cache is VLLM_CPU_KVCACHE_SPACE GiB when set,
     else `host memory x gpu_memory_utilization - the worker's resident memory`; no CUDA graphs, no headroom rule."""
-    tp = flags.tensor_parallel_size
+    pool = kv_pool(model, flags, cpu=True)
+    plan = _cpu_budget(model, cpu, flags, pool, memory_in_use_gib)
+    return _refused(plan, _cpu_refusal(plan, model, cpu, flags, pool))
+
+
+def _cpu_kv_explicit(cpu: GpuProfile, flags: ResolvedFlags) -> bool:
+    """Whether the KV cache's size is given (the environment or the flag) rather than taken from the host's share."""
+    return cpu.kv_space_gib is not None or flags.kv_cache_memory_bytes is not None
+
+
+def _cpu_budget(
+    model: ModelProfile, cpu: GpuProfile, flags: ResolvedFlags, pool: KvPool, memory_in_use_gib: float
+) -> StartupPlan:
+    """The memory figures of a CPU start, before any check."""
     total = cpu.memory_bytes
     u = flags.gpu_memory_utilization
     requested = int(total * u) if 0 < u <= 1 else 0
     free = max(0, total - int(memory_in_use_gib * GIB))
-    weights = model.weight_bytes // tp
-    explicit = cpu.kv_space_gib is not None or flags.kv_cache_memory_bytes is not None
+    explicit = _cpu_kv_explicit(cpu, flags)
     # the environment wins: CpuPlatform.check_and_update_config (0.32.0) overwrites kv_cache_memory_bytes with it
     if cpu.kv_space_gib is not None:
         available = int(cpu.kv_space_gib * GIB)
     elif flags.kv_cache_memory_bytes is not None:
         available = flags.kv_cache_memory_bytes
     else:
-        available = requested - weights - CPU_RUNTIME_BYTES
-    pool = kv_pool(model, flags, cpu=True)
-    bpt = pool.bytes_per_token
+        available = requested - model.weight_bytes // flags.tensor_parallel_size - CPU_RUNTIME_BYTES
     check = available - pool.block_bytes  # the null block (check_enough_kv_cache_memory)
     max_len = flags.max_model_len
     if flags.auto_max_model_len:
         max_len = fit_max_model_len(pool, check, max_len) or max_len
     blocks = max(0, available) // pool.block_bytes if pool.block_bytes else 0
     kv_tokens = pool.tokens(blocks, max_len)
+    return StartupPlan(
+        total_bytes=total,
+        requested_bytes=requested,
+        free_bytes=free,
+        weights_bytes=model.weight_bytes // flags.tensor_parallel_size,
+        activation_bytes=0,
+        non_torch_bytes=0 if explicit else CPU_RUNTIME_BYTES,
+        available_kv_bytes=available,
+        kv_bytes_per_token=pool.bytes_per_token,
+        num_gpu_blocks=blocks,
+        kv_tokens=kv_tokens,
+        max_concurrency=_concurrency(pool, blocks, kv_tokens, max_len),
+        cuda_graph_bytes=0,
+        headroom_bytes=free - (available if explicit else requested),
+        max_model_len=max_len,
+    )
 
-    def plan(reason: str | None = None, message: str | None = None, est: int | None = None) -> StartupPlan:
-        return StartupPlan(
-            total_bytes=total,
-            requested_bytes=requested,
-            free_bytes=free,
-            weights_bytes=weights,
-            activation_bytes=0,
-            non_torch_bytes=0 if explicit else CPU_RUNTIME_BYTES,
-            available_kv_bytes=available,
-            kv_bytes_per_token=bpt,
-            num_gpu_blocks=blocks,
-            kv_tokens=kv_tokens,
-            max_concurrency=_concurrency(pool, blocks, kv_tokens, max_len),
-            cuda_graph_bytes=0,
-            headroom_bytes=free - (available if explicit else requested),
-            reason=reason,
-            message=message,
-            estimated_max_model_len=est,
-            max_model_len=max_len,
-        )
 
+def _cpu_refusal(
+    plan: StartupPlan, model: ModelProfile, cpu: GpuProfile, flags: ResolvedFlags, pool: KvPool
+) -> _Refusal | None:
+    """vLLM's CPU start-up checks on the figures, in vLLM's order."""
+    total, free, requested, available = plan.total_bytes, plan.free_bytes, plan.requested_bytes, plan.available_kv_bytes
+    max_len = plan.max_model_len
+    explicit = _cpu_kv_explicit(cpu, flags)
     invalid = validate(flags, model)
     if invalid:
-        return plan(INVALID_FLAGS, invalid)
+        return INVALID_FLAGS, invalid, None
     node = f"Available memory on node 0 ({free / GIB:.2f}/{total / GIB:.2f} GiB)"
     if not explicit and requested > free:
-        return plan(
+        return (
             INSUFFICIENT_FREE_MEMORY,
-            f"{node} on startup is less than desired CPU memory utilization ({u}, {requested / GIB:.2f} GiB). On the "
+            f"{node} on startup is less than desired CPU memory utilization ({flags.gpu_memory_utilization}, "
+            f"{requested / GIB:.2f} GiB). On the "
             "CPU backend, the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved (despite "
             "its name). To resolve: decrease `--gpu-memory-utilization` (e.g. `--gpu-memory-utilization 0.5`) or "
             "reduce CPU memory used by other processes.",
+            None,
         )
     if explicit and available > free:
-        return plan(
+        return (
             INSUFFICIENT_FREE_MEMORY,
             f"{node} on kv cache allocation is less than requested memory for kv ({available / GIB:.2f} GiB). "
             "Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.",
+            None,
         )
     if available <= 0:  # an explicit 0 (VLLM_CPU_KVCACHE_SPACE=0) passes the worker's check, not the KV cache's
         auto = (
             f"{node} on kv cache allocation is less than requested memory for kv ({available / GIB:.2f}/"
             f"{requested / GIB:.2f} GiB). Reduce CPU memory used by other processes."
         )
-        return plan(NO_KV_MEMORY, NO_KV_MEMORY_MESSAGE if explicit else auto)
+        return NO_KV_MEMORY, NO_KV_MEMORY_MESSAGE if explicit else auto, None
+    check = available - pool.block_bytes
     needed = pool.needed_bytes(max_len)
     if needed > check:
         est = pool.longest_fitting(check, max_len)
-        return plan(KV_CACHE_TOO_SMALL, kv_too_small_message(max_len, needed, check, est), est)
-    return plan()
+        return KV_CACHE_TOO_SMALL, kv_too_small_message(max_len, needed, check, est), est
+    return None

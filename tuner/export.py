@@ -359,23 +359,8 @@ def kubernetes_with(
     return _kubernetes(flags, options, provenance, replicas=replicas, extra=extra)
 
 
-def _kubernetes(
-    flags: VllmFlags,
-    options: DeployOptions,
-    provenance: Provenance | None,
-    *,
-    replicas: int = 1,
-    extra: Sequence[dict[str, Any]] = (),
-) -> str:
-    name = options.dns_name
-    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tuner"}
-    annotations = {}
-    if provenance is not None:
-        annotations = {
-            "tuner/study": provenance.study,
-            "tuner/trial": str(provenance.trial),
-            "tuner/workload-hash": provenance.workload_hash or "",
-        }
+def _k8s_container(flags: VllmFlags, options: DeployOptions) -> dict[str, Any]:
+    """The vLLM container of the Deployment: its flags, the GPUs, the caches it mounts, the health probes."""
     container: dict[str, Any] = {
         "name": "vllm",
         "image": options.image,
@@ -401,6 +386,27 @@ def _kubernetes(
     }
     if not container["env"]:
         del container["env"]
+    return container
+
+
+def _kubernetes(
+    flags: VllmFlags,
+    options: DeployOptions,
+    provenance: Provenance | None,
+    *,
+    replicas: int = 1,
+    extra: Sequence[dict[str, Any]] = (),
+) -> str:
+    name = options.dns_name
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tuner"}
+    annotations = {}
+    if provenance is not None:
+        annotations = {
+            "tuner/study": provenance.study,
+            "tuner/trial": str(provenance.trial),
+            "tuner/workload-hash": provenance.workload_hash or "",
+        }
+    container = _k8s_container(flags, options)
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -272,11 +272,7 @@ def read_architecture(config: Mapping[str, Any]) -> Architecture:
     top_type = str(config.get("model_type") or "")
     cfg = text_config(config)
     model_type = str(cfg.get("model_type") or top_type)
-    for t in (model_type, top_type):
-        if t in _STATE_SPACE_MODEL_TYPES:
-            raise UnknownArchitecture(f"{t!r} keeps state-space, linear-attention or indexer caches")
-        if t in _ENCODER_DECODER_MODEL_TYPES or config.get("is_encoder_decoder"):
-            raise UnknownArchitecture(f"{t!r} is an encoder-decoder model")
+    _refuse_other_caches(config, model_type, top_type)
     cfg = {**_DEFAULTS.get(model_type, {}), **{k: v for k, v in cfg.items() if v is not None}}
     archs = config.get("architectures")
     architecture = str(archs[0]) if isinstance(archs, list) and archs else None
@@ -290,34 +286,8 @@ def read_architecture(config: Mapping[str, Any]) -> Architecture:
     vocab = _int(cfg, "vocab_size")
     max_pos = cfg.get("max_position_embeddings") or cfg.get("n_positions") or cfg.get("seq_length")
 
-    mla: MlaShape | None = None
-    if model_type in MLA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
-        mla = MlaShape(
-            kv_lora_rank=int(cfg["kv_lora_rank"]),
-            q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
-            qk_nope_head_dim=_int(cfg, "qk_nope_head_dim", default=128),
-            qk_rope_head_dim=_int(cfg, "qk_rope_head_dim", default=64),
-            v_head_dim=_int(cfg, "v_head_dim", default=128),
-        )
-        # MLAAttentionSpec: num_kv_heads 1, head_size kv_lora_rank + qk_rope_head_dim, head_size_v 0; every layer.
-        groups: tuple[LayerGroup, ...] = (
-            LayerGroup(layers, 1, mla.kv_lora_rank + mla.qk_rope_head_dim, 0, None, latent=True),
-        )
-    else:
-        window = cfg.get("sliding_window")
-        types = _layer_types(cfg, model_type, layers)
-        sliding = types.count("sliding_attention")
-        full = layers - sliding
-        groups = tuple(
-            g
-            for g in (
-                LayerGroup(full, kv_heads, head_dim, head_dim, None),
-                LayerGroup(sliding, kv_heads, head_dim, head_dim, int(window) if window else None),
-            )
-            if g.layers > 0
-        )
-        if sliding and not window:
-            raise UnknownArchitecture("sliding-window layers without a sliding_window size")
+    mla = _mla_shape(cfg, model_type)
+    groups = _kv_groups(cfg, model_type, layers, kv_heads, head_dim, mla)
 
     return Architecture(
         model_type=model_type,
@@ -337,6 +307,51 @@ def read_architecture(config: Mapping[str, Any]) -> Architecture:
         mla=mla,
         quantization=_quantization(cfg),
         multimodal=any(isinstance(config.get(k), Mapping) for k in _TEXT_CONFIG_KEYS),
+    )
+
+
+def _refuse_other_caches(config: Mapping[str, Any], model_type: str, top_type: str) -> None:
+    """UnknownArchitecture for a model whose cache is not a paged attention KV cache."""
+    for t in (model_type, top_type):
+        if t in _STATE_SPACE_MODEL_TYPES:
+            raise UnknownArchitecture(f"{t!r} keeps state-space, linear-attention or indexer caches")
+        if t in _ENCODER_DECODER_MODEL_TYPES or config.get("is_encoder_decoder"):
+            raise UnknownArchitecture(f"{t!r} is an encoder-decoder model")
+
+
+def _mla_shape(cfg: Mapping[str, Any], model_type: str) -> MlaShape | None:
+    """The latent attention's shape (DeepSeek's MLA), None for a model without it."""
+    if model_type not in MLA_MODEL_TYPES or cfg.get("kv_lora_rank") is None:
+        return None
+    return MlaShape(
+        kv_lora_rank=int(cfg["kv_lora_rank"]),
+        q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
+        qk_nope_head_dim=_int(cfg, "qk_nope_head_dim", default=128),
+        qk_rope_head_dim=_int(cfg, "qk_rope_head_dim", default=64),
+        v_head_dim=_int(cfg, "v_head_dim", default=128),
+    )
+
+
+def _kv_groups(
+    cfg: Mapping[str, Any], model_type: str, layers: int, kv_heads: int, head_dim: int, mla: MlaShape | None
+) -> tuple[LayerGroup, ...]:
+    """The layers by the KV cache they keep: latent (MLA), full attention, sliding window."""
+    if mla is not None:
+        # MLAAttentionSpec: num_kv_heads 1, head_size kv_lora_rank + qk_rope_head_dim, head_size_v 0; every layer.
+        return (LayerGroup(layers, 1, mla.kv_lora_rank + mla.qk_rope_head_dim, 0, None, latent=True),)
+    window = cfg.get("sliding_window")
+    types = _layer_types(cfg, model_type, layers)
+    sliding = types.count("sliding_attention")
+    full = layers - sliding
+    if sliding and not window:
+        raise UnknownArchitecture("sliding-window layers without a sliding_window size")
+    return tuple(
+        g
+        for g in (
+            LayerGroup(full, kv_heads, head_dim, head_dim, None),
+            LayerGroup(sliding, kv_heads, head_dim, head_dim, int(window) if window else None),
+        )
+        if g.layers > 0
     )
 
 

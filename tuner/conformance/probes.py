@@ -84,6 +84,7 @@ def _answer_probes(model: str) -> list[Probe]:
     ]
 
 
+# one piece: a table of probes, one a case at vLLM's limits or a bad request, each beside why vLLM answers so
 def _refusal_probes(model: str, max_model_len: int) -> list[Probe]:
     """The context-length cases (refused or shortened), an unknown model, bad parameters, a body not JSON."""
     over = max_model_len + 1

@@ -72,6 +72,7 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+# one piece: vLLM's flags and the emulator's own in one readable list, in the order `--help` shows them
 def build_parser(prog: str = "python -m tuner.emulator") -> argparse.ArgumentParser:
     p = _Parser(
         prog=prog,
@@ -240,43 +241,9 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
     model = _load_model(model_arg)
     gpu = _device(ns.device, ns.gpu)
     profile = load_profile(ns.profile) if ns.profile else None
-    if not 0 < ns.port < 65536 and ns.port != 0:
-        raise ConfigError(f"emulator argument error: --port must be in 0..65535, got {ns.port}")
-    if ns.fault_crash_after_requests is not None and ns.fault_crash_after_requests < 0:
-        raise ConfigError("emulator argument error: --fault-crash-after-requests must be >= 0")
-    if ns.num_gpu_blocks_override is not None and ns.num_gpu_blocks_override < 1:
-        raise ConfigError("emulator argument error: --num-gpu-blocks-override must be >= 1")
-    if ns.tensor_parallel_size < 1:
-        raise ConfigError("emulator argument error: --tensor-parallel-size must be >= 1")
-    if ns.kv_cache_memory_bytes is not None and ns.kv_cache_memory_bytes < 1:
-        raise ConfigError("emulator argument error: --kv-cache-memory-bytes must be >= 1 (bytes, e.g. 4G)")
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if visible and ns.tensor_parallel_size > len(visible):
-        # The GPUs it was given, as vLLM counts them (vllm/config/parallel.py, ParallelConfig's world-size check
-        # against the node's visible devices); unset, the emulator imitates a box with enough.
-        raise ConfigError(
-            f"World size ({ns.tensor_parallel_size}) is larger than the number of available GPUs ({len(visible)}) in "
-            "this node. If this is intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.\n"
-            "- multiprocessing, set '--nnodes' appropriately."
-        )
-    flags = VllmFlags(
-        max_num_seqs=ns.max_num_seqs,
-        max_model_len=ns.max_model_len,
-        gpu_memory_utilization=ns.gpu_memory_utilization,
-        max_num_batched_tokens=ns.max_num_batched_tokens,
-        tensor_parallel_size=ns.tensor_parallel_size,
-        kv_cache_dtype=ns.kv_cache_dtype,
-        block_size=ns.block_size,
-        enable_chunked_prefill=ns.enable_chunked_prefill,
-        enable_prefix_caching=ns.enable_prefix_caching,
-        enforce_eager=ns.enforce_eager,
-        async_scheduling=ns.async_scheduling,
-        kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
-    )
-    defaults = vars(parser.parse_args([]))
-    non_default = {k: v for k, v in vars(ns).items() if v != defaults.get(k)}
-    if positional_model:
-        non_default["model"] = positional_model
+    _check_ranges(ns)
+    flags = _flags(ns)
+    non_default = _non_default_args(parser, ns, positional_model)
     return EmulatorConfig(
         model_arg=model_arg,
         model=model,
@@ -298,6 +265,57 @@ def parse_config(argv: list[str], prog: str = "python -m tuner.emulator") -> Emu
         ignored_args=tuple(ignored),
         non_default_args=non_default,
     )
+
+
+def _check_ranges(ns: argparse.Namespace) -> None:
+    """The limits argparse's types leave to check; ConfigError (one line) names the flag."""
+    if not 0 < ns.port < 65536 and ns.port != 0:
+        raise ConfigError(f"emulator argument error: --port must be in 0..65535, got {ns.port}")
+    if ns.fault_crash_after_requests is not None and ns.fault_crash_after_requests < 0:
+        raise ConfigError("emulator argument error: --fault-crash-after-requests must be >= 0")
+    if ns.num_gpu_blocks_override is not None and ns.num_gpu_blocks_override < 1:
+        raise ConfigError("emulator argument error: --num-gpu-blocks-override must be >= 1")
+    if ns.tensor_parallel_size < 1:
+        raise ConfigError("emulator argument error: --tensor-parallel-size must be >= 1")
+    if ns.kv_cache_memory_bytes is not None and ns.kv_cache_memory_bytes < 1:
+        raise ConfigError("emulator argument error: --kv-cache-memory-bytes must be >= 1 (bytes, e.g. 4G)")
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if visible and ns.tensor_parallel_size > len(visible):
+        # The GPUs it was given, as vLLM counts them (vllm/config/parallel.py, ParallelConfig's world-size check
+        # against the node's visible devices); unset, the emulator imitates a box with enough.
+        raise ConfigError(
+            f"World size ({ns.tensor_parallel_size}) is larger than the number of available GPUs ({len(visible)}) in "
+            "this node. If this is intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.\n"
+            "- multiprocessing, set '--nnodes' appropriately."
+        )
+
+
+def _flags(ns: argparse.Namespace) -> VllmFlags:
+    return VllmFlags(
+        max_num_seqs=ns.max_num_seqs,
+        max_model_len=ns.max_model_len,
+        gpu_memory_utilization=ns.gpu_memory_utilization,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
+        tensor_parallel_size=ns.tensor_parallel_size,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        block_size=ns.block_size,
+        enable_chunked_prefill=ns.enable_chunked_prefill,
+        enable_prefix_caching=ns.enable_prefix_caching,
+        enforce_eager=ns.enforce_eager,
+        async_scheduling=ns.async_scheduling,
+        kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
+    )
+
+
+def _non_default_args(
+    parser: argparse.ArgumentParser, ns: argparse.Namespace, positional_model: str | None
+) -> dict[str, object]:
+    """The options given other than at their default, as vLLM logs them at start-up."""
+    defaults = vars(parser.parse_args([]))
+    non_default = {k: v for k, v in vars(ns).items() if v != defaults.get(k)}
+    if positional_model:
+        non_default["model"] = positional_model
+    return non_default
 
 
 def _device(device: str, gpu: str | None) -> GpuProfile:

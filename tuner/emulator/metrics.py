@@ -179,6 +179,7 @@ class EmulatorMetrics:
         for reason in ADMISSION_REASONS:
             admission.labels(model_name=model_name, reason=reason)
 
+    # one piece: vLLM's per-request histograms in one list, as /metrics lists them (names, help, buckets)
     def _request_families(self, f: _Families, max_model_len: int) -> None:
         """The per-request and per-step histograms."""
         token_buckets = _token_buckets(max_model_len)

@@ -123,6 +123,28 @@ class _Sink:
         return "".join(OUTPUT_WORDS[(self.word0 + i) % _NWORDS] for i in range(self.count))
 
 
+def _usage_chunk(rid: str, chat: bool, created: int, model: str, prompt_len: int) -> Callable[[int], bytes]:
+    """The closing usage chunk of a stream asked for with `stream_options.include_usage`, given the tokens sent."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def usage(count: int) -> bytes:
+        chunk = {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": {
+                "prompt_tokens": prompt_len,
+                "total_tokens": prompt_len + count,
+                "completion_tokens": count,
+            },
+        }
+        return b"data: " + _json_bytes(chunk) + b"\n\n"
+
+    return usage
+
+
 class _StreamResponse(Response):
     """Streams a request's SSE chunks (every choice's, for n > 1) as the engine produces them; aborts the request
     on disconnect. The stream's last chunk carries `system_fingerprint`, as vLLM 0.32 sends it."""
@@ -504,18 +526,8 @@ class OpenAiApp:
         try:
             body = await self._body(request)
             model = self._model_name(body)
-            if chat:
-                messages = body.get("messages")
-                if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-                    raise ApiError(400, "messages must be a non-empty list of message objects.", param="messages")
-                try:
-                    ids = chat_token_ids(messages)
-                except ValueError as e:
-                    raise ApiError(400, str(e), param="messages") from None
-                max_tokens, min_tokens, ignore_eos, n = self._limits(body, len(ids), None)
-            else:
-                ids = self._completion_prompt(body, text_limit=self.max_model_len + 1)
-                max_tokens, min_tokens, ignore_eos, n = self._limits(body, len(ids), 16)
+            ids = self._chat_prompt(body) if chat else self._completion_prompt(body, text_limit=self.max_model_len + 1)
+            max_tokens, min_tokens, ignore_eos, n = self._limits(body, len(ids), None if chat else 16)
             if self.is_dead():
                 raise ApiError(500, _ENGINE_DEAD, "InternalServerError")
         except ApiError as e:
@@ -546,27 +558,20 @@ class OpenAiApp:
             req = EngineRequest(engine_id, ids, target, reason, sink, self.engine.block_size, self.engine.caching)
             children.append((req, sink))
         if stream:
-            usage = None
-            if include_usage:
-                obj = "chat.completion.chunk" if chat else "text_completion"
-
-                def usage(count: int) -> bytes:
-                    chunk = {
-                        "id": rid,
-                        "object": obj,
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": {
-                            "prompt_tokens": prompt_len,
-                            "total_tokens": prompt_len + count,
-                            "completion_tokens": count,
-                        },
-                    }
-                    return b"data: " + _json_bytes(chunk) + b"\n\n"
-
+            usage = _usage_chunk(rid, chat, created, model, prompt_len) if include_usage else None
             return _StreamResponse(self.engine, children, usage, self.fingerprint)
         return await self._wait_full(children, rid, created, model, chat, prompt_len)
+
+    @staticmethod
+    def _chat_prompt(body: dict[str, Any]) -> list[int]:
+        """A chat request's prompt tokens; ApiError (400) for messages that are not a list of message objects."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "messages must be a non-empty list of message objects.", param="messages")
+        try:
+            return chat_token_ids(messages)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages") from None
 
     def _stream_sink(self, rid: str, created: int, model: str, chat: bool, word0: int, index: int = 0) -> _Sink:
         """Byte templates of one choice's chunks, in vLLM 0.32's key sets (serving.py of the completion and chat

@@ -94,6 +94,30 @@ def _input_embedding_bytes(model: ModelProfile) -> int:
     return 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size * 2
 
 
+def _allreduce_s(model: ModelProfile, gpu: GpuProfile, tp: int) -> tuple[float, float]:
+    """A step's tensor-parallel all-reduce time: (fixed, per token); nothing on one GPU."""
+    if tp <= 1:
+        return 0.0, 0.0
+    nvlink = any(n in gpu.key for n in _NVLINK_GPUS)
+    bw = (NVLINK_GBPS if nvlink else PCIE_GBPS) * 1e9
+    latency = NVLINK_LATENCY_S if nvlink else PCIE_LATENCY_S
+    # two all-reduces a layer (attention out, MLP out) of hidden-size activations a token
+    ring = 2 * (tp - 1) / tp
+    return 2 * model.num_layers * latency, 2 * model.num_layers * ring * model.hidden_size * model.dtype_bytes / bw
+
+
+def _activation_bytes_per_token(model: ModelProfile, tp: int) -> float:
+    """The activations a token writes and reads back through the layers, per GPU."""
+    return (
+        model.num_layers
+        * (
+            ACTIVATION_HIDDEN_VECTORS * model.hidden_size
+            + ACTIVATION_INTERMEDIATE_VECTORS * model.intermediate_size / tp
+        )
+        * model.dtype_bytes
+    )
+
+
 @dataclass(frozen=True)
 class StepTimeModel:
     overhead_s: float
@@ -147,16 +171,7 @@ class StepTimeModel:
         mem_eff = QUANT_MEMORY_EFFICIENCY if quant else WEIGHT_STREAM_EFFICIENCY.get(gpu.key, MEMORY_EFFICIENCY)
         mfu = QUANT_MFU if quant else MFU
         kv_dtype = flags.kv_dtype_bytes
-        allreduce_fixed = 0.0
-        allreduce_per_token = 0.0
-        if tp > 1:
-            nvlink = any(n in gpu.key for n in _NVLINK_GPUS)
-            bw = (NVLINK_GBPS if nvlink else PCIE_GBPS) * 1e9
-            latency = NVLINK_LATENCY_S if nvlink else PCIE_LATENCY_S
-            # two all-reduces a layer (attention out, MLP out) of hidden-size activations a token
-            allreduce_fixed = 2 * model.num_layers * latency
-            ring = 2 * (tp - 1) / tp
-            allreduce_per_token = 2 * model.num_layers * ring * model.hidden_size * model.dtype_bytes / bw
+        allreduce_fixed, allreduce_per_token = _allreduce_s(model, gpu, tp)
         sizes = cuda_graph_capture_sizes(flags)
         eager = model.num_layers * EAGER_OVERHEAD_PER_LAYER_S
         bytes_per_s = gpu.bandwidth_gbps * 1e9 * mem_eff
@@ -165,14 +180,7 @@ class StepTimeModel:
         lm_head = model.vocab_size * model.hidden_size
         flop_per_token = 2 * (model.num_params - model.embedding_params) / tp
         logits_flop = 2 * lm_head / tp
-        activation_bytes = (
-            model.num_layers
-            * (
-                ACTIVATION_HIDDEN_VECTORS * model.hidden_size
-                + ACTIVATION_INTERMEDIATE_VECTORS * model.intermediate_size / tp
-            )
-            * model.dtype_bytes
-        )
+        activation_bytes = _activation_bytes_per_token(model, tp)
         sampler_bytes = SAMPLER_BYTES_PER_VOCAB * model.vocab_size
         per_seq = (
             DECODE_GEMM_SHARE * (flop_per_token + logits_flop) / (gpu.bf16_tflops * 1e12)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -45,10 +46,7 @@ async def find_max_rate(
     every SLO raises the lower bound, one that misses lowers the upper bound; then bisection until the bounds
     are within `tolerance` of each other or `max_steps` steps ran. Every step is reported, in order.
     """
-    if not slos:
-        raise ConfigError("the capacity search needs at least one SLO, e.g. 'e2e_p95<=5s'")
-    if max_steps < 1 or requests_per_step < 1:
-        raise ConfigError("the capacity search needs max_steps >= 1 and requests_per_step >= 1")
+    _check_search(slos, max_steps, requests_per_step)
     own = client is None
     http = new_client() if client is None else client
     load = functools.partial(
@@ -62,36 +60,54 @@ async def find_max_rate(
         on_progress=on_progress,
         should_stop=should_stop,
     )
-    steps: list[CapacityStep] = []
-    best: LoadResult | None = None
-    lo: float | None = None
-    hi: float | None = None
+    bracket = _Bracket(on_step)
     try:
         probe = await load(_probe_arrival(probe_concurrency, requests_per_step), scrape_metrics=False)
         estimate = probe.summary.request_throughput
         if estimate <= 0:
             return CapacitySearchResult(best_rate=None, best=None, steps=[], estimate_rate=None, probe=probe.summary)
         rate: float | None = estimate
-        while rate is not None and len(steps) < max_steps:
-            if should_stop is not None and should_stop():
-                break
-            arrival = _step_arrival(rate, process, requests_per_step, seed + len(steps))
+        while rate is not None and len(bracket.steps) < max_steps and not (should_stop and should_stop()):
+            arrival = _step_arrival(rate, process, requests_per_step, seed + len(bracket.steps))
             # A step stopped at a certain SLO miss is a miss, as it would have been.
             result = await load(arrival, slos=slos, max_num_seqs=max_num_seqs, stop_on_slo_miss=stop_on_slo_miss)
-            step = _step(rate, result, slos)
-            steps.append(step)
-            if on_step is not None:
-                on_step(step)
-            if step.meets_slos:
-                if lo is None or rate > lo:
-                    lo, best = rate, result
-            elif hi is None or rate < hi:
-                hi = rate
-            rate = _next_rate(rate, lo, hi, tolerance)
+            bracket.record(_step(rate, result, slos), result)
+            rate = _next_rate(rate, bracket.lo, bracket.hi, tolerance)
     finally:
         if own:
             await http.aclose()
-    return CapacitySearchResult(best_rate=lo, best=best, steps=steps, estimate_rate=estimate, probe=probe.summary)
+    return CapacitySearchResult(
+        best_rate=bracket.lo, best=bracket.best, steps=bracket.steps, estimate_rate=estimate, probe=probe.summary
+    )
+
+
+def _check_search(slos: Sequence[Slo], max_steps: int, requests_per_step: int) -> None:
+    if not slos:
+        raise ConfigError("the capacity search needs at least one SLO, e.g. 'e2e_p95<=5s'")
+    if max_steps < 1 or requests_per_step < 1:
+        raise ConfigError("the capacity search needs max_steps >= 1 and requests_per_step >= 1")
+
+
+@dataclass
+class _Bracket:
+    """The steps run so far and the bounds they set: the highest rate that met every SLO (and its result), the
+    lowest that missed one. `on_step` hears of each step as it is recorded."""
+
+    on_step: Callable[[CapacityStep], None] | None = None
+    steps: list[CapacityStep] = field(default_factory=list)
+    lo: float | None = None
+    hi: float | None = None
+    best: LoadResult | None = None
+
+    def record(self, step: CapacityStep, result: LoadResult) -> None:
+        self.steps.append(step)
+        if self.on_step is not None:
+            self.on_step(step)
+        if step.meets_slos:
+            if self.lo is None or step.rate > self.lo:
+                self.lo, self.best = step.rate, result
+        elif self.hi is None or step.rate < self.hi:
+            self.hi = step.rate
 
 
 def _probe_arrival(concurrency: int, requests_per_step: int) -> Arrival:

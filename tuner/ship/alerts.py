@@ -22,8 +22,12 @@ def alert_rules(slos: Sequence[str], *, queue_at_capacity: float, name: str = "v
     quantile), queue above the winner's at capacity, KV cache nearly full, preemptions, errors against the
     success-rate SLO, server down."""
     job = f'job="{name}"'
+    return [*_slo_rules([_parse(s) for s in slos], job), *_health_rules(job, queue_at_capacity)]
+
+
+def _slo_rules(parsed: Sequence[Slo], job: str) -> list[dict[str, Any]]:
+    """A latency SLO's rule on its vLLM histogram, and the success-rate SLO's on the aborted requests."""
     rules: list[dict[str, Any]] = []
-    parsed = [_parse(s) for s in slos]
     for slo in parsed:
         figure = Figure.named(slo.metric)
         expr = latency_expr(figure, job) if figure is not None and slo.op in ("<=", "<") else None
@@ -55,7 +59,12 @@ def alert_rules(slos: Sequence[str], *, queue_at_capacity: float, name: str = "v
                     "Read the server log for the failures (out of memory, timeouts, aborts); scale out if overloaded.",
                 )
             )
-    rules += [
+    return rules
+
+
+def _health_rules(job: str, queue_at_capacity: float) -> list[dict[str, Any]]:
+    """The rules every deployment gets: the queue past the planned capacity, the KV cache full, preemptions, down."""
+    return [
         _rule(
             "VllmQueueAboveCapacity",
             f"max(vllm:num_requests_waiting{{{job}}}) > {queue_at_capacity:g}",
@@ -89,7 +98,6 @@ def alert_rules(slos: Sequence[str], *, queue_at_capacity: float, name: str = "v
             "Check the pod (kubectl describe / logs): out of memory at start-up, a failed model download, a crash.",
         ),
     ]
-    return rules
 
 
 def latency_expr(figure: Figure, job: str, window: str = "5m") -> str | None:

@@ -47,6 +47,7 @@ def gpu_resource(job: Job, given: str | None = None) -> str | None:
     return None if profile.is_cpu else K8S_GPU_RESOURCE[profile.vendor]
 
 
+# one piece: the two manifests kubectl applies, read top to bottom as the YAML they become
 def worker_manifest(
     job: Job,
     job_text: str,

@@ -127,21 +127,7 @@ class TuningRun:
         self.space = job.search_space()
         self.store = open_store(self.url)
         try:
-            distributed = not self.url.startswith("sqlite")
-            # Workers of one study must not share a seed, or their first random proposals coincide.
-            offset = worker if worker is not None else (os.getpid() % 100_000) if distributed else 0
-            seeded = job
-            if sampler_name(job) == "grid":
-                # Except the grid: its seed shuffles the grid's order and a trial holds a grid *id*, so workers
-                # with orders of their own would run one point under two ids (and skip another).
-                offset = 0
-                if job.sampler.seed is None:
-                    seeded = job.model_copy(update={"sampler": job.sampler.model_copy(update={"seed": 0})})
-            sampler = make_sampler(seeded, self.space, seed_offset=offset, on_event=self.on_event)
-            if isinstance(sampler, TwinSampler):
-                # Deterministic: without a reservation two workers would propose the same best candidate.
-                store, name = self.store, job.study.name
-                sampler.reserve_with(lambda key, number: store.claim(name, key, number) == number)
+            sampler = self._worker_sampler(worker)
             # Workers started together would race to create Optuna's tables and the study: one at a time.
             with self.store.exclusive(_SCHEMA_LOCK):
                 self.storage = make_storage(
@@ -169,6 +155,26 @@ class TuningRun:
         )
         self._stop = threading.Event()
         self._only_repeats = False
+
+    def _worker_sampler(self, worker: int | None) -> optuna.samplers.BaseSampler:
+        """The job's sampler as this worker runs it: a seed of its own, and the twin's proposals reserved."""
+        job = self.job
+        distributed = not self.url.startswith("sqlite")
+        # Workers of one study must not share a seed, or their first random proposals coincide.
+        offset = worker if worker is not None else (os.getpid() % 100_000) if distributed else 0
+        seeded = job
+        if sampler_name(job) == "grid":
+            # Except the grid: its seed shuffles the grid's order and a trial holds a grid *id*, so workers
+            # with orders of their own would run one point under two ids (and skip another).
+            offset = 0
+            if job.sampler.seed is None:
+                seeded = job.model_copy(update={"sampler": job.sampler.model_copy(update={"seed": 0})})
+        sampler = make_sampler(seeded, self.space, seed_offset=offset, on_event=self.on_event)
+        if isinstance(sampler, TwinSampler):
+            # Deterministic: without a reservation two workers would propose the same best candidate.
+            store, name = self.store, job.study.name
+            sampler.reserve_with(lambda key, number: store.claim(name, key, number) == number)
+        return sampler
 
     def close(self) -> None:
         self.store.close()
