@@ -25,13 +25,20 @@ app = typer.Typer(
 
 err_console = Console(stderr=True, soft_wrap=True)  # a domain error stays one line, however long
 
-# Each module registers its commands on `app` when imported; one module a feature.
+# Each module registers its command on `app` when imported; one module a command (tune's holds `schema` and `db`
+# too). The order is `tuner --help`'s: the morning commands in the order a reader uses them.
 _COMMAND_MODULES: list[str] = [
     "tuner.cli.bench",
     "tuner.cli.calibrate",
     "tuner.cli.emulate",
     "tuner.cli.launch",
-    "tuner.cli.morning",
+    "tuner.cli.studies",
+    "tuner.cli.status",
+    "tuner.cli.trials",
+    "tuner.cli.pareto",
+    "tuner.cli.show",
+    "tuner.cli.export",
+    "tuner.cli.rescore",
     "tuner.cli.plan",
     "tuner.cli.tune",
     "tuner.cli.verify",
