@@ -6,6 +6,7 @@ Domain errors (`TunerError`) are printed once, as one line, without a traceback.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 import typer
@@ -47,6 +48,27 @@ _COMMAND_MODULES: list[str] = [
 
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name)
+
+
+def _prose(text: str) -> str:
+    """Each paragraph on one line (a paragraph starting with \\b keeps its lines, as in Click)."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(s.strip() for s in p.splitlines()) for p in paragraphs)
+
+
+def _help_as_prose(typer_app: typer.Typer) -> None:
+    """Typer's rich mode keeps a docstring's line breaks in the command list and in every paragraph after the first,
+    so a summary broke mid-sentence at any width but the source's: each command's help is given as prose instead."""
+    for info in typer_app.registered_commands:
+        doc = info.help if info.help is not None else inspect.getdoc(info.callback) if info.callback else None
+        if doc:
+            info.help = _prose(doc)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _help_as_prose(group.typer_instance)
+
+
+_help_as_prose(app)
 
 
 def main() -> None:
