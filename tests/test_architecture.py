@@ -31,19 +31,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__"),
 )
 
-# Imports that break a rule below today, in files other work was changing when the rules came: each (importing
-# module, imported module) with why it is here and what removes it. An entry whose import is gone fails
+# Imports that break a rule below, none today: each (importing module, imported module) with why it is here and
+# what removes it, should one have to wait for other work. An entry whose import is gone fails
 # `test_every_known_violation_is_still_there`, so the list only shrinks. (report/deployment -> launch.docker and
 # ship -> report.views are not here: each goes down the layers, and neither package imports the other back.)
-KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
-    # One command's module reaching into another's helpers, `_detail` among them (a private name): to be removed by
-    # the morning split / registry change, which puts what the commands share in one public module.
-    ("tuner.cli.plan", "tuner.cli.morning"): "plan reads morning's option types, _detail and helpers",
-    ("tuner.cli.verify", "tuner.cli.morning"): "verify reads morning's option types and helpers",
-    # `target_url` (the server root from --url), shared by bench and calibrate: to be moved into that public module
-    # by the morning split.
-    ("tuner.cli.calibrate", "tuner.cli.bench"): "calibrate reads bench's target_url",
-}
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

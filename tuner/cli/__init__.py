@@ -6,6 +6,7 @@ Domain errors (`TunerError`) are printed once, as one line, without a traceback.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 import typer
@@ -25,13 +26,20 @@ app = typer.Typer(
 
 err_console = Console(stderr=True, soft_wrap=True)  # a domain error stays one line, however long
 
-# Each module registers its commands on `app` when imported; one module a feature.
+# Each module registers its command on `app` when imported; one module a command (tune's holds `schema` and `db`
+# too). The order is `tuner --help`'s: the morning commands in the order a reader uses them.
 _COMMAND_MODULES: list[str] = [
     "tuner.cli.bench",
     "tuner.cli.calibrate",
     "tuner.cli.emulate",
     "tuner.cli.launch",
-    "tuner.cli.morning",
+    "tuner.cli.studies",
+    "tuner.cli.status",
+    "tuner.cli.trials",
+    "tuner.cli.pareto",
+    "tuner.cli.show",
+    "tuner.cli.export",
+    "tuner.cli.rescore",
     "tuner.cli.plan",
     "tuner.cli.tune",
     "tuner.cli.verify",
@@ -40,6 +48,27 @@ _COMMAND_MODULES: list[str] = [
 
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name)
+
+
+def _prose(text: str) -> str:
+    """Each paragraph on one line (a paragraph starting with \\b keeps its lines, as in Click)."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(s.strip() for s in p.splitlines()) for p in paragraphs)
+
+
+def _help_as_prose(typer_app: typer.Typer) -> None:
+    """Typer's rich mode keeps a docstring's line breaks in the command list and in every paragraph after the first,
+    so a summary broke mid-sentence at any width but the source's: each command's help is given as prose instead."""
+    for info in typer_app.registered_commands:
+        doc = info.help if info.help is not None else inspect.getdoc(info.callback) if info.callback else None
+        if doc:
+            info.help = _prose(doc)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _help_as_prose(group.typer_instance)
+
+
+_help_as_prose(app)
 
 
 def main() -> None:

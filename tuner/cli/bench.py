@@ -23,6 +23,7 @@ from rich.text import Text
 
 from tuner import __version__
 from tuner.cli import app
+from tuner.cli.common import target_url
 from tuner.clock import Clock
 from tuner.errors import ConfigError, TunerError
 from tuner.load import (
@@ -40,7 +41,7 @@ from tuner.load.prompt_fit import PromptFit, fit_prompts
 from tuner.load.runner import new_client
 from tuner.scoring import LoadSummary, Percentiles, Slo, latency_metrics, parse_slo
 
-__all__ = ["bench", "parse_length", "target_url"]
+__all__ = ["bench", "parse_length"]
 
 console = Console()
 err_console = Console(stderr=True)
@@ -60,14 +61,6 @@ def parse_length(text: str, option: str) -> int | UniformLength:
     if high < low:
         raise ConfigError(f"{option} {text!r}: the range's upper end must be >= its lower end")
     return UniformLength(low=low, high=high)
-
-
-def target_url(url: str) -> str:
-    """The server root: accepts http://host:8000 or the OpenAI base http://host:8000/v1."""
-    u = url.strip().rstrip("/")
-    if not re.match(r"^https?://[^/\s]+", u):
-        raise ConfigError(f"--url {url!r}: give the server's address, e.g. http://localhost:8000")
-    return u[: -len("/v1")] if u.endswith("/v1") else u
 
 
 async def _served_model(client: httpx.AsyncClient, base_url: str) -> str:

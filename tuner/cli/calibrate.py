@@ -16,7 +16,7 @@ from tuner.calibration.probe import decode_unseen, default_points, probe_points
 from tuner.calibration.trials import read_trials
 from tuner.catalog import ModelProfile, get_gpu, load_model
 from tuner.cli import app, err_console
-from tuner.cli.bench import target_url
+from tuner.cli.common import target_url
 from tuner.errors import ConfigError, TunerError
 from tuner.flags import VllmFlags
 from tuner.report.storage import job_study_name, opened_study, resolve_storage, sole_study

@@ -10,15 +10,15 @@ import typer
 import yaml
 
 from tuner.cli import app
-from tuner.cli.morning import (
+from tuner.cli.common import (
     JobOpt,
     StorageOpt,
     StudyArg,
-    _detail,
     console_for_output,
     measured_trial,
     open_view,
     stored_job,
+    trial_detail,
     trial_flags,
 )
 from tuner.errors import ConfigError, TunerError
@@ -87,7 +87,7 @@ def plan_cmd(
         raise ConfigError("give --rate R, the requests per second to serve, e.g. --rate 20")
     url, view = open_view(study, storage, job)
     t = measured_trial(view, trial, best)
-    detail, _ = _detail(url, view.name, t.number)
+    detail, _ = trial_detail(url, view.name, t.number)
     measured = _measured(view, t, job) if measure else None
     inputs = PlanInputs(rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price, measured=measured)
     plan = inputs.plan(view, t, detail)

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli import app
-from tuner.cli.morning import (
+from tuner.cli.common import (
     JobOpt,
     JsonOpt,
     StorageOpt,

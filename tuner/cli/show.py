@@ -1,0 +1,118 @@
+"""`tuner show`: everything stored for one trial."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tuner.cli import app
+from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, console_for_output, open_view, print_json, trial_detail
+from tuner.errors import ConfigError, TunerError
+from tuner.report.tables import flags_table, fmt, kv_table, steps_table, summary_table
+from tuner.scoring import figures
+
+__all__ = ["show_cmd"]
+
+
+def _study_and_trial(first: str, second: int | None) -> tuple[str | None, int]:
+    """`show STUDY TRIAL`, or `show TRIAL` with the study left out (a positional cannot be optional before another)."""
+    if second is not None:
+        return first, second
+    try:
+        return None, int(first)
+    except ValueError:
+        raise ConfigError(f"give the trial number: tuner show {first} TRIAL (or tuner show TRIAL)") from None
+
+
+@app.command("show")
+def show_cmd(
+    study: Annotated[
+        str, typer.Argument(help="Study name; left out (`tuner show 7`), the --job file's or the storage's only one.")
+    ],
+    trial: Annotated[int | None, typer.Argument(help="Trial number.", show_default=False)] = None,
+    storage: StorageOpt = None,
+    job: JobOpt = None,
+    as_json: JsonOpt = False,
+    log_lines: Annotated[int, typer.Option("--log-lines", help="Lines of the server log tail to show.")] = 30,
+) -> None:
+    """Everything stored for one trial: flags, prediction, start-up facts, load summary with all percentiles,
+    failure classes, server metrics, diagnosis, log tail.
+
+    Example: [bold]tuner show night 7[/bold]
+    """
+    name, trial = _study_and_trial(study, trial)
+    url, view = open_view(name, storage, job)
+    t = view.trial(trial)
+    if t is None:
+        numbers = [x.number for x in view.trials]
+        span = f"trials are {min(numbers)}..{max(numbers)}" if numbers else "it has no trials"
+        raise TunerError(f"no trial {trial} in study {view.name!r}; {span}")
+    detail, steps = trial_detail(url, view.name, trial)
+    d = detail.__dict__ if detail is not None else {}
+    if as_json:
+        doc = {"trial": t.as_dict(), "detail": {k: v for k, v in d.items()} or None, "request_steps": steps}
+        print_json(doc)
+        return
+    con = console_for_output()
+    style = "green" if t.feasible else ("yellow" if t.measured else "red")
+    con.print(
+        f"[bold]{escape(view.name)} · trial {t.number}[/bold]{' (baseline: vLLM defaults)' if t.baseline else ''}  "
+        f"{t.state}  [{style}]{escape(t.verdict)}[/{style}]"
+    )
+    facts = d.get("startup_facts") if isinstance(d.get("startup_facts"), dict) else {}
+    version = t.vllm_version or (facts or {}).get("vllm_version")
+    if version:
+        con.print(f"vLLM version: {escape(str(version))}")
+    con.print(flags_table(view, t.flags))
+    for note in t.notes:
+        con.print(f"note: {escape(note)}")
+    if t.slo_stop:
+        con.print(f"[yellow]load stopped early[/yellow]: {escape(t.slo_stop)}")
+    if d.get("message"):
+        con.print(f"[red]{escape(str(d['message']))}[/red]")
+    for key, title in (
+        ("prediction", "prediction (before launch)"),
+        ("startup_facts", "start-up facts (from the log)"),
+    ):
+        if d.get(key):
+            con.print(kv_table(title, d[key]))
+    if t.kv_tokens is not None or t.predicted_kv_tokens is not None:
+        con.print(f"KV tokens: predicted {fmt(t.predicted_kv_tokens, ',')}, measured {fmt(t.kv_tokens, ',')}")
+    summary = d.get("load_summary")
+    if summary:
+        con.print(summary_table(summary))
+        if summary.get("failures"):
+            examples = summary.get("failure_examples") or {}
+            table = Table(title="failures by class")
+            table.add_column("class")
+            table.add_column("count", justify="right")
+            table.add_column("example")
+            for cls, n in summary["failures"].items():
+                table.add_row(escape(cls), str(n), escape(str(examples.get(cls, ""))[:120]))
+            con.print(table)
+    elif t.measured:
+        con.print(
+            f"load: {fmt(t.throughput)} tok/s, latency P95 {fmt(t.objective_latency_s, '.3f', ' s')}, "
+            + "".join(f"{f.label} {fmt(t.latency(f.name), '.3f', ' s')}, " for f in figures() if f.headline)
+            + f"success {fmt(t.success_rate, '.1%')}"
+        )
+    if d.get("capacity_steps"):
+        con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
+    if d.get("server_metrics"):
+        con.print(kv_table("server metrics (/metrics during the run)", d["server_metrics"]))
+    diagnosis = d.get("diagnosis") or t.diagnosis
+    if diagnosis:
+        con.print(f"[bold]diagnosis:[/bold] {escape(str(diagnosis))}")
+    if t.constraints:
+        pairs = zip(t.constraint_names, t.constraints, strict=True)
+        con.print("constraints (<= 0 met): " + ", ".join(f"{escape(n)} {c:+.3f}" for n, c in pairs))
+    con.print(f"server time: {t.server_seconds:.1f} s" + (f", attempts {d['attempts']}" if d.get("attempts") else ""))
+    if d.get("log_tail"):
+        tail = "\n".join(str(d["log_tail"]).splitlines()[-max(log_lines, 1) :])
+        con.print("[bold]server log tail:[/bold]")
+        con.print(tail, markup=False, highlight=False, soft_wrap=True)
+    if detail is None:
+        con.print("(no detail stored for this trial beyond Optuna's record)")

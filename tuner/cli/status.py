@@ -1,0 +1,100 @@
+"""`tuner status`: a study's progress: budget, running trials, best so far, failures, skips, the twin."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from tuner.cli import app
+from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, StudyArg, console_for_output, open_view, print_json
+from tuner.report import ratios, status
+from tuner.report.overview import StudyStatus
+from tuner.report.tables import flags_text, fmt, ratio
+
+__all__ = ["status_cmd"]
+
+
+@app.command("status")
+def status_cmd(
+    study: StudyArg = None, storage: StorageOpt = None, job: JobOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Progress of a study: budget, running trials, best so far, failures by reason, skips and the server time
+    they saved.
+
+    Example: [bold]tuner status night --storage sqlite:///night.db[/bold]
+    """
+    _, view = open_view(study, storage, job)
+    st = status(view)
+    if as_json:
+        print_json(st.as_dict())
+        return
+    con = console_for_output()
+    a = view.attrs
+    con.print(
+        f"[bold]{escape(view.name)}[/bold]  {st.state}  ·  GPU {escape(str(a.get('gpu', '?')))}  ·  "
+        f"model {escape(str(a.get('model', '?')))}  ·  launcher {escape(str(a.get('launcher', '?')))}  ·  "
+        f"objective {escape(str(a.get('objective', 'throughput')))}"
+    )
+    if view.slos:
+        con.print("SLOs: " + escape(", ".join(view.slos)))
+    if st.stopped:
+        con.print(f"[bold red]stopped:[/bold red] {escape(st.stopped)}")
+    if st.budget:
+        done = min(st.finished, st.budget)
+        bar = "█" * round(30 * done / st.budget) + "░" * (30 - round(30 * done / st.budget))
+        con.print(f"budget   {bar} {st.finished}/{st.budget} trials finished ({st.finished / st.budget:.0%})")
+    else:
+        con.print(f"trials   {st.finished} finished")
+    con.print(f"measured {st.measured}, feasible {st.feasible}, server time {st.server_minutes:.1f} min")
+    if st.best is not None:
+        base = view.baseline
+        r = ratios(st.best, base)
+        vs = f"  ({ratio(r.throughput)} throughput, {ratio(r.latency_p95)} P95 vs baseline)" if base else ""
+        con.print(
+            f"best so far: trial {st.best.number}: {fmt(st.best.throughput)} tok/s, "
+            f"P95 {fmt(st.best.objective_latency_s, '.3f', ' s')}{vs}  {escape('[' + flags_text(st.best.flags) + ']')}"
+        )
+    else:
+        con.print("best so far: no feasible trial yet")
+    if st.running:
+        table = Table(title="running")
+        for col in ("#", "started", "for", "flags"):
+            table.add_column(col)
+        now = dt.datetime.now()
+        for t in st.running:
+            # Optuna stores naive local datetimes
+            age = f"{(now - t.started).total_seconds() / 60:.1f} min" if t.started else "—"
+            started = t.started.strftime("%H:%M:%S") if t.started else "—"
+            table.add_row(str(t.number), started, age, escape(flags_text(t.flags)))
+        con.print(table)
+    if st.failures:
+        con.print("failures: " + ", ".join(f"{escape(k)} {v}" for k, v in st.failures.items()))
+    else:
+        con.print("failures: none")
+    if st.skipped:
+        saved = st.server_minutes_saved
+        con.print(
+            f"skipped as infeasible before launch: {st.skipped_total} ("
+            + ", ".join(f"{escape(k)} {v}" for k, v in st.skipped.items())
+            + ")"
+            + (f", saving ≈ {saved:.1f} server-minutes" if saved else "")
+        )
+    else:
+        con.print("skipped as infeasible before launch: 0")
+    _print_twin(con, st)
+
+
+def _print_twin(con: Any, st: StudyStatus) -> None:
+    """The twin sampler's prediction against each real trial's measurement (its error as it shrinks)."""
+    if not st.twin:
+        return
+    con.print("twin, predicted -> measured output tok/s (error):")
+    for number, predicted, measured in st.twin:
+        error = f"{abs(predicted - measured) / measured:.0%}" if measured else "not measured in full"
+        shown = f"{measured:,.1f}" if measured is not None else "—"
+        con.print(f"  trial {number}: {predicted:,.1f} -> {shown} ({error})")
+    if st.twin_fallback:
+        con.print(f"twin handed over to TPE {escape(st.twin_fallback)}")

@@ -1,0 +1,146 @@
+"""`tuner trials`: one row a trial, sorted and filtered; a table, CSV or JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tuner.cli import app
+from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, StudyArg, WideOpt, console_for_output, open_view, print_json
+from tuner.errors import ConfigError
+from tuner.record import OUTCOMES
+from tuner.report import StudyView, TrialView
+from tuner.report.tables import flag_lines, flags_text, fmt
+from tuner.scoring import figures
+
+__all__ = ["trials_cmd"]
+
+
+_OUTCOMES = (*OUTCOMES, "running", "waiting", "fail")  # the record's outcomes, and Optuna states without one
+# A headline P95 sorts by its metric's name (`ttft`), another statistic by the figure's (`ttft_p90`).
+_FIGURE_KEYS = {(f.metric if f.stat == "p95" else f.name): f.name for f in figures() if f.headline}
+_SORT_KEYS = ("number", "throughput", "latency", *_FIGURE_KEYS, "success")
+
+
+def _sort_key(key: str) -> Any:
+    inf = float("inf")
+    keys = {
+        "number": lambda t: t.number,
+        "throughput": lambda t: -(t.throughput if t.measured and t.throughput is not None else -inf),
+        "latency": lambda t: t.objective_latency_s if t.measured and t.objective_latency_s is not None else inf,
+        **{key: _by_figure(name) for key, name in _FIGURE_KEYS.items()},
+        "success": lambda t: -(t.success_rate if t.success_rate is not None else -inf),
+    }
+    if key not in keys:
+        raise ConfigError(f"unknown --sort {key!r}; allowed: {', '.join(_SORT_KEYS)}")
+    return keys[key]
+
+
+def _by_figure(name: str) -> Callable[[TrialView], float]:
+    def key(t: TrialView) -> float:
+        value = t.latency(name)
+        return value if value is not None else float("inf")
+
+    return key
+
+
+@app.command("trials")
+def trials_cmd(
+    study: StudyArg = None,
+    storage: StorageOpt = None,
+    job: JobOpt = None,
+    sort: Annotated[
+        str, typer.Option("--sort", help=f"Order, best first: {', '.join(_SORT_KEYS)}.", show_default=True)
+    ] = "number",
+    reverse: Annotated[bool, typer.Option("--reverse", help="Reverse the order.")] = False,
+    feasible: Annotated[bool, typer.Option("--feasible", help="Only trials that met every SLO.")] = False,
+    outcome: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--outcome",
+            help="Only these outcomes (repeatable): measured, launch_failed, crashed, skipped_infeasible, interrupted.",
+            show_default=False,
+        ),
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="At most N rows.", show_default=False)] = None,
+    as_json: JsonOpt = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")] = False,
+    wide: WideOpt = False,
+) -> None:
+    """One row a trial: flags, throughput, P95 TTFT and e2e, success rate, verdict or reason, bottleneck.
+
+    Example: [bold]tuner trials night --sort throughput --feasible --limit 10[/bold]
+    """
+    key = _sort_key(sort)
+    unknown = sorted(set(outcome or ()) - set(_OUTCOMES))
+    if unknown:
+        raise ConfigError(f"unknown --outcome {', '.join(unknown)}; allowed: {', '.join(_OUTCOMES)}")
+    _, view = open_view(study, storage, job)
+    rows = sorted(view.trials, key=key, reverse=reverse)
+    if feasible:
+        rows = [t for t in rows if t.feasible]
+    if outcome:
+        rows = [t for t in rows if t.outcome in outcome or t.state.lower() in outcome]
+    if limit is not None:
+        rows = rows[: max(limit, 0)]
+    if as_json:
+        print_json([t.as_dict() for t in rows])
+        return
+    if as_csv:
+        buf = io.StringIO()
+        fields = ["number", "state", "baseline", "outcome", "verdict", "feasible", "throughput"]
+        fields += ["objective_latency_s", "latency_p95_s", "output_tok_s", "request_rate"]
+        fields += [*(f.attr for f in figures()), "success_rate"]
+        fields += ["goodput", "diagnosis", "reason", "server_seconds", "flags"]
+        w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        for t in rows:
+            d = t.as_dict()
+            d["flags"] = json.dumps(t.flags, sort_keys=True)
+            w.writerow(d)
+        typer.echo(buf.getvalue(), nl=False)
+        return
+    con = console_for_output()
+    con.print(_trials_table(view, rows, wide=wide))
+    if not wide:
+        con.print(flag_lines([(_trial_key(t), flags_text(t.flags)) for t in rows]))
+    if any(t.baseline for t in rows):
+        con.print("ᵇ baseline: vLLM's defaults on this GPU and model")
+
+
+def _trial_key(t: TrialView) -> str:
+    return f"#{t.number}{'ᵇ' if t.baseline else ''}"
+
+
+def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Table:
+    """Narrow (the default) fits 80 columns, the flags printed after it a line each; --wide: flags and bottleneck
+    in the table."""
+    shown = [f for f in figures() if f.headline]
+    labels = tuple(f.label for f in shown)
+    cols: tuple[str, ...] = ("#", "flags", "tok/s", *labels, "success", "verdict", "bottleneck")
+    if not wide:
+        cols = ("#", "tok/s", *labels, "success", "verdict")
+    numeric = ("#", "tok/s", *labels, "success")
+    table = Table(title=f"{escape(view.name)}: {len(rows)} of {len(view.trials)} trials")
+    for col in cols:
+        table.add_column(col, justify="right" if col in numeric else "left", no_wrap=col in numeric)
+    for t in rows:
+        style = "green" if t.feasible else ("yellow" if t.measured else "red")
+        cells = {
+            "#": f"{t.number}{'ᵇ' if t.baseline else ''}",
+            "flags": escape(flags_text(t.flags)),
+            "tok/s": fmt(t.throughput if t.measured else t.output_tok_s),
+            **{f.label: fmt(t.latency(f.name), ".3f", " s") for f in shown},
+            "success": fmt(t.success_rate, ".1%"),
+            "verdict": f"[{style}]{escape(t.verdict)}[/{style}]",
+            "bottleneck": escape(t.diagnosis or "—"),
+        }
+        table.add_row(*(cells[c] for c in cols))
+    return table
