@@ -91,10 +91,12 @@ def _print_twin(con: Any, st: StudyStatus) -> None:
     """The twin sampler's prediction against each real trial's measurement (its error as it shrinks)."""
     if not st.twin:
         return
-    con.print("twin, predicted -> measured output tok/s (error):")
+    con.print("twin, predicted -> measured output tok/s (error), and the SLO verdicts it got wrong:")
     for number, predicted, measured in st.twin:
         error = f"{abs(predicted - measured) / measured:.0%}" if measured else "not measured in full"
         shown = f"{measured:,.1f}" if measured is not None else "—"
         con.print(f"  trial {number}: {predicted:,.1f} -> {shown} ({error})")
+        if number in st.twin_verdicts:
+            con.print(f"    SLO verdict wrong: {escape(st.twin_verdicts[number])}")
     if st.twin_fallback:
         con.print(f"twin handed over to TPE {escape(st.twin_fallback)}")
