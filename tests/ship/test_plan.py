@@ -31,7 +31,8 @@ def plan(job: Path, *args: str, command: str = "plan") -> subprocess.CompletedPr
 def winner(job: Path) -> tuple[optuna.trial.FrozenTrial, str]:
     url = f"sqlite:///{job.with_suffix('.db')}"
     study = optuna.load_study(study_name="emulator-demo-max-rate", storage=url)
-    feasible = [t for t in study.trials if t.user_attrs.get("feasible")]
+    # a confirmation start (duplicate_of its flag set's first trial) is a repeat, not a flag set of the front
+    feasible = [t for t in study.trials if t.user_attrs.get("feasible") and t.user_attrs.get("duplicate_of") is None]
     return max(feasible, key=lambda t: t.values[0]), url
 
 
