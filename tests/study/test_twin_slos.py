@@ -41,9 +41,10 @@ def study_of(sampler: TwinSampler) -> optuna.Study:
 def twin(
     simulate_fn: Callable[[Any, VllmFlags, Coefficients], SimPoint] = fake_simulate,
     fallback: BaseSampler | None = None,
+    slo: str = SLO,
     **options: Any,
 ) -> tuple[Job, TwinSampler, list[str]]:
-    j = job(slos=[SLO, "success_rate >= 0.9"], sampler={"name": "twin", "seed": 1})
+    j = job(slos=[slo, "success_rate >= 0.9"], sampler={"name": "twin", "seed": 1})
     sampler = TwinSampler(
         j.search_space(), 1, fallback or optuna.samplers.RandomSampler(seed=1), simulate_fn=simulate_fn, **options
     )
@@ -104,6 +105,18 @@ def test_a_wrong_verdict_with_no_throughput_error_is_logged_recorded_and_counted
     shown = status(study_view(study))  # `tuner status` lists it beside the throughput error
     assert shown.twin_verdicts == {0: "misses e2e_p95 (2.8 s > 2.5 s): predicted 2.0 s"}
     assert shown.as_dict()["twin"][0]["verdict_missed"] == shown.twin_verdicts[0]
+
+
+def test_a_trial_that_meets_slos_the_twin_said_it_would_miss_is_a_wrong_verdict_too() -> None:
+    # The twin says 64 sequences take 2.0 s at the P95, over a 1.5 s SLO; the real server does it in 1.0 s.
+    j, sampler, log = twin(slo="e2e_p95 <= 1.5s")
+    study = study_of(sampler)
+    study.enqueue_trial({"max_num_seqs": 64, "gpu_memory_utilization": 0.9})
+    trial = tell(study, j, lambda f: (fake_tok_s(f), fake_e2e(f) / 2))
+    said = "meets the SLOs it was predicted to miss: e2e_p95 1.0 s (predicted 2.0 s > 1.5 s)"
+    assert trial.user_attrs[VERDICT_ATTR] == said
+    assert sampler.verdicts == {0: True}
+    assert any(said in x for x in log)
 
 
 def test_after_a_wrong_verdict_the_twin_moves_away_from_the_edge() -> None:

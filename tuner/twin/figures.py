@@ -17,6 +17,7 @@ __all__ = [
     "THROUGHPUT",
     "chance_of_meeting",
     "describe_miss",
+    "describe_surprise",
     "figures_of",
     "measured_slo_values",
     "slo_value",
@@ -93,6 +94,18 @@ def describe_miss(slos: Sequence[Slo], measured: Mapping[str, float], predicted:
         got = "no data" if value is None else f"{_show(slo, value)} {_opposite(slo.op)} {_show(slo, slo.threshold)}"
         twin = predicted.get(slo.metric)
         parts.append(f"{slo.metric} ({got})" + ("" if twin is None else f": predicted {_show(slo, twin)}"))
+    return "; ".join(parts)
+
+
+def describe_surprise(slos: Sequence[Slo], measured: Mapping[str, float], predicted: Mapping[str, float]) -> str:
+    """The SLOs a trial met that the twin predicted it would miss: `ttft_p95 36.7 s (predicted 40.7 s > 40 s)`."""
+    parts = []
+    for slo in slos:
+        if violation_of(slo, predicted) <= 0 or violation_of(slo, measured) > 0:
+            continue
+        twin = predicted.get(slo.metric)
+        said = "no data" if twin is None else f"{_show(slo, twin)} {_opposite(slo.op)} {_show(slo, slo.threshold)}"
+        parts.append(f"{slo.metric} {_show(slo, measured[slo.metric])} (predicted {said})")
     return "; ".join(parts)
 
 

@@ -39,7 +39,7 @@ from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED, TrialRecord
 from tuner.scoring import Slo
 from tuner.space import SearchSpace
 from tuner.store import flag_key
-from tuner.twin.figures import THROUGHPUT, describe_miss, measured_slo_values
+from tuner.twin.figures import THROUGHPUT, describe_miss, describe_surprise, measured_slo_values
 from tuner.twin.model import RERANK, Candidate, Observation, Predicted, Simulate, Twin, candidates, distance
 from tuner.twin.simulate import simulate
 
@@ -482,11 +482,8 @@ def _wrong_verdict(p: Predicted, r: TrialRecord, measured: dict[str, float], slo
     if not r.feasible:
         miss = describe_miss(slos, measured, p.figures)
         return f"misses {miss}" if miss else "misses the SLOs"
-    return "meets the SLOs it was predicted to miss" + (
-        f" ({describe_miss(slos, p.figures, measured).replace(': predicted', ', measured')} predicted)"
-        if describe_miss(slos, p.figures, measured)
-        else ""
-    )
+    surprise = describe_surprise(slos, measured, p.figures)
+    return "meets the SLOs it was predicted to miss" + (f": {surprise}" if surprise else "")
 
 
 def _shown(p: Predicted) -> float:
