@@ -25,6 +25,7 @@ __all__ = [
     "SKIPPED_INFEASIBLE",
     "WORKLOAD_INVALID",
     "StoredJob",
+    "StudyRecord",
     "TrialRecord",
 ]
 
@@ -207,3 +208,44 @@ class StoredJob(_Lenient):
                 except (KeyError, ValidationError):
                     continue
             return cls.model_validate(parts)
+
+
+class StudyRecord(BaseModel):
+    """A study's own attributes (not a trial's), as `tuner.study.storage.study_attrs` and the run write them: read
+    leniently, field by field (a study written by another release or by hand may hold anything, or nothing), so
+    the readers ask a typed record instead of spelling keys. None: not there, or not of the field's type."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    tuner_version: str | None = None
+    gpu: str | dict[str, Any] | None = None  # as the job gave it: auto, a catalog name, or figures
+    gpu_profile: dict[str, Any] | None = None  # what it resolved to when the study was created
+    model: str | None = None
+    launcher: str | None = None
+    image: str | None = None
+    image_pinned: bool | None = None
+    workload_hash: str | None = None
+    slos: list[str] = Field(default_factory=list)
+    objective: str | None = None
+    n_trials: int | None = None
+    latency_metric: str | None = None
+    job: dict[str, Any] | None = None  # Job.as_record(); StoredJob reads it
+    stopped: dict[str, Any] | None = None  # the last run stopped on a refused workload: {"message": ...}
+    twin_fallback: dict[str, Any] | None = None  # where the twin handed over: {"after": n, "why": ...}
+    confirm: dict[str, Any] | None = None  # what the confirmation decided (tuner.study.confirm.summary_attr)
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any]) -> StudyRecord:
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            if attrs.get(name) is None:
+                continue
+            try:
+                values[name] = getattr(cls.model_validate({name: attrs[name]}), name)
+            except ValidationError:
+                continue  # one odd attribute must not hide the rest
+        return cls.model_validate(values)
+
+    @property
+    def stored_job(self) -> StoredJob:
+        return StoredJob.of({"job": self.job})

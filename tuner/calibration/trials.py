@@ -29,7 +29,7 @@ from tuner.catalog import GpuProfile, ModelProfile, load_model, resolve_gpu
 from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.flags import VllmFlags, resolve
 from tuner.load import Arrival, RequestRecord
-from tuner.record import MEASURED, TrialRecord
+from tuner.record import MEASURED, StudyRecord, TrialRecord
 from tuner.store import current_revision, open_store, safe_url
 
 __all__ = ["MIN_TRIALS", "StoredTrial", "StudyTrials", "read_trials"]
@@ -136,15 +136,14 @@ def read_trials(
 
 
 def _read_study(s: optuna.Study) -> _Stored:
-    attrs = s.user_attrs
+    record = StudyRecord.from_attrs(s.user_attrs)
     trials = [(t.number, t.state, TrialRecord.from_attrs(t.user_attrs)) for t in s.get_trials(deepcopy=False)]
-    job = attrs.get("job")
-    if not isinstance(job, dict):
+    job = record.job
+    if job is None:
         raise TunerError(
             f"study {s.study_name!r} holds no job (its workload and arrival): not a study `tuner tune` ran"
         )
-    gpu = attrs.get("gpu_profile")
-    return _Stored(job, gpu if isinstance(gpu, dict) else None, trials)
+    return _Stored(job, record.gpu_profile, trials)
 
 
 def _section(job: dict[str, Any], name: str) -> dict[str, Any]:

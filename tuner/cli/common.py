@@ -146,8 +146,8 @@ def stored_job(view: StudyView, path: Path | None) -> Job:
     """The job a command that launches acts with: --job FILE, else the one stored with the study."""
     if path is not None:
         return load_job(path)
-    stored = view.attrs.get("job")
-    if not isinstance(stored, dict):
+    stored = view.record.job
+    if stored is None:
         raise ConfigError(f"study {view.name!r} holds no job; give the job file with --job FILE")
     return parse_job(stored, where=f"the job stored with study {view.name!r} (or give --job FILE)", stored=True)
 

@@ -69,7 +69,7 @@ def provenance(view: StudyView, t: TrialView) -> Provenance:
 def _launcher_options(view: StudyView) -> list[StoredLauncherOptions]:
     """The options sections that describe how the study's servers ran: its launcher's first."""
     target = view.job.target
-    names = dict.fromkeys((str(view.attrs.get("launcher") or ""), "docker", "process"))
+    names = dict.fromkeys((view.record.launcher or "", "docker", "process"))
     return [options for name in names if (options := target.section(name)) is not None]
 
 
@@ -88,7 +88,7 @@ def _hub_model(view: StudyView) -> str:
     for options in _launcher_options(view):
         if options.model_id:
             return options.model_id
-    name = str(view.attrs.get("model") or "")
+    name = view.record.model or ""
     profile = BUILTIN_MODELS.get(name.strip().lower())
     return profile.name if profile is not None else name
 
@@ -100,9 +100,9 @@ def export_image(view: StudyView, t: TrialView | None) -> tuple[str, str | None]
     job pinned an image; a study written before versions were recorded keeps the image it recorded.
     """
     amd = _vendor(view) == "amd"
-    stored = view.attrs.get("image") or view.job.target.docker.image
+    stored = view.record.image or view.job.target.docker.image
     measured = t.vllm_version if t is not None else None
-    pinned = view.attrs.get("image_pinned")
+    pinned = view.record.image_pinned
     if measured and (pinned is False or not stored):
         repo = ROCM_REPOSITORY if amd else IMAGE_REPOSITORY
         return f"{repo}:v{measured}", None
@@ -117,8 +117,8 @@ def export_image(view: StudyView, t: TrialView | None) -> tuple[str, str | None]
 
 
 def _vendor(view: StudyView) -> str:
-    profile = view.attrs.get("gpu_profile")
-    return str(profile.get("vendor") or "nvidia") if isinstance(profile, dict) else "nvidia"
+    profile = view.record.gpu_profile
+    return str(profile.get("vendor") or "nvidia") if profile is not None else "nvidia"
 
 
 def _secret_names(view: StudyView) -> tuple[str, ...]:

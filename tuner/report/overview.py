@@ -118,8 +118,8 @@ def listing(view: StudyView) -> StudyListing:
         best_throughput=best.throughput if best else None,
         best_trial=best.number if best else None,
         state=_state(view),
-        gpu=_opt_str(view.attrs.get("gpu")),
-        model=_opt_str(view.attrs.get("model")),
+        gpu=_opt_str(view.record.gpu),
+        model=_opt_str(view.record.model),
         started=min(starts) if starts else None,
     )
 

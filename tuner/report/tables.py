@@ -12,6 +12,7 @@ from rich.table import Table
 from tuner.catalog.gpus import GpuProfile, resolve_gpu
 from tuner.errors import TunerError
 from tuner.flags import VllmFlags
+from tuner.record import StudyRecord
 from tuner.report.front import BEST_CHOICES, choose, ratios
 from tuner.report.views import StudyView, TrialView
 from tuner.scoring import STATS, figures, latency_metrics
@@ -189,10 +190,10 @@ def kv_table(title: str, data: dict[str, Any]) -> Table:
 
 def study_gpu(attrs: dict[str, Any]) -> GpuProfile:
     """The GPU a study ran on, as it resolved then (studies before `gpu_profile` was stored: by its name)."""
-    stored = attrs.get("gpu_profile")
-    if isinstance(stored, dict):
+    record = StudyRecord.from_attrs(attrs)
+    if record.gpu_profile is not None:
         with contextlib.suppress(TypeError):
-            return GpuProfile(**stored)
+            return GpuProfile(**record.gpu_profile)
     return resolve_gpu(attrs["gpu"])
 
 
@@ -202,7 +203,7 @@ def flags_table(view: StudyView, flags: dict[str, Any]) -> Table:
         from tuner.catalog import load_model
         from tuner.flags import resolve
 
-        r = resolve(VllmFlags.from_dict(flags), study_gpu(view.attrs), load_model(str(view.attrs["model"])))
+        r = resolve(VllmFlags.from_dict(flags), study_gpu(view.attrs), load_model(str(view.record.model)))
         resolved = r.__dict__
     except (KeyError, TunerError, ValueError):
         pass

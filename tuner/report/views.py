@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError
 from tuner.intervals import format_with_ci
-from tuner.record import MEASURED, StoredJob, TrialRecord
+from tuner.record import MEASURED, StoredJob, StudyRecord, TrialRecord
 from tuner.scoring import OBJECTIVE_FALLBACK, Slo, figures, parse_slo
 
 __all__ = ["StudyView", "TrialView", "study_view", "trial_view"]
@@ -126,13 +126,17 @@ class StudyView:
     trials: list[TrialView] = field(default_factory=list)
 
     @property
+    def record(self) -> StudyRecord:
+        """The study's own attributes, typed (what tuner wrote when it created and ran the study)."""
+        return StudyRecord.from_attrs(self.attrs)
+
+    @property
     def slos(self) -> list[str]:
-        return [str(s) for s in self.attrs.get("slos") or []]
+        return self.record.slos
 
     @property
     def budget(self) -> int | None:
-        n = self.attrs.get("n_trials")
-        return int(n) if isinstance(n, int | float) else None
+        return self.record.n_trials
 
     @property
     def job(self) -> StoredJob:
@@ -147,7 +151,7 @@ class StudyView:
     def latency_metric(self) -> str:
         """The latency minimised beside throughput: as the job chose it, else its first latency SLO, else the
         registry's fallback (e2e_p95)."""
-        chosen = self.attrs.get("latency_metric") or self.job.latency_metric
+        chosen = self.record.latency_metric or self.job.latency_metric
         chosen = chosen or next((t.latency_metric for t in self.trials if t.latency_metric), None)
         if isinstance(chosen, str) and chosen:
             return chosen
@@ -161,15 +165,15 @@ class StudyView:
     def stopped(self) -> str | None:
         """Why the study's last run stopped before its budget when the server refused its workload (the run's
         one-line message, "the workload is invalid for this server: ..."); None otherwise."""
-        stopped = self.attrs.get("stopped")
-        message = stopped.get("message") if isinstance(stopped, dict) else None
+        stopped = self.record.stopped
+        message = stopped.get("message") if stopped is not None else None
         return str(message) if message else None
 
     @property
     def twin_fallback(self) -> str | None:
         """Where the twin sampler handed over to TPE (its `twin_fallback` study attribute), said in a line."""
-        handed = self.attrs.get("twin_fallback")
-        if not isinstance(handed, dict):
+        handed = self.record.twin_fallback
+        if handed is None:
             return None
         return f"after {handed.get('after')} real trials: {handed.get('why')}"
 
@@ -179,8 +183,8 @@ class StudyView:
 
 def study_view(study: optuna.Study) -> StudyView:
     attrs = dict(study.user_attrs)
-    slos = [str(s) for s in attrs.get("slos") or []]
-    pooled = _pooled(attrs.get("confirm"))
+    record = StudyRecord.from_attrs(attrs)
+    slos, pooled = record.slos, _pooled(record.confirm)
     trials = [_with_interval(trial_view(t, slos), t, pooled) for t in study.get_trials(deepcopy=False)]
     return StudyView(name=study.study_name, attrs=attrs, trials=trials)
 

@@ -99,7 +99,7 @@ def make_plan(
         raise ConfigError(f"--headroom {headroom:g}: give a fraction in (0, 1], e.g. 0.7")
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise ConfigError(f"--price-per-gpu-hour {price_per_gpu_hour:g}: give a price of 0 or more")
-    objective = str(view.attrs.get("objective") or "throughput")
+    objective = view.record.objective or "throughput"
     if measured is not None:
         capacity, basis = measured
     elif t.request_rate is None or t.request_rate <= 0:

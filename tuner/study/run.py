@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config import Job
 from tuner.errors import ConfigError, TunerError
 from tuner.launch import Launcher
-from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, TrialRecord
+from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, StudyRecord, TrialRecord
 from tuner.store import flag_key, open_store, safe_url
 from tuner.study.confirm import (
     CI_RUN_ATTR,
@@ -201,12 +201,13 @@ class TuningRun:
                 self.study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
                 self.on_event(f"study {self.job.study.name!r} created in {safe_url(self.url)}; trial 0 is the baseline")
             else:
-                if attrs.get("gpu") != self.job.target.gpu or attrs.get("model") != self.job.target.model:
+                made = StudyRecord.from_attrs(attrs)
+                if made.gpu != self.job.target.gpu or made.model != self.job.target.model:
                     raise ConfigError(
-                        f"study {self.job.study.name!r} was created for {attrs.get('model')} on {attrs.get('gpu')}, "
+                        f"study {self.job.study.name!r} was created for {made.model} on {made.gpu}, "
                         f"not {self.job.target.model} on {self.job.target.gpu}; give the job another study.name"
                     )
-                if attrs.get("n_trials") != self.job.budget.n_trials:
+                if made.n_trials != self.job.budget.n_trials:
                     self.study.set_user_attr("n_trials", self.job.budget.n_trials)
                 self._retry_interrupted()
                 self._requeue_refused_baseline()
