@@ -60,7 +60,7 @@ def _job(vllm_python: Path, model: Path, name: str, **changes: Any) -> dict[str,
         "arrival": {"concurrency": 2, "requests": 4},
         "slos": ["e2e_p95 <= 120s", "success_rate >= 0.99"],
         "request_timeout": "120s",
-        "budget": {"n_trials": 2},
+        "budget": {"n_trials": 2, "confirm": 0},  # the preflight is under test, not the confirmation
         "sampler": {"name": "random", "seed": 0},
     }
     doc.update(changes)
@@ -144,7 +144,7 @@ def test_the_jobs_fixed_run_with_the_preflight_in_the_first_trials_server(
 ) -> None:
     # The two refused jobs above, fixed: a model with a chat template, and max_model_len room for 200 + 100 tokens.
     workload = {"input_len": 200, "output_len": 100, "api": "chat", "seed": 3}
-    doc = _job(vllm_python, tiny_model, "fixed", workload=workload, budget={"n_trials": 1})
+    doc = _job(vllm_python, tiny_model, "fixed", workload=workload, budget={"n_trials": 1, "confirm": 0})
     doc["space"]["max_model_len"] = 512
     run, job = _tune(doc, tmp_path)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
