@@ -32,7 +32,8 @@ SHIPPED_SCALE = "emulator: {time_scale: 10}"
 TEST_SCALE = "emulator: {time_scale: 50}"
 # A line of the study log per real trial: the twin's prediction, then the measurement.
 TRIAL_LINE = re.compile(
-    r"trial (\d+): twin (?:predicted [\d,]+ tok/s, (?:meets the SLOs|misses an SLO by \d+%)|predicted not to start"
+    r"trial (\d+): twin (?:predicted [\d,]+ tok/s, (?:meets the SLOs(?:, uncertain \(\d+% chance\))?"
+    r"|misses an SLO by \d+%)|predicted not to start"
     r"|predicted to crash under load); measured[ :]"
 )
 
