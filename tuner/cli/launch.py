@@ -235,7 +235,7 @@ def launch(
         str,
         typer.Option(
             help="GPU profile the emulator imitates; with --launcher process, cpu says the server is vLLM's CPU "
-            "build (its cores are planned: --cpu-affinity)"
+            "build (its cores can be planned: --cpu-affinity)"
         ),
     ] = "h100-80gb",
     time_scale: Annotated[float, typer.Option(help="emulator: run this many times faster than the GPU")] = 1.0,
@@ -263,8 +263,8 @@ def launch(
     cpu_affinity: Annotated[
         str | None,
         typer.Option(
-            help="process, vLLM's CPU build: auto (its worker gets cores of its own, the API server and engine "
-            "core the rest; default with --gpu cpu), off, or WORKER:OTHERS cores, e.g. 1:0 or 2-7:0-1"
+            help="process, vLLM's CPU build: off (the default), auto (its worker gets cores of its own, the API "
+            "server and engine core the rest), or WORKER:OTHERS cores, e.g. 1:0 or 2-7:0-1"
         ),
     ] = None,
 ) -> None:

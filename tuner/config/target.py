@@ -146,10 +146,12 @@ class TargetSection(StrictModel):
     emulator: EmulatorOptions = Field(default_factory=EmulatorOptions)
     process: ProcessOptions = Field(default_factory=ProcessOptions)
     docker: DockerOptions = Field(default_factory=DockerOptions)
+    # off by default: on a 2-core machine the plan halved throughput and made it far noisier (the API server,
+    # engine core and load client starve on one core; benchmarks/README.md, real vLLM noise with the CPU plan)
     cpu_affinity: CpuAffinity = Field(
-        default="auto",
-        description="gpu: cpu with the process launcher: auto (vLLM's CPU worker gets cores of its own, the API "
-        "server, engine core and load client the rest), off (bind nothing), or {worker: 1, others: 0}",
+        default="off",
+        description="gpu: cpu with the process launcher: off (bind nothing, the default), auto (vLLM's CPU worker "
+        "gets cores of its own, the API server, engine core and load client the rest), or {worker: 1, others: 0}",
     )
 
     def section(self, kind: str) -> LauncherOptions:

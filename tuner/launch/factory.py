@@ -203,7 +203,7 @@ def _emulator_from_options(o: LaunchOptions) -> Launcher:
 
 def _process_from_options(o: LaunchOptions) -> Launcher:
     argv = shlex.split(o.command) if o.command else ["vllm", "serve", "{model}"]
-    setting = o.cpu_affinity if o.cpu_affinity is not None else ("auto" if o.gpu == "cpu" else "off")
+    setting = o.cpu_affinity if o.cpu_affinity is not None else "off"  # auto on request: see TargetSection
     plan = cpu_plan_from(setting, "--cpu-affinity") if setting != "off" else None
     return ProcessLauncher(
         argv, o.model or VLLM_MODEL, extra_args=o.extra_args, secret_env=_secrets(o), cpu_plan=plan, **o.timeout
