@@ -25,7 +25,7 @@ from tuner.launch.base import Server
 from tuner.launch.failures import CANNOT_LAUNCH
 from tuner.launch.gpu_idle import GpuIdleWaiter
 from tuner.launch.owner import owner_alive, owner_token, pid_alive, process_start_ticks
-from tuner.launch.pinning import place_server
+from tuner.launch.pinning import group_members, place_server
 from tuner.launch.ports import free_port
 from tuner.launch.redact import Redactor
 from tuner.launch.registry import ProcessRecord, ProcessRegistry
@@ -49,17 +49,7 @@ def _group_alive(pgid: int) -> bool:
         except PermissionError:
             return True
         return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
+    return bool(group_members(pgid))
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
