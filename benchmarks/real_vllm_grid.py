@@ -55,6 +55,7 @@ from tuner.record import TrialRecord
 from tuner.store import flag_key
 from tuner.study import DIRECTIONS, TuningRun, measure_load
 from tuner.study.samplers import make_sampler
+from tuner.study.verdict import STARTUP_CONSTRAINT
 from tuner.twin.model import Twin
 from tuner.twin.sampler import PREDICTED_ATTR, TwinSampler
 
@@ -65,19 +66,59 @@ PROFILE = HERE / "fixtures" / "real_vllm_cpu_profile.json"  # tuner calibrate's,
 TARGETS = (0.97, 0.99)
 PORTS = range(18510, 18600)  # this benchmark's own, away from the OS's ephemeral range other servers draw from
 
-SPACE: dict[str, Any] = {
-    "max_model_len": 1024,
-    "max_num_seqs": {"choices": [4, 8, 16, 32]},
-    "max_num_batched_tokens": {"choices": [256, 512, 1024]},
+# Each grid's space, load and SLOs; a fixture keeps its own copy, which is what `replay` reads.
+GRIDS: dict[str, dict[str, Any]] = {
+    # 2026-12-04, measured once per flag set on a shared machine: the flags' effect was inside the noise.
+    "once": {
+        "space": {
+            "max_model_len": 1024,
+            "max_num_seqs": {"choices": [4, 8, 16, 32]},
+            "max_num_batched_tokens": {"choices": [256, 512, 1024]},
+        },
+        "workload": {"input_len": 128, "output_len": 32, "seed": 1},
+        "arrival": {"concurrency": 16, "requests": 64, "warmup_requests": 4},
+        "slos": ["e2e_p95 <= 30s", "success_rate >= 0.99"],
+    },
+    # Many more users than sequences and prompts that a small token budget must chunk: the flags move throughput
+    # and latency by several times, the noise between starts (14% on a quiet 2-core machine) does not.
+    "repeated": {
+        "space": {
+            "max_model_len": 1024,
+            "max_num_seqs": {"choices": [1, 4, 16, 64]},
+            "max_num_batched_tokens": {"choices": [256, 2048]},
+        },
+        "workload": {"input_len": 512, "output_len": 64, "seed": 1},
+        "arrival": {"concurrency": 32, "requests": 96, "warmup_requests": 4},
+        # Loose on purpose while measuring (every figure is kept whole); `replay` judges with the fixture's
+        # "replay_slos".
+        "slos": ["e2e_p95 <= 120s", "success_rate >= 0.99"],
+    },
 }
-WORKLOAD: dict[str, Any] = {"input_len": 128, "output_len": 32, "seed": 1}
-ARRIVAL: dict[str, Any] = {"concurrency": 16, "requests": 64, "warmup_requests": 4}
-SLOS = ["e2e_p95 <= 30s", "success_rate >= 0.99"]
+# A check of the script itself (two flag sets, a few requests), not a measurement.
+GRIDS["smoke"] = {
+    **GRIDS["repeated"],
+    "space": {"max_model_len": 1024, "max_num_seqs": {"choices": [4, 8]}},
+    "arrival": {"concurrency": 4, "requests": 8, "warmup_requests": 1},
+}
+FIXTURES = {
+    "smoke": Path(tempfile.gettempdir()) / "real_vllm_grid_smoke.json",
+    "once": FIXTURE,
+    "repeated": HERE / "fixtures" / "real_vllm_grid_repeated.json",
+}
 # The CPU build's working entry point (its `vllm` console script dies: the distribution is `vllm-cpu`).
 SERVE = ["-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--host", "{host}", "--port", "{port}"]
 
 
-def job_data(sampler: str, *, vllm_python: str, model: str, seed: int = 0, n_trials: int = 13) -> dict[str, Any]:
+def job_data(
+    sampler: str,
+    *,
+    vllm_python: str,
+    model: str,
+    seed: int = 0,
+    n_trials: int = 13,
+    grid: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    grid = grid or GRIDS["once"]
     return {
         "study": {"name": f"real-grid-{sampler}-{seed}"},
         "target": {
@@ -92,12 +133,13 @@ def job_data(sampler: str, *, vllm_python: str, model: str, seed: int = 0, n_tri
                 "options": {"served_model_name": "tiny"},
             },
         },
-        "space": SPACE,
-        "workload": WORKLOAD,
-        "arrival": ARRIVAL,
-        "slos": SLOS,
-        "request_timeout": "60s",
-        "budget": {"n_trials": n_trials},
+        "space": grid["space"],
+        "workload": grid["workload"],
+        "arrival": grid["arrival"],
+        "slos": grid["slos"],
+        "request_timeout": "120s",
+        "budget": {"n_trials": n_trials, "confirm": 0},
+        "stop_early": False,
         "sampler": {"name": sampler, "seed": seed},
     }
 
@@ -113,15 +155,52 @@ def _own_port(host: str = "127.0.0.1") -> int:
     raise SystemExit(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
 
 
-def measure(out: Path) -> None:
-    vllm_python = os.environ.get("TUNER_TEST_VLLM_PYTHON")
-    model = os.environ.get("TUNER_TEST_VLLM_MODEL")
-    if not vllm_python or not model or "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-        raise SystemExit('set up first: eval "$(scripts/real-vllm)"; and VLLM_CPU_KVCACHE_SPACE=1')
-    job = parse_job(job_data("grid", vllm_python=vllm_python, model=model), where="real grid")
+def measure(name: str, rounds: int, out: Path) -> None:
+    """Every flag set of the grid started `rounds` times: each round is a real study (the grid sampler, its own
+    order per round, the baseline first) and every start keeps its own figures, so the spread between starts is
+    measured beside the flags' effect."""
+    vllm_python, model = _real_paths()
+    grid = GRIDS[name]
+    n_points = _grid_size(grid["space"]) + 1
     setattr(tuner.launch.process, "free_port", _own_port)  # noqa: B010  (this benchmark's own ports)
     load_before = os.getloadavg()
     started = time.time()
+    starts: list[dict[str, Any]] = []
+    for r in range(rounds):
+        job = parse_job(
+            job_data("grid", vllm_python=vllm_python, model=model, seed=r, n_trials=n_points, grid=grid),
+            where="real grid",
+        )
+        starts += [{**s, "round": r} for s in _round(job)]
+        _say(f"round {r + 1} of {rounds} done; load average {os.getloadavg()[0]:.2f}")
+    fixture = {
+        "grid": name,
+        "vllm_versions": sorted({str(s["vllm_version"]) for s in starts if s["vllm_version"]}),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "wall_minutes": round((time.time() - started) / 60, 1),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "env": {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"]},
+        "rounds": rounds,
+        **grid,
+        "points": _points(starts),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(fixture, indent=1) + "\n")
+    print(f"{len(fixture['points'])} flag sets x {rounds} starts measured; written to {out}", file=sys.stderr)
+
+
+def _grid_size(space: dict[str, Any]) -> int:
+    n = 1
+    for value in space.values():
+        if isinstance(value, dict) and "choices" in value:
+            n *= len(value["choices"])
+    return n
+
+
+def _round(job: Job) -> list[dict[str, Any]]:
+    """One real study over the grid: per start its flags, outcome and figures, in the order the servers started."""
     with tempfile.TemporaryDirectory() as folder:
         run = TuningRun(job, build_launcher(job), storage_url=f"sqlite:///{folder}/grid.db", on_event=_say)
         try:
@@ -129,49 +208,62 @@ def measure(out: Path) -> None:
             trials = sorted(run.study.get_trials(deepcopy=False), key=lambda t: t.number)
         finally:
             run.close()
-    points = []
+    out = []
     for t in trials:
         r = TrialRecord.from_attrs(t.user_attrs)
         if r.is_duplicate or not r.flags:
             continue
-        points.append(
+        out.append(
             {
-                "trial": t.number,
+                "order": t.number,
                 "baseline": r.baseline,
                 "params": dict(t.params),
                 "flags": r.flags,
                 "outcome": r.outcome,
                 "reason": r.reason,
                 "output_tok_s": r.output_tok_s,
-                "e2e_p95_s": r.latencies.get("e2e_p95"),
-                "ttft_p95_s": r.latencies.get("ttft_p95"),
-                "tpot_p95_s": r.latencies.get("tpot_p95"),
+                "latencies": dict(r.latencies),
                 "success_rate": r.success_rate,
-                "feasible": r.feasible,
-                "values": list(t.values) if t.values else None,
-                "constraints": dict(t.constraints),
                 "kv_tokens": r.kv_tokens,
                 "server_seconds": r.server_seconds,
                 "vllm_version": r.vllm_version,
             }
         )
-    fixture = {
-        "vllm_versions": sorted({str(p["vllm_version"]) for p in points if p["vllm_version"]}),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "wall_minutes": round((time.time() - started) / 60, 1),
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "env": {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"]},
-        "space": SPACE,
-        "workload": WORKLOAD,
-        "arrival": ARRIVAL,
-        "slos": SLOS,
-        "points": points,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(fixture, indent=1) + "\n")
-    print(f"{len(points)} flag sets measured; written to {out}", file=sys.stderr)
+    return out
+
+
+def _points(starts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per flag set: every start, and the medians over the starts that measured (what `replay` answers with)."""
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for s in starts:
+        by_key.setdefault(flag_key(s["flags"]), []).append(s)
+    points = []
+    for group in by_key.values():
+        measured = [s for s in group if s["output_tok_s"] is not None]
+        names = sorted({k for s in measured for k in s["latencies"]})
+        first = group[0]
+        points.append(
+            {
+                "baseline": first["baseline"],
+                "params": first["params"],
+                "flags": first["flags"],
+                "outcome": "measured" if measured else first["outcome"],
+                "reason": None if measured else first["reason"],
+                "output_tok_s": _median([s["output_tok_s"] for s in measured]),
+                "latencies": {n: _median([s["latencies"].get(n) for s in measured]) for n in names},
+                "success_rate": _median([s["success_rate"] for s in measured]),
+                "kv_tokens": first["kv_tokens"],
+                "server_seconds": _median([s["server_seconds"] for s in group]),
+                "vllm_version": first["vllm_version"],
+                "starts": group,
+            }
+        )
+    return points
+
+
+def _median(values: list[Any]) -> float | None:
+    got = [float(v) for v in values if v is not None]
+    return statistics.median(got) if got else None
 
 
 def repeat(path: Path, runs: int) -> None:
@@ -213,9 +305,20 @@ def repeat(path: Path, runs: int) -> None:
     path.write_text(json.dumps(fixture, indent=1) + "\n")
 
 
-# The probe of the grid's workload kind (twin_fidelity's run 2: probing up to the workload's concurrency is what put
-# the flag sets in the right order): its output length, concurrency 1, 4 and its 16, its prompt and a quarter of it.
-PROBE = ["--concurrency", "1,4,16", "--input-len", "32,128", "--output-len", "32"]
+def probe(fixture: dict[str, Any]) -> list[str]:
+    """The probe of the grid's workload kind (twin_fidelity's run 2: probing up to the workload's concurrency is what
+    put the flag sets in the right order): its output length, concurrency 1, a quarter of its own and its own, its
+    prompt and a quarter of it."""
+    users = int(fixture["arrival"]["concurrency"])
+    prompt = int(fixture["workload"]["input_len"])
+    return [
+        "--concurrency",
+        f"1,{max(2, users // 4)},{users}",
+        "--input-len",
+        f"{prompt // 4},{prompt}",
+        "--output-len",
+        str(fixture["workload"]["output_len"]),
+    ]
 
 
 def calibrate(path: Path, out: Path) -> None:
@@ -226,23 +329,25 @@ def calibrate(path: Path, out: Path) -> None:
     port = _own_port()
     host = "127.0.0.1"
     serve = [a.format(model=model, host=host, port=port) for a in SERVE]
-    cmd = [vllm_python, *serve, "--max-model-len", str(SPACE["max_model_len"]), "--enforce-eager"]
+    max_model_len = str(fixture["space"]["max_model_len"])
+    cmd = [vllm_python, *serve, "--max-model-len", max_model_len, "--enforce-eager"]
     cmd += ["--served-model-name", "tiny"]
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    probe = [sys.executable, "-m", "tuner", "calibrate", "--url", f"http://{host}:{port}", "--device", "cpu"]
-    probe += ["--model-config", model, "-o", str(out), *PROBE]
+    probe_args = probe(fixture)
+    command = [sys.executable, "-m", "tuner", "calibrate", "--url", f"http://{host}:{port}", "--device", "cpu"]
+    command += ["--model-config", model, "-o", str(out), *probe_args]
     load_before = [round(x, 2) for x in os.getloadavg()]
     started = time.time()
     with tempfile.TemporaryDirectory() as folder:
         server = start_server(cmd, port, Path(folder) / "server.log", env)
         try:
-            subprocess.run(probe, check=True)
+            subprocess.run(command, check=True)
         finally:
             stop_server(server)
     fixture["calibration"] = {
         "profile": out.name,
-        "command": ["tuner", "calibrate", "--device", "cpu", *PROBE],
-        "server": ["--max-model-len", str(SPACE["max_model_len"]), "--enforce-eager"],
+        "command": ["tuner", "calibrate", "--device", "cpu", *probe_args],
+        "server": ["--max-model-len", max_model_len, "--enforce-eager"],
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "load_average_before": load_before,
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
@@ -292,14 +397,52 @@ def _model() -> str:
 
 
 def replay_job(fixture: dict[str, Any], sampler: dict[str, Any], seed: int) -> Job:
-    data = job_data(sampler["name"], vllm_python=sys.executable, model=_model(), seed=seed)
+    grid = {k: fixture[k] for k in ("space", "workload", "arrival")} | {"slos": judged_slos(fixture)}
+    data = job_data(sampler["name"], vllm_python=sys.executable, model=_model(), seed=seed, grid=grid)
     data["sampler"] = {**sampler, "seed": seed}
     if "calibration" in fixture:
         data["target"]["profile"] = str(HERE / "fixtures" / fixture["calibration"]["profile"])
     return parse_job(data, where="replay")
 
 
-def _record(point: dict[str, Any], baseline: bool, duplicate_of: int | None) -> TrialRecord:
+def judged_slos(fixture: dict[str, Any]) -> list[str]:
+    """The SLOs the replay judges by: the fixture's "replay_slos" where the measurement ran with loose ones."""
+    return list(fixture.get("replay_slos") or fixture["slos"])
+
+
+def latencies(point: dict[str, Any]) -> dict[str, float]:
+    """A point's latency P95s, from either fixture shape (the first kept `e2e_p95_s` and its kin)."""
+    if "latencies" in point:
+        return {k: v for k, v in point["latencies"].items() if v is not None}
+    names = {"e2e_p95": "e2e_p95_s", "ttft_p95": "ttft_p95_s", "tpot_p95": "tpot_p95_s"}
+    return {k: point[v] for k, v in names.items() if point.get(v) is not None}
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A point judged against the replay's SLOs the way the study's scorer judges a trial."""
+
+    values: list[float]
+    constraints: dict[str, float]
+    feasible: bool
+
+
+def judge(point: dict[str, Any], job: Job) -> Judged:
+    slos = job.parsed_slos()
+    if point["output_tok_s"] is None:
+        worst = [0.0, job.request_timeout]
+        return Judged(worst, {STARTUP_CONSTRAINT: 10.0, **{f"slo:{s}": 0.0 for s in slos}}, False)
+    figures = {**latencies(point), "success_rate": point["success_rate"], "output_throughput": point["output_tok_s"]}
+    constraints = {STARTUP_CONSTRAINT: 0.0}
+    for slo in slos:
+        value = figures[slo.metric]
+        excess = value - slo.threshold if slo.op in ("<=", "<") else slo.threshold - value
+        constraints[f"slo:{slo}"] = excess / (abs(slo.threshold) or 1.0)
+    latency = figures.get(job.primary_latency(), job.request_timeout)
+    return Judged([point["output_tok_s"], latency], constraints, all(v <= 0 for v in constraints.values()))
+
+
+def _record(point: dict[str, Any], judged: Judged, baseline: bool, duplicate_of: int | None) -> TrialRecord:
     """The trial's record as the study would have written it, from the fixture (what the twin refits to)."""
     return TrialRecord(
         flags=point["flags"],
@@ -307,18 +450,19 @@ def _record(point: dict[str, Any], baseline: bool, duplicate_of: int | None) -> 
         outcome=point["outcome"],
         reason=point["reason"],
         output_tok_s=point["output_tok_s"],
-        latencies={"e2e_p95": point["e2e_p95_s"]} if point["e2e_p95_s"] is not None else {},
+        latencies=latencies(point),
         success_rate=point["success_rate"],
         kv_tokens=point["kv_tokens"],
-        feasible=point["feasible"],
+        feasible=judged.feasible,
         server_seconds=point["server_seconds"],
         duplicate_of=duplicate_of,
     )
 
 
 def replay_one(fixture: dict[str, Any], method: str, seed: int, budget: int) -> Replayed:
-    """The sampler's path through the fixture: every proposal answered from the flag set's measurement; a repeat is
-    answered from its first trial and not counted, as the study does."""
+    """The sampler's path through the fixture: every proposal answered from the flag set's measurement (the median
+    of its starts where it has several); a repeat is answered from its first trial and not counted, as the study
+    does."""
     job = replay_job(fixture, METHODS[method], seed)
     space = job.search_space()
     by_key = {flag_key(p["flags"]): p for p in fixture["points"]}
@@ -338,31 +482,55 @@ def replay_one(fixture: dict[str, Any], method: str, seed: int, budget: int) -> 
             point = by_key.get(key)
             if point is None:
                 raise SystemExit(f"the sampler proposed {flags.as_dict()}, which the fixture does not hold")
-            for name, value in point["constraints"].items():
+            judged = judge(point, job)
+            for name, value in judged.constraints.items():
                 trial.set_constraint(name, value)
-            for name, value in _record(point, baseline, first.get(key)).to_attrs().items():
+            for name, value in _record(point, judged, baseline, first.get(key)).to_attrs().items():
                 trial.set_user_attr(name, value)
-            study.tell(trial, point["values"])
+            study.tell(trial, judged.values)
             if key in first:
                 repeats += 1
                 continue
             first[key] = trial.number
             out.keys.append(key)
-            out.tok_s.append(point["output_tok_s"] if point["feasible"] else None)
+            out.tok_s.append(point["output_tok_s"] if judged.feasible else None)
             out.predicted.append(study.trials[trial.number].user_attrs.get(PREDICTED_ATTR))
     out.twin = sampler.twin if isinstance(sampler, TwinSampler) else None
     return out
 
 
 def noise_ratio(fixture: dict[str, Any]) -> float:
-    """The smallest factor between a flag set's grid measurement and its first load on a new start (`repeat`): two
-    measurements of one start each within it of each other cannot be told apart on this machine."""
+    """The factor within which two measurements of one flag set cannot be told apart on this machine: with starts
+    kept per point, 1 + the median spread between two starts; else the smallest factor between a flag set's grid
+    measurement and its first load on a new start (`repeat`)."""
+    if any(len(p.get("starts", [])) > 1 for p in fixture["points"]):
+        return 1.0 + between_starts(fixture)
     grid = {p["trial"]: p["output_tok_s"] for p in fixture["points"]}
     ratios: list[float] = [
         max(grid[r["trial"]], r["output_tok_s"][0]) / min(grid[r["trial"]], r["output_tok_s"][0])
         for r in fixture["repeats"]["points"]
     ]
     return min(ratios)
+
+
+def pair_spreads(values: list[float]) -> list[float]:
+    """|a - b| / mean(a, b) over every pair of starts."""
+    return [abs(a - b) / ((a + b) / 2) for i, a in enumerate(values) for b in values[i + 1 :] if a + b > 0]
+
+
+def between_starts(fixture: dict[str, Any], figure: str = "output_tok_s") -> float:
+    """The median over flag sets of the median spread between two of their starts (the noise)."""
+    spreads = []
+    for p in fixture["points"]:
+        values = [v for v in (_figure(s, figure) for s in p.get("starts", [])) if v is not None]
+        if len(values) > 1:
+            spreads.append(statistics.median(pair_spreads(values)))
+    return statistics.median(spreads) if spreads else 0.0
+
+
+def _figure(start: dict[str, Any], figure: str) -> float | None:
+    value = start.get(figure) if figure in start else start.get("latencies", {}).get(figure)
+    return float(value) if value is not None else None
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -383,7 +551,7 @@ def twin_ranking(fixture: dict[str, Any], refit: Twin | None) -> str:
     """Spearman of the measured grid against the twin's predictions: from the profile alone (before any real trial),
     and after the replay's last refit (fitted to the trials it ran, so partly in-sample)."""
     job = replay_job(fixture, {"name": "twin"}, 0)
-    points = [p for p in fixture["points"] if p["feasible"]]
+    points = [p for p in fixture["points"] if p["output_tok_s"] is not None]
     keys = [flag_key(p["flags"]) for p in points]
     fresh = Twin(job, [])
     for key, p in zip(keys, points, strict=True):
@@ -411,10 +579,13 @@ def replay(path: Path, seeds: int, budget: int) -> None:
     fixture = json.loads(path.read_text())
     # The twin's KV cache is the one the servers had: vLLM's CPU build reads it from the environment, as tuner does.
     os.environ[CPU_KV_SPACE_ENV] = fixture["env"][CPU_KV_SPACE_ENV]
-    feasible = [p["output_tok_s"] for p in fixture["points"] if p["feasible"]]
+    judge_job = replay_job(fixture, {"name": "grid"}, 0)
+    feasible = [p["output_tok_s"] for p in fixture["points"] if judge(p, judge_job).feasible]
     best = max(feasible)
     base = next(p for p in fixture["points"] if p["baseline"])
     noise = noise_ratio(fixture)
+    if fixture.get("rounds", 1) > 1:
+        print(signal_and_noise(fixture, judge_job))
     thresholds = [TARGETS[0] * best, TARGETS[1] * best, best / noise]
     print(
         f"{len(fixture['points'])} flag sets (vLLM {', '.join(fixture['vllm_versions'])}), best {best:,.1f} tok/s, "
@@ -425,10 +596,14 @@ def replay(path: Path, seeds: int, budget: int) -> None:
     heads = ["reached 97%", "reached 99%", "trials to 97%", "trials to 99%", "trials to the band", "past the baseline"]
     print("| method | " + " | ".join(heads) + " |")
     print("|---|---|---|---|---|---|---|")
-    grid_order = Replayed(tok_s=[p["output_tok_s"] if p["feasible"] else None for p in fixture["points"]])
+    grid_order = Replayed(
+        tok_s=[p["output_tok_s"] if judge(p, judge_job).feasible else None for p in fixture["points"]]
+    )
     twin_runs: list[Replayed] = []
+    # The twin imitates a CPU server only from a calibrated profile (`calibrate` writes it).
+    methods = [m for m in METHODS if "calibration" in fixture or METHODS[m]["name"] != "twin"]
     for label, runs in [("grid, in order", [grid_order])] + [
-        (name, [replay_one(fixture, name, seed, budget) for seed in range(seeds)]) for name in METHODS
+        (name, [replay_one(fixture, name, seed, budget) for seed in range(seeds)]) for name in methods
     ]:
         if METHODS.get(label, {}).get("name") == "twin":
             twin_runs = runs
@@ -448,6 +623,33 @@ def replay(path: Path, seeds: int, budget: int) -> None:
         print(twin_ranking(fixture, twin_runs[0].twin))
 
 
+def signal_and_noise(fixture: dict[str, Any], job: Job) -> str:
+    """Per flag set its starts' output tok/s, median and spread, and the verdict; then the grid's signal (best
+    median over worst) against the noise (median spread between starts), for throughput and each latency P95."""
+    slos = ", ".join(judged_slos(fixture))
+    lines = [f"| flags | output tok/s per start | median | spread | meets {slos} |", "|---|---|---|---|---|"]
+    for p in sorted(fixture["points"], key=lambda p: -(p["output_tok_s"] or 0)):
+        values = [s["output_tok_s"] for s in p["starts"]]
+        cells = " / ".join(f"{v:,.0f}" if v is not None else "failed" for v in values)
+        spread = statistics.median(pair_spreads([v for v in values if v is not None]) or [0.0])
+        name = "baseline (vLLM's CPU defaults)" if p["baseline"] else short_flags(p["flags"])
+        tok_s = f"{p['output_tok_s']:,.0f}" if p["output_tok_s"] is not None else "—"
+        lines.append(f"| {name} | {cells} | {tok_s} | {spread:.1%} | {'yes' if judge(p, job).feasible else 'no'} |")
+    lines += ["", "| figure | best median / worst | noise between starts | signal / noise |", "|---|---|---|---|"]
+    for figure in ["output_tok_s", "ttft_p95", "tpot_p95", "e2e_p95"]:
+        medians = [m for m in (_point_figure(p, figure) for p in fixture["points"]) if m]
+        noise = between_starts(fixture, figure)
+        ratio = max(medians) / min(medians)
+        lines.append(
+            f"| {figure} | x{ratio:.2f} | {noise:.1%} | {(ratio - 1) / noise if noise else float('inf'):.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _point_figure(point: dict[str, Any], figure: str) -> float | None:
+    return point["output_tok_s"] if figure == "output_tok_s" else latencies(point).get(figure)
+
+
 def fixture_flags(fixture: dict[str, Any], key: str) -> dict[str, Any]:
     return next(p["flags"] for p in fixture["points"] if flag_key(p["flags"]) == key)
 
@@ -455,26 +657,29 @@ def fixture_flags(fixture: dict[str, Any], key: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("measure", help="launch real vLLM for every grid point (writes the fixture)")
-    m.add_argument("--out", type=Path, default=FIXTURE)
+    m = sub.add_parser("measure", help="launch real vLLM for every grid point, --rounds times (writes the fixture)")
+    m.add_argument("--grid", choices=sorted(GRIDS), default="repeated")
+    m.add_argument("--rounds", type=int, default=3)
+    m.add_argument("--out", type=Path, default=None)
     rep = sub.add_parser("repeat", help="start the baseline and the best again, run the load --runs times on each")
     rep.add_argument("fixture", type=Path, nargs="?", default=FIXTURE)
     rep.add_argument("--runs", type=int, default=3)
     cal = sub.add_parser("calibrate", help="tuner calibrate against a real server with the baseline's flags")
-    cal.add_argument("fixture", type=Path, nargs="?", default=FIXTURE)
-    cal.add_argument("--out", type=Path, default=PROFILE)
+    cal.add_argument("fixture", type=Path, nargs="?", default=FIXTURES["repeated"])
+    cal.add_argument("--out", type=Path, default=None, help="default: the profile named after the fixture")
     r = sub.add_parser("replay", help="the samplers' paths against the fixture")
-    r.add_argument("fixture", type=Path, nargs="?", default=FIXTURE)
+    r.add_argument("fixture", type=Path, nargs="?", default=FIXTURES["repeated"])
     r.add_argument("--seeds", type=int, default=5)
     r.add_argument("--budget", type=int, default=13)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     if args.command == "measure":
-        measure(args.out)
+        measure(args.grid, args.rounds, args.out or FIXTURES[args.grid])
     elif args.command == "repeat":
         repeat(args.fixture, args.runs)
     elif args.command == "calibrate":
-        calibrate(args.fixture, args.out)
+        default = args.fixture.with_name(args.fixture.name.replace("real_vllm_grid", "real_vllm_cpu_profile"))
+        calibrate(args.fixture, args.out or default)
     else:
         replay(args.fixture, args.seeds, args.budget)
 
