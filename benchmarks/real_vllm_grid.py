@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import socket
@@ -544,6 +545,8 @@ def spearman(a: list[float], b: list[float]) -> float:
             r[i] = statistics.fmean(order.index(j) for j in tied)
         return r
 
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return math.nan  # a constant ranking says nothing either way
     return statistics.correlation(ranks(a), ranks(b))
 
 
@@ -566,6 +569,40 @@ def twin_ranking(fixture: dict[str, Any], refit: Twin | None) -> str:
         after = [refit.predict(k).output_tok_s for k in keys]
         text += f", {spearman(after, measured):.2f} after the last refit"
     return text + f"; its best from the profile alone: {short_flags(points[before.index(max(before))]['flags'])}"
+
+
+FIDELITY = ["output_tok_s", "ttft_p95", "tpot_p95", "e2e_p95"]
+
+
+def twin_figures(fixture: dict[str, Any]) -> str:
+    """The twin's figures from the profile alone (no real trial) against the measured medians, per flag set: the
+    closed loop's throughput and latency P95s (TTFT under load among them), each figure's ratio and Spearman."""
+    loose = {**fixture, "replay_slos": [f"{f} <= 1000s" for f in FIDELITY[1:]]}
+    job = replay_job(loose, {"name": "twin"}, 0)
+    twin = Twin(job, [])
+    points = [p for p in fixture["points"] if p["output_tok_s"] is not None]
+    rows, pairs = [], {f: ([], []) for f in FIDELITY}
+    for p in points:
+        key = flag_key(p["flags"])
+        twin.known[key] = VllmFlags.from_dict(p["flags"])
+        predicted = twin.predict(key).figures
+        cells = []
+        for f in FIDELITY:
+            measured, guess = _point_figure(p, f), predicted.get(f)
+            if measured and guess:
+                pairs[f][0].append(guess)
+                pairs[f][1].append(measured)
+                cells.append(f"{_show(f, guess)} / {_show(f, measured)} ({guess / measured:.2f})")
+            else:
+                cells.append("—")
+        rows.append(f"| {short_flags(p['flags'])} | " + " | ".join(cells) + " |")
+    head = "| flags | " + " | ".join(f"{f}: twin / real (ratio)" for f in FIDELITY) + " |"
+    ranks = "; ".join(f"{f} {spearman(*pairs[f]):.2f}" for f in FIDELITY if len(pairs[f][0]) > 2)
+    return "\n".join([head, "|---" * (len(FIDELITY) + 1) + "|", *rows, f"Spearman, twin against real: {ranks}"])
+
+
+def _show(figure: str, value: float) -> str:
+    return f"{value:,.0f}" if figure == "output_tok_s" else f"{value * 1000:,.0f} ms"
 
 
 def _hits(runs: list[list[float | None]], threshold: float) -> tuple[str, float | None]:
@@ -621,6 +658,7 @@ def replay(path: Path, seeds: int, budget: int) -> None:
         print(f"twin, seed {seed}: {trials}; {fell}")
     if twin_runs:
         print(twin_ranking(fixture, twin_runs[0].twin))
+        print(twin_figures(fixture))
 
 
 def signal_and_noise(fixture: dict[str, Any], job: Job) -> str:
