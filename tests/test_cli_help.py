@@ -97,3 +97,10 @@ def test_every_command_help_reads_as_prose_within_the_width(path: list[str], wid
     for paragraph in paragraphs:
         broken = premature_breaks(paragraph.strip().splitlines(), width - 2)
         assert not broken, f"{' '.join(['tuner', *path])} --help breaks mid-sentence at {width} columns: {broken}"
+
+
+def test_the_emulators_own_help_reads_whole_in_80_columns() -> None:
+    text = render(["emulate", "--help"], 80)
+    too_long = [line for line in text.splitlines() if len(line) > 80]
+    assert not too_long, f"tuner emulate --help runs past 80 columns: {too_long}"
+    assert "--max-num-seqs" in text and "example:" in text

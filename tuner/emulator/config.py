@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import textwrap
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -22,10 +23,20 @@ from tuner.vllm_args import vllm_args
 
 EXAMPLE = (
     "example:\n"
-    "  {prog} --model llama-3.1-8b --gpu rtx4090 --max-model-len 8192 --port 8000\n"
-    "  {prog} --model llama-3.1-8b --gpu rtx4090 --max-model-len auto --gpu-memory-utilization 0.95\n"
-    "  curl -N localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
-    '    -d \'{{"model": "llama-3.1-8b", "prompt": "Hello", "max_tokens": 32, "stream": true}}\'\n'
+    "  {prog} --model llama-3.1-8b --gpu rtx4090 \\\n"
+    "    --max-model-len 8192 --port 8000\n"
+    "  {prog} --model llama-3.1-8b --gpu rtx4090 \\\n"
+    "    --max-model-len auto --gpu-memory-utilization 0.95\n"
+    "  curl -N localhost:8000/v1/completions \\\n"
+    "    -H 'Content-Type: application/json' \\\n"
+    '    -d \'{{"model": "llama-3.1-8b", "prompt": "Hello",\n'
+    '         "max_tokens": 32, "stream": true}}\'\n'
+)
+# The help reads whole in an 80-column terminal: the description is wrapped here, the example kept as written.
+DESCRIPTION = textwrap.fill(
+    "A CPU-only look-alike of vLLM's OpenAI-compatible server: vLLM's flags, start-up memory arithmetic, V1 "
+    "scheduler, paged KV cache, latency shape, HTTP and /metrics surface.",
+    width=78,
 )
 
 
@@ -76,15 +87,14 @@ def _non_negative_float(text: str) -> float:
 def build_parser(prog: str = "python -m tuner.emulator") -> argparse.ArgumentParser:
     p = _Parser(
         prog=prog,
-        description="A CPU-only look-alike of vLLM's OpenAI-compatible server: vLLM's flags, start-up memory "
-        "arithmetic, V1 scheduler, paged KV cache, latency shape, HTTP and /metrics surface.",
+        description=DESCRIPTION,
         epilog=EXAMPLE.format(prog=prog),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     v = p.add_argument_group("vLLM flags (vLLM's names and defaults)")
     v.add_argument("--model", help="built-in profile (llama-3.1-8b, ...), its hub name, or a dir with config.json")
-    v.add_argument("--served-model-name", nargs="+", default=None, help="name(s) the API answers to")
+    v.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME", help="name(s) the API answers to")
     v.add_argument("--host", default="0.0.0.0")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--max-num-seqs", type=int, default=None)
