@@ -148,6 +148,7 @@ class _Rescorer:
             success_rate=float(s.success_rate),
             latencies={f.name: value for f in figures() if (value := f.of(s)) is not None},
             goodput=float(s.goodput),
+            good_share=float(s.good_share),
             feasible=run.meets,
             constraints=tuple(run.violations),
             constraint_names=tuple(str(x) for x in self.slos),

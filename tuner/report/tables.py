@@ -222,12 +222,19 @@ def flags_table(view: StudyView, flags: dict[str, Any]) -> Table:
     return table
 
 
+def _good_share(summary: dict[str, Any]) -> str:
+    # A summary stored before the share was recorded has none: say nothing rather than 0%.
+    share = summary.get("good_share")
+    return f" ({share:.1%} good)" if isinstance(share, int | float) else ""
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     head = (
         f"load: {summary.get('requests_succeeded', 0)}/{summary.get('requests_sent', 0)} ok "
         f"({summary.get('success_rate', 0):.1%}) in {summary.get('duration_s', 0):.1f} s · "
         f"{summary.get('output_throughput', 0):,.1f} output tok/s · {summary.get('request_throughput', 0):.2f} req/s · "
-        f"goodput {summary.get('goodput', 0):.2f} req/s · concurrency {summary.get('concurrency', 0):.1f}"
+        f"goodput {summary.get('goodput', 0):.2f} req/s{_good_share(summary)} · "
+        f"concurrency {summary.get('concurrency', 0):.1f}"
     )
     table = Table(title=head)
     stats = STATS
