@@ -126,7 +126,11 @@ class Job(StrictModel):
     workload: WorkloadSection = Field(default_factory=WorkloadSection)
     arrival: Arrival
     slos: list[SloText] = Field(default_factory=lambda: ["e2e_p95 <= 10s", "success_rate >= 0.99"])
-    objective: Literal["throughput", "max_rate"] = "throughput"
+    objective: Literal["throughput", "max_rate", "goodput"] = Field(
+        default="throughput",
+        description="throughput: tok/s under the job's load; max_rate: the highest rate meeting every SLO; goodput: "
+        "the highest rate at which the success_rate SLO's share of requests meets every latency SLO on its own",
+    )
     latency_metric: str | None = Field(
         default=None, description="the P95 minimised beside throughput; default: the first latency SLO, else e2e_p95"
     )
@@ -157,7 +161,22 @@ class Job(StrictModel):
                 raise ValueError(f"latency_metric {self.latency_metric!r} is not a latency (e.g. e2e_p95, ttft_p95)")
         return self
 
+    @model_validator(mode="after")
+    def _goodput_bounds(self) -> Job:
+        if self.objective == "goodput" and not any(_per_request_bound(text) for text in self.slos):
+            raise ValueError(
+                "objective goodput needs a latency SLO to judge each request by (an upper bound on ttft, tpot, "
+                "e2e or itl, e.g. 'ttft_p95 <= 2s'); slos has none"
+            )
+        return self
+
     # -- derived --------------------------------------------------------------------------------------------------
+
+    def goodput_slo(self) -> Slo:
+        """What a step of the goodput search must meet: the success_rate SLO's share of its requests good (each met
+        every latency SLO on its own); 0.99 where the job gives no success_rate SLO."""
+        share = next((s.threshold for s in self.parsed_slos() if s.metric == "success_rate"), 0.99)
+        return Slo(metric="good_share", op=">=", threshold=share)
 
     def parsed_slos(self) -> list[Slo]:
         return list(self._resolved("slos", tuple(self.slos), lambda: tuple(parse_slo(s) for s in self.slos)))
@@ -216,6 +235,14 @@ class Job(StrictModel):
     def as_record(self) -> dict[str, Any]:
         """The job as plain JSON for the study's user_attrs (secrets appear by name only: the model has no values)."""
         return json.loads(self.model_dump_json())  # type: ignore[no-any-return]
+
+
+def _per_request_bound(text: str) -> bool:
+    try:
+        slo = parse_slo(text)
+    except ConfigError:
+        return False  # the SLO's own field says what is wrong with it
+    return slo.is_latency and slo.op in ("<=", "<")
 
 
 def _safe_file_name(name: str) -> str:
