@@ -249,7 +249,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 def steps_table(steps: list[Any], scored: int | None) -> Table:
     table = Table(title="capacity search (request rate steps)")
-    for col in ("step", "rate req/s", "tok/s", "e2e P95", "success", "meets SLOs"):
+    for col in ("step", "rate req/s", "tok/s", "e2e P95", "success", "good", "meets SLOs"):
         table.add_column(col, justify="right")
     for i, step in enumerate(steps):
         if not isinstance(step, dict):
@@ -261,6 +261,7 @@ def steps_table(steps: list[Any], scored: int | None) -> Table:
             fmt(s.get("output_throughput")),
             fmt((s.get("e2e") or {}).get("p95"), ".3f", " s"),
             fmt(s.get("success_rate"), ".1%"),
+            fmt(s.get("good_share"), ".1%"),  # what a goodput search judges a step by; — where not stored
             "yes" if step.get("meets_slos") else "no",
         )
     return table
