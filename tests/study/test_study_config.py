@@ -272,5 +272,5 @@ def test_goodput_objective_bounds_each_request_by_the_latency_slos(tmp_path: Pat
 def test_goodput_objective_without_a_latency_bound_is_one_line(tmp_path: Path, slos: str) -> None:
     text = GOOD.replace('slos: ["e2e_p95 <= 20s", "success_rate >= 0.99"]', f"objective: goodput\nslos: {slos}")
     message = error_of(tmp_path, text)
-    assert "objective goodput needs a latency SLO to judge each request by" in message
+    assert "job.yaml: objective: goodput needs a latency SLO to judge each request by" in message
     assert len(message.splitlines()) == 1 and "e.g. 'ttft_p95 <= 2s'" in message
