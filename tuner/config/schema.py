@@ -163,6 +163,11 @@ class Job(StrictModel):
 
     # -- derived --------------------------------------------------------------------------------------------------
 
+    def judged_slos(self) -> list[Slo]:
+        """What a trial's constraints judge: the job's SLOs, and for the goodput objective its good-share bound (a
+        search whose every step fell short of it may still meet the SLOs' percentiles)."""
+        return [*self.parsed_slos(), self.goodput_slo()] if self.objective == "goodput" else self.parsed_slos()
+
     def goodput_slo(self) -> Slo:
         """What a step of the goodput search must meet: the success_rate SLO's share of its requests good (each met
         every latency SLO on its own); 0.99 where the job gives no success_rate SLO."""
