@@ -31,6 +31,7 @@ __all__ = [
     "Slo",
     "closest",
     "figures",
+    "goodput_bound",
     "is_good",
     "latency_metrics",
     "latency_of",
@@ -498,6 +499,13 @@ def is_good(record: RequestLike, slos: Sequence[Slo]) -> bool:
     statistic) each meet the bound of every latency SLO (`ttft_p95<=2s` bounds each request's TTFT at 2 s). The
     rate SLOs (success_rate, throughputs) have no per-request reading and are left out."""
     return record.ok and all(s.request_meets(record) for s in slos if s.is_latency)
+
+
+def goodput_bound(slos: Sequence[Slo]) -> Slo:
+    """What the goodput objective holds a rate to: the success_rate SLO's share of its requests good (0.99 where
+    `slos` has no success_rate)."""
+    share = next((s.threshold for s in slos if s.metric == "success_rate"), 0.99)
+    return Slo(metric="good_share", op=">=", threshold=share)
 
 
 def objective_latency(summary: LoadSummary, metric: str, worst: float) -> float:

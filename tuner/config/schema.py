@@ -19,7 +19,7 @@ from tuner.config.target import TargetSection
 from tuner.errors import ConfigError
 from tuner.load import Arrival, Workload
 from tuner.load.workload import LengthDist
-from tuner.scoring import Slo, parse_slo
+from tuner.scoring import Slo, goodput_bound, parse_slo
 from tuner.space import ParamSpec, SearchSpace
 from tuner.step_profile import StepProfile, load_profile
 
@@ -171,8 +171,7 @@ class Job(StrictModel):
     def goodput_slo(self) -> Slo:
         """What a step of the goodput search must meet: the success_rate SLO's share of its requests good (each met
         every latency SLO on its own); 0.99 where the job gives no success_rate SLO."""
-        share = next((s.threshold for s in self.parsed_slos() if s.metric == "success_rate"), 0.99)
-        return Slo(metric="good_share", op=">=", threshold=share)
+        return goodput_bound(self.parsed_slos())
 
     def parsed_slos(self) -> list[Slo]:
         return list(self._resolved("slos", tuple(self.slos), lambda: tuple(parse_slo(s) for s in self.slos)))
