@@ -75,7 +75,8 @@ class TrialRecord(BaseModel):
     # The registry's figures (`tuner.scoring.FIGURES`) by name, in seconds: stored flat, one attribute each
     # (`ttft_p95` as `ttft_p95_s`, the names tuner 0.1.0 wrote); a figure not measured is absent here.
     latencies: dict[str, float] = Field(default_factory=dict)
-    goodput: float | None = None
+    goodput: float | None = None  # req/s that succeeded and met every latency SLO on their own (DistServe)
+    good_share: float | None = None  # those requests' share of the measured ones
     diagnosis: str | None = None
     slo_stop: str | None = None  # the load stopped at a certain SLO miss: its figures cover part of the run
     kv_tokens: int | None = None

@@ -31,6 +31,8 @@ __all__ = [
     "Slo",
     "closest",
     "figures",
+    "goodput_bound",
+    "is_good",
     "latency_metrics",
     "latency_of",
     "objective_latency",
@@ -110,6 +112,13 @@ def _own_itl(record: RequestLike, stat: str) -> float | None:
     return Percentiles.of(record.itl_s).stat(stat) if record.itl_s else 0.0
 
 
+def _own_tpot(record: RequestLike, _: str) -> float | None:
+    # A reply of one token has no decode: it meets any TPOT bound (DistServe's goodput counts it by its TTFT).
+    if record.tpot_s is None and record.ttft_s is not None:
+        return 0.0
+    return record.tpot_s
+
+
 # vLLM's histograms (vllm/v1/metrics/loggers.py): TPOT is one value a request, as ours; ITL one a gap, as ours.
 _METRICS = (
     Metric(
@@ -126,7 +135,7 @@ _METRICS = (
         "s",
         "TPOT",
         lambda r: _one(r.tpot_s),
-        lambda r, _: r.tpot_s,
+        _own_tpot,
         per_request=True,
         histogram="vllm:request_time_per_output_token_seconds",
     ),
@@ -154,7 +163,9 @@ _METRICS = (
     Metric("request_throughput", "req/s", "req/s"),
     Metric("output_throughput", "tok/s", "tok/s"),
     Metric("total_throughput", "tok/s", "total tok/s"),
+    # DistServe's goodput: requests that succeeded and met every latency SLO's bound on their own, per second
     Metric("goodput", "req/s", "goodput"),
+    Metric("good_share", "fraction", "good"),  # those requests' share of the measured ones (failures count)
 )
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
 """Every metric by name, latencies first in the order tables show them. A new one is an entry here (and, for a
@@ -315,6 +326,7 @@ class LoadSummary(BaseModel):
     itl: Percentiles
     e2e: Percentiles
     goodput: float
+    good_share: float = 0.0
     concurrency: float
     usage_from_server: bool
     prompt_tokens: int = 0
@@ -429,11 +441,11 @@ def parse_slo(text: str) -> Slo:
         if unit == "%":
             value /= 100.0
         elif unit not in ("", "/s"):
-            raise ConfigError(f"SLO {text!r}: {metric} takes a plain number (or a percentage for success_rate)")
+            raise ConfigError(f"SLO {text!r}: {metric} takes a plain number (or a percentage for a fraction)")
     else:
         raise ConfigError(f"SLO {text!r}: unknown metric {metric!r}; allowed: {_allowed_metrics()}")
-    if metric == "success_rate" and not 0.0 <= value <= 1.0:
-        raise ConfigError(f"SLO {text!r}: success_rate is a fraction between 0 and 1 (or a percentage)")
+    if metric in METRICS and METRICS[metric].unit == "fraction" and not 0.0 <= value <= 1.0:
+        raise ConfigError(f"SLO {text!r}: {metric} is a fraction between 0 and 1 (or a percentage)")
     return Slo(metric=metric, op=cast(Op, op), threshold=value)
 
 
@@ -458,7 +470,7 @@ def summarize(records: Iterable[RequestLike], *, duration_s: float, slos: Sequen
     completion_tokens = sum(r.completion_tokens for r in ok)
     per_s = 1.0 / duration_s if duration_s > 0 else 0.0
     latency_slos = [s for s in slos if s.is_latency]
-    good = [r for r in ok if all(s.request_meets(r) for s in latency_slos)]
+    good = [r for r in ok if is_good(r, latency_slos)]
     busy = math.fsum(r.e2e_s for r in measured)
     latencies = {m.name: Percentiles.of([v for r in ok for v in m.samples(r)]) for m in latency_metrics() if m.samples}
     return LoadSummary(
@@ -474,11 +486,26 @@ def summarize(records: Iterable[RequestLike], *, duration_s: float, slos: Sequen
         output_throughput=completion_tokens * per_s,
         total_throughput=(prompt_tokens + completion_tokens) * per_s,
         goodput=len(good) * per_s,
+        good_share=len(good) / len(measured) if measured else 0.0,
         concurrency=busy * per_s,
         usage_from_server=all(r.usage_from_server for r in ok),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
     )
+
+
+def is_good(record: RequestLike, slos: Sequence[Slo]) -> bool:
+    """DistServe's per-request verdict: the request succeeded and its own TTFT, TPOT, e2e (ITL under the SLO's
+    statistic) each meet the bound of every latency SLO (`ttft_p95<=2s` bounds each request's TTFT at 2 s). The
+    rate SLOs (success_rate, throughputs) have no per-request reading and are left out."""
+    return record.ok and all(s.request_meets(record) for s in slos if s.is_latency)
+
+
+def goodput_bound(slos: Sequence[Slo]) -> Slo:
+    """What the goodput objective holds a rate to: the success_rate SLO's share of its requests good (0.99 where
+    `slos` has no success_rate)."""
+    share = next((s.threshold for s in slos if s.metric == "success_rate"), 0.99)
+    return Slo(metric="good_share", op=">=", threshold=share)
 
 
 def objective_latency(summary: LoadSummary, metric: str, worst: float) -> float:

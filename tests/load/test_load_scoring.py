@@ -6,7 +6,7 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.load import RequestRecord
-from tuner.scoring import NO_DATA_VIOLATION, Percentiles, parse_slo, percentile, summarize
+from tuner.scoring import NO_DATA_VIOLATION, Percentiles, is_good, parse_slo, percentile, summarize
 
 
 def rec(
@@ -84,6 +84,34 @@ def test_goodput_counts_requests_meeting_every_latency_slo() -> None:
     s = summarize(records, duration_s=2.0, slos=slos)
     assert s.goodput == pytest.approx(2 / 2.0)
     assert summarize(records, duration_s=2.0).goodput == pytest.approx(4 / 2.0)
+
+
+def test_goodput_judges_each_request_on_its_own_ttft_tpot_and_e2e() -> None:
+    # TPOT of a request is (e2e - ttft) / (tokens - 1): its own mean gap after the first token.
+    records = [
+        rec(0, ttft=0.5, e2e=0.5 + 9 * 0.05),  # good: 0.5 s, 50 ms, 0.95 s
+        rec(1, ttft=1.0, e2e=1.0 + 9 * 0.2),  # meets TTFT and e2e, misses TPOT (200 ms)
+        rec(2, ttft=3.0, e2e=3.0 + 9 * 0.05),  # misses TTFT only
+        rec(3, ttft=0.5, e2e=11.0, out=1000),  # TTFT and TPOT (10.5 ms) met, e2e missed
+        rec(4, ttft=None, e2e=0.2, ok=False, error_class="http_5xx"),  # failed: never good
+        rec(5, ttft=0.3, e2e=0.3, out=1),  # one token: no decode, so no TPOT to miss
+        rec(6, ttft=2.0, e2e=2.0 + 9 * 0.1),  # on every bound: <= holds
+        rec(7, ttft=0.1, e2e=0.2, warmup=True),  # warm-up: not counted either way
+    ]
+    slos = [parse_slo(s) for s in ("ttft_p95<=2s", "tpot_p95<=100ms", "e2e_p99<=10s", "success_rate>=0.9")]
+    assert [is_good(r, slos) for r in records] == [True, False, False, False, False, True, True, True]
+    s = summarize(records, duration_s=2.0, slos=slos)
+    assert s.goodput == pytest.approx(3 / 2.0)
+    assert s.good_share == pytest.approx(3 / 7)
+    # Without a latency SLO every success is good: the share is the success rate.
+    plain = summarize(records, duration_s=2.0, slos=[parse_slo("success_rate>=0.9")])
+    assert plain.good_share == pytest.approx(6 / 7) == pytest.approx(plain.success_rate)
+
+
+def test_good_share_is_a_fraction_an_slo_can_name() -> None:
+    assert parse_slo("good_share >= 99%").threshold == pytest.approx(0.99)
+    with pytest.raises(ConfigError, match="good_share is a fraction"):
+        parse_slo("good_share>=1.5")
 
 
 def test_parse_slo_units_and_spacing() -> None:

@@ -100,3 +100,21 @@ async def test_the_runner_stops_once_the_success_rate_is_lost_and_says_why(stop:
         assert not parse_slo("success_rate>=0.95").met(result.summary)
     else:
         assert not result.stopped_early and result.slo_stop is None and len(measured) == 60
+
+
+def test_good_share_is_lost_once_too_many_requests_are_not_good() -> None:
+    # The goodput search's bound: 20 requests at >= 0.9 may hold 2 that are not good; the third cannot be made up.
+    # Its requests are judged by the job's latency SLOs (`bounds`), not stopped on their percentiles.
+    bounds = [parse_slo("e2e_p50<=1s"), parse_slo("ttft_p95<=200ms")]
+    guard = SloGuard([parse_slo("good_share>=0.9")], 20, bounds=bounds)
+    assert guard.active
+    assert guard.add(rec(0, e2e=1.5)) is None  # over the e2e bound: not good (it would end an e2e_p50 guard later)
+    assert guard.add(rec(1, ok=False)) is None  # failed: not good
+    assert guard.add(rec(2, e2e=0.2, warmup=True, ok=False)) is None  # warm-up: not counted
+    assert guard.add(rec(3, ttft=0.1)) is None
+    reason = guard.add(rec(4, ttft=0.3))  # meets e2e, misses TTFT: not good either
+    assert reason == (
+        "good_share>=0.9 cannot be met: 3 of the 20 measured requests are not good (failed or over a latency bound) "
+        "(at most 2 may)"
+    )
+    assert guard.not_good == 3 and guard.failed == 1

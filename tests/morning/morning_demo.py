@@ -189,6 +189,7 @@ def build_demo_study(path: Path | str) -> str:
                     "success_rate": summary.success_rate,
                     **{f.attr: f.of(summary) for f in figures()},  # as the study writes them
                     "goodput": summary.goodput,
+                    "good_share": summary.good_share,
                     "kv_tokens": 473_216,
                     "diagnosis": "bottleneck: KV cache (preemptions 12)" if spec.number == 2 else "bottleneck: decode",
                     "feasible": all(c <= 0 for c in constraints),

@@ -216,6 +216,30 @@ def test_max_rate_rescore_walks_down_the_stored_steps() -> None:
     assert not none.after.feasible and none.step == 0  # closest miss, as the study scores it
 
 
+def test_goodput_rescore_judges_each_step_by_its_share_of_good_requests() -> None:
+    """Steps of 10 requests: at 2 req/s all take 1.5 s; at 4, two take 3.5 s; at 8, five do. Every step meets
+    e2e_p50<=3s; the share of requests within 3 s on their own is 1.0, 0.8 and 0.5."""
+    steps, records = [], {}
+    for i, (rate, slow) in enumerate(((2.0, 0), (4.0, 2), (8.0, 5))):
+        recs = [
+            RequestRecord(index=j, start_s=j * 0.5, ttft_s=0.1, e2e_s=3.5 if j < slow else 1.5, completion_tokens=50,
+                          ok=True)
+            for j in range(10)
+        ]  # fmt: skip
+        steps.append({"rate": rate, "summary": summarize(recs, duration_s=10.0).model_dump(mode="json")})
+        records[(0, i)] = recs
+    source = FakeRecords({0: Detail(None, steps, 2)}, records)
+    view = StudyView(STUDY, {"objective": "goodput", "slos": ["e2e_p50<=3s"]}, [trial_view(_measured(0, 50, 2.5))])
+    # The bound is the new success_rate SLO's share: 0.9 holds at 2 req/s only, 0.8 up to 4.
+    strict = rescore(view, source, [parse_slo("e2e_p50<=3s"), parse_slo("success_rate>=0.9")])
+    assert strict.slos[-1] == "good_share>=0.9" and strict.trials[0].after.request_rate == 2.0
+    loose = rescore(view, source, [parse_slo("e2e_p50<=3s"), parse_slo("success_rate>=0.8")]).trials[0]
+    assert loose.after.request_rate == 4.0 and loose.after.good_share == pytest.approx(0.8)
+    # A max_rate study of the same steps is judged by the percentile: 8 req/s meets it.
+    mr = StudyView(STUDY, {"objective": "max_rate", "slos": ["e2e_p50<=3s"]}, view.trials)
+    assert rescore(mr, source, [parse_slo("e2e_p50<=3s")]).trials[0].after.request_rate == 8.0
+
+
 def test_a_load_stopped_at_a_certain_miss_is_never_found_feasible_under_looser_slos() -> None:
     """Its records are the part of the run up to the certain miss: they may meet a looser SLO, the run might not."""
     stop = "e2e_p95<=5s cannot be met: 6 of the 96 measured requests are already over 5s (at most 5 may be)"

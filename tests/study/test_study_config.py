@@ -255,3 +255,22 @@ def test_a_stored_job_keeps_a_flag_the_pinned_vllm_no_longer_has() -> None:
 def _baseline_params(job: Job) -> dict[str, object]:
     space = job.search_space()
     return {name: (d.choices[0] if hasattr(d, "choices") else d.low) for name, d in space.distributions.items()}
+
+
+def test_goodput_objective_bounds_each_request_by_the_latency_slos(tmp_path: Path) -> None:
+    text = GOOD.replace("slos: [", "objective: goodput\nslos: [")
+    job = load_job(write(tmp_path, text))
+    # The share of good requests a step must reach is the success_rate SLO's; 0.99 where the job gives none.
+    assert (job.goodput_slo().metric, job.goodput_slo().threshold) == ("good_share", 0.99)
+    job = load_job(write(tmp_path, text.replace('"success_rate >= 0.99"', '"success_rate >= 95%"')))
+    assert job.goodput_slo().threshold == pytest.approx(0.95)
+    job = load_job(write(tmp_path, text.replace(', "success_rate >= 0.99"', "")))
+    assert job.goodput_slo().threshold == 0.99
+
+
+@pytest.mark.parametrize("slos", ['["success_rate >= 0.99"]', '["output_throughput >= 100", "e2e_p95 >= 1s"]'])
+def test_goodput_objective_without_a_latency_bound_is_one_line(tmp_path: Path, slos: str) -> None:
+    text = GOOD.replace('slos: ["e2e_p95 <= 20s", "success_rate >= 0.99"]', f"objective: goodput\nslos: {slos}")
+    message = error_of(tmp_path, text)
+    assert "job.yaml: objective: goodput needs a latency SLO to judge each request by" in message
+    assert len(message.splitlines()) == 1 and "e.g. 'ttft_p95 <= 2s'" in message

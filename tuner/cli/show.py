@@ -97,7 +97,8 @@ def show_cmd(
         con.print(
             f"load: {fmt(t.throughput)} tok/s, latency P95 {fmt(t.objective_latency_s, '.3f', ' s')}, "
             + "".join(f"{f.label} {fmt(t.latency(f.name), '.3f', ' s')}, " for f in figures() if f.headline)
-            + f"success {fmt(t.success_rate, '.1%')}"
+            + f"success {fmt(t.success_rate, '.1%')}, "
+            + f"goodput {fmt(t.goodput, '.2f', ' req/s')} ({fmt(t.good_share, '.1%')} good)"
         )
     if d.get("capacity_steps"):
         con.print(steps_table(d["capacity_steps"], d.get("scored_step")))

@@ -18,7 +18,7 @@ from tuner.errors import ConfigError
 from tuner.record import OUTCOMES
 from tuner.report import StudyView, TrialView
 from tuner.report.tables import flag_lines, flags_text, fmt
-from tuner.scoring import figures
+from tuner.scoring import METRICS, figures
 
 __all__ = ["trials_cmd"]
 
@@ -26,7 +26,9 @@ __all__ = ["trials_cmd"]
 _OUTCOMES = (*OUTCOMES, "running", "waiting", "fail")  # the record's outcomes, and Optuna states without one
 # A headline P95 sorts by its metric's name (`ttft`), another statistic by the figure's (`ttft_p90`).
 _FIGURE_KEYS = {(f.metric if f.stat == "p95" else f.name): f.name for f in figures() if f.headline}
-_SORT_KEYS = ("number", "throughput", "latency", *_FIGURE_KEYS, "success")
+_SORT_KEYS = ("number", "throughput", "latency", *_FIGURE_KEYS, "success", "good")
+# The share of requests that met every latency SLO on their own (DistServe's goodput), beside the success rate.
+_GOOD = METRICS["good_share"].label
 
 
 def _sort_key(key: str) -> Any:
@@ -37,6 +39,7 @@ def _sort_key(key: str) -> Any:
         "latency": lambda t: t.objective_latency_s if t.measured and t.objective_latency_s is not None else inf,
         **{key: _by_figure(name) for key, name in _FIGURE_KEYS.items()},
         "success": lambda t: -(t.success_rate if t.success_rate is not None else -inf),
+        "good": lambda t: -(t.good_share if t.good_share is not None else -inf),
     }
     if key not in keys:
         raise ConfigError(f"unknown --sort {key!r}; allowed: {', '.join(_SORT_KEYS)}")
@@ -74,7 +77,8 @@ def trials_cmd(
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")] = False,
     wide: WideOpt = False,
 ) -> None:
-    """One row a trial: flags, throughput, P95 TTFT and e2e, success rate, verdict or reason, bottleneck.
+    """One row a trial: flags, throughput, P95 TTFT and e2e, success rate, the share of good requests (each met
+    every latency SLO on its own: DistServe's goodput), verdict or reason, bottleneck.
 
     Example: [bold]tuner trials night --sort throughput --feasible --limit 10[/bold]
     """
@@ -98,7 +102,7 @@ def trials_cmd(
         fields = ["number", "state", "baseline", "outcome", "verdict", "feasible", "throughput"]
         fields += ["objective_latency_s", "latency_p95_s", "output_tok_s", "request_rate"]
         fields += [*(f.attr for f in figures()), "success_rate"]
-        fields += ["goodput", "diagnosis", "reason", "server_seconds", "flags"]
+        fields += ["goodput", "good_share", "diagnosis", "reason", "server_seconds", "flags"]
         w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for t in rows:
@@ -124,10 +128,10 @@ def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Tabl
     in the table."""
     shown = [f for f in figures() if f.headline]
     labels = tuple(f.label for f in shown)
-    cols: tuple[str, ...] = ("#", "flags", "tok/s", *labels, "success", "verdict", "bottleneck")
+    cols: tuple[str, ...] = ("#", "flags", "tok/s", *labels, "success", _GOOD, "verdict", "bottleneck")
     if not wide:
-        cols = ("#", "tok/s", *labels, "success", "verdict")
-    numeric = ("#", "tok/s", *labels, "success")
+        cols = ("#", "tok/s", *labels, "success", _GOOD, "verdict")
+    numeric = ("#", "tok/s", *labels, "success", _GOOD)
     table = Table(title=f"{escape(view.name)}: {len(rows)} of {len(view.trials)} trials")
     for col in cols:
         table.add_column(col, justify="right" if col in numeric else "left", no_wrap=col in numeric)
@@ -139,6 +143,7 @@ def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Tabl
             "tok/s": fmt(t.throughput if t.measured else t.output_tok_s),
             **{f.label: fmt(t.latency(f.name), ".3f", " s") for f in shown},
             "success": fmt(t.success_rate, ".1%"),
+            _GOOD: fmt(t.good_share, ".1%"),
             "verdict": f"[{style}]{escape(t.verdict)}[/{style}]",
             "bottleneck": escape(t.diagnosis or "—"),
         }

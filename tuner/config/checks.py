@@ -125,6 +125,15 @@ def _launcher_option_problems(job: Job) -> Iterator[str]:
                 )
 
 
+def _objective_problems(job: Job) -> Iterator[str]:
+    """A goodput objective judges each request by the latency SLOs' bounds: without one there is nothing to judge."""
+    if job.objective == "goodput" and not any(s.is_latency and s.op in ("<=", "<") for s in job.parsed_slos()):
+        yield (
+            "objective: goodput needs a latency SLO to judge each request by (an upper bound on ttft, tpot, e2e or "
+            "itl, e.g. 'ttft_p95 <= 2s'); slos has none"
+        )
+
+
 def job_problems(job: Job, *, flags: bool = True) -> list[str]:
     """Everything pydantic cannot see alone: the catalog, the space against the model, vLLM (`flags`: the keys
     against its arguments) and the workload."""
@@ -144,7 +153,7 @@ def job_problems(job: Job, *, flags: bool = True) -> list[str]:
         job.workload.max_request_tokens()  # reads a dataset: a missing or broken one is the workload's problem
     except ConfigError as e:
         return [f"workload.dataset: {e}"]
-    problems = list(_flag_problems(job)) if flags else []
+    problems = [*_objective_problems(job), *(_flag_problems(job) if flags else ())]
     try:
         space = job.search_space()
     except ConfigError as e:

@@ -19,7 +19,7 @@ from tuner.config.target import TargetSection
 from tuner.errors import ConfigError
 from tuner.load import Arrival, Workload
 from tuner.load.workload import LengthDist
-from tuner.scoring import Slo, parse_slo
+from tuner.scoring import Slo, goodput_bound, parse_slo
 from tuner.space import ParamSpec, SearchSpace
 from tuner.step_profile import StepProfile, load_profile
 
@@ -126,7 +126,11 @@ class Job(StrictModel):
     workload: WorkloadSection = Field(default_factory=WorkloadSection)
     arrival: Arrival
     slos: list[SloText] = Field(default_factory=lambda: ["e2e_p95 <= 10s", "success_rate >= 0.99"])
-    objective: Literal["throughput", "max_rate"] = "throughput"
+    objective: Literal["throughput", "max_rate", "goodput"] = Field(
+        default="throughput",
+        description="throughput: tok/s under the job's load; max_rate: the highest rate meeting every SLO; goodput: "
+        "the highest rate at which the success_rate SLO's share of requests meets every latency SLO on its own",
+    )
     latency_metric: str | None = Field(
         default=None, description="the P95 minimised beside throughput; default: the first latency SLO, else e2e_p95"
     )
@@ -158,6 +162,16 @@ class Job(StrictModel):
         return self
 
     # -- derived --------------------------------------------------------------------------------------------------
+
+    def judged_slos(self) -> list[Slo]:
+        """What a trial's constraints judge: the job's SLOs, and for the goodput objective its good-share bound (a
+        search whose every step fell short of it may still meet the SLOs' percentiles)."""
+        return [*self.parsed_slos(), self.goodput_slo()] if self.objective == "goodput" else self.parsed_slos()
+
+    def goodput_slo(self) -> Slo:
+        """What a step of the goodput search must meet: the success_rate SLO's share of its requests good (each met
+        every latency SLO on its own); 0.99 where the job gives no success_rate SLO."""
+        return goodput_bound(self.parsed_slos())
 
     def parsed_slos(self) -> list[Slo]:
         return list(self._resolved("slos", tuple(self.slos), lambda: tuple(parse_slo(s) for s in self.slos)))

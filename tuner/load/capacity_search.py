@@ -39,27 +39,25 @@ async def find_max_rate(
     on_progress: Callable[[LoadProgress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     stop_on_slo_miss: bool = False,
+    judge: Sequence[Slo] | None = None,
 ) -> CapacitySearchResult:
     """Probe the saturated throughput with a closed loop, then run open-loop steps at chosen rates.
 
     The first step runs at the probe's request throughput (a server cannot sustain more); a step that meets
     every SLO raises the lower bound, one that misses lowers the upper bound; then bisection until the bounds
     are within `tolerance` of each other or `max_steps` steps ran. Every step is reported, in order.
+
+    A step is judged by `judge` where given, by `slos` otherwise: the goodput search judges by `good_share >= t`
+    alone, each request counted good against `slos` (DistServe's goodput), not by the SLOs' percentiles.
     """
     _check_search(slos, max_steps, requests_per_step)
     own = client is None
     http = new_client() if client is None else client
+    load = functools.partial(run_load, base_url, model, workload, client=http, clock=clock)
     load = functools.partial(
-        run_load,
-        base_url,
-        model,
-        workload,
-        client=http,
-        clock=clock,
-        request_timeout_s=request_timeout_s,
-        on_progress=on_progress,
-        should_stop=should_stop,
+        load, request_timeout_s=request_timeout_s, on_progress=on_progress, should_stop=should_stop
     )
+    judged = list(slos if judge is None else judge)
     bracket = _Bracket(on_step)
     try:
         probe = await load(_probe_arrival(probe_concurrency, requests_per_step), scrape_metrics=False)
@@ -70,8 +68,10 @@ async def find_max_rate(
         while rate is not None and len(bracket.steps) < max_steps and not (should_stop and should_stop()):
             arrival = _step_arrival(rate, process, requests_per_step, seed + len(bracket.steps))
             # A step stopped at a certain SLO miss is a miss, as it would have been.
-            result = await load(arrival, slos=slos, max_num_seqs=max_num_seqs, stop_on_slo_miss=stop_on_slo_miss)
-            bracket.record(_step(rate, result, slos), result)
+            result = await load(
+                arrival, slos=slos, judge=judged, max_num_seqs=max_num_seqs, stop_on_slo_miss=stop_on_slo_miss
+            )
+            bracket.record(_step(rate, result, judged), result)
             rate = _next_rate(rate, bracket.lo, bracket.hi, tolerance)
     finally:
         if own:

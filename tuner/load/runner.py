@@ -202,6 +202,7 @@ async def run_load(
     max_num_seqs: int | None = None,
     stop_on_slo_miss: bool = False,
     prompt_fit: PromptFit | None = None,
+    judge: Sequence[Slo] | None = None,
 ) -> LoadResult:
     """Run one load phase against `base_url` (the server root, no /v1) and score it.
 
@@ -209,8 +210,10 @@ async def run_load(
     `request_timeout_s`. Server misbehaviour never raises: it shows as failed records. `should_stop` is polled
     and, once true, stops sending and abandons the requests in flight (they are left out of the records).
     `stop_on_slo_miss` does the same once an SLO is missed for certain (see tuner.load.slo_guard; only with a
-    request count), and says why in the result's `slo_stop`. Synthetic prompts are written to the server's
-    tokenizer (`prompt_fit`, asked of the server first when not given: see tuner.load.prompt_fit).
+    request count), and says why in the result's `slo_stop`; it watches `judge` where given (the goodput search's
+    `good_share` bound), `slos` otherwise; `slos` are what the summary's goodput counts each request against.
+    Synthetic prompts are written to the server's tokenizer (`prompt_fit`, asked of the server first when not
+    given: see tuner.load.prompt_fit).
     """
     own = client is None
     http = new_client() if client is None else client
@@ -220,7 +223,8 @@ async def run_load(
         # A dataset's text goes as it is; only made-up tokens (prompts, or a dataset's shared prefix) need a fit.
         if fit is None and (workload.dataset is None or workload.prefix_len > 0):
             fit = await fit_prompts(http, base_url, model)
-        guard = SloGuard(slos, arrival.requests) if stop_on_slo_miss and arrival.requests else None
+        watched = slos if judge is None else judge
+        guard = SloGuard(watched, arrival.requests, bounds=slos) if stop_on_slo_miss and arrival.requests else None
         run = _Run(workload, arrival, clock, should_stop, on_progress, guard if guard and guard.active else None, fit)
         url = base_url.rstrip("/") + workload.path
         async with contextlib.AsyncExitStack() as stack:

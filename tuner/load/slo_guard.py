@@ -5,7 +5,9 @@ than N·(1-t) have failed; a latency `pXX <= X` is lost once as many successful 
 the percentile's rank leaves above it even if every remaining request is fast (N - floor(XX/100·(N-1)) for
 numpy's linear interpolation, which `tuner.scoring.percentile` uses); `max` at the first, `mean` once the sum
 already seen exceeds N·X. Whatever the run's final size, the summary of the requests seen so far misses the SLO
-too, so a run stopped here scores as it would have, only sooner. SLOs with no such bound (ITL, which pools every
+too, so a run stopped here scores as it would have, only sooner. A `good_share >= t` (the goodput search's) is
+lost as a success rate is, counting every request that is not good (failed, or over a latency bound on its own; the
+bounds are `bounds`, the job's SLOs). SLOs with no such bound (ITL, which pools every
 gap; throughputs; lower bounds on latency) never stop a run.
 """
 
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tuner.load.results import RequestRecord
-from tuner.scoring import METRICS, Slo, request_value
+from tuner.scoring import METRICS, Slo, is_good, request_value
 
 __all__ = ["SloGuard"]
 
@@ -36,10 +38,13 @@ class _Latency:
 class SloGuard:
     """Feed it each measured record as it completes; it returns why the run can stop, once it can."""
 
-    def __init__(self, slos: Sequence[Slo], measured_requests: int) -> None:
+    def __init__(self, slos: Sequence[Slo], measured_requests: int, *, bounds: Sequence[Slo] | None = None) -> None:
         self.n = measured_requests
         self.failed = 0
+        self.not_good = 0
         self._success = [s for s in slos if s.metric == "success_rate" and s.op in (">=", ">")]
+        self._good = [s for s in slos if s.metric == "good_share" and s.op in (">=", ">")]
+        self._bounds = list(slos if bounds is None else bounds)
         self._latency: list[_Latency] = []
         for s in slos:
             base, _, stat = s.metric.partition("_")
@@ -48,23 +53,35 @@ class SloGuard:
 
     @property
     def active(self) -> bool:
-        return self.n > 0 and bool(self._success or self._latency)
+        return self.n > 0 and bool(self._success or self._latency or self._good)
 
     def add(self, record: RequestRecord) -> str | None:
         if record.warmup:
             return None
+        if self._good and not is_good(record, self._bounds):
+            self.not_good += 1
+            lost = self._share_lost(self._good, self.not_good, "are not good (failed or over a latency bound)")
+            if lost:
+                return lost
         if not record.ok:
             self.failed += 1
-            for s in self._success:
-                # The best final rate is with every remaining request succeeding: (n - failed) / n.
-                best = (self.n - self.failed) / self.n
-                if best < s.threshold or (s.op == ">" and best == s.threshold):
-                    allowed = math.floor(self.n * (1 - s.threshold) + 1e-9) - (1 if s.op == ">" else 0)
-                    return (
-                        f"{s} cannot be met: {self.failed} of the {self.n} measured requests failed "
-                        f"(at most {max(allowed, 0)} may)"
-                    )
-            return None
+            return self._share_lost(self._success, self.failed, "failed")
+        return self._latency_lost(record)
+
+    def _share_lost(self, slos: Sequence[Slo], missed: int, what: str) -> str | None:
+        """Why a share SLO is lost with `missed` of the n requests outside it, if it is."""
+        for s in slos:
+            # The best final share is with every remaining request inside it: (n - missed) / n.
+            best = (self.n - missed) / self.n
+            if best < s.threshold or (s.op == ">" and best == s.threshold):
+                allowed = math.floor(self.n * (1 - s.threshold) + 1e-9) - (1 if s.op == ">" else 0)
+                return (
+                    f"{s} cannot be met: {missed} of the {self.n} measured requests {what} "
+                    f"(at most {max(allowed, 0)} may)"
+                )
+        return None
+
+    def _latency_lost(self, record: RequestRecord) -> str | None:
         for lat in self._latency:
             value = request_value(record, lat.base, lat.stat)
             if value is None:

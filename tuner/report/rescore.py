@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from tuner.load.results import RequestRecord
 from tuner.report.front import pareto_front
 from tuner.report.views import StudyView, TrialView
-from tuner.scoring import LoadSummary, Slo, closest, figures, objective_latency, summarize
+from tuner.scoring import LoadSummary, Slo, closest, figures, goodput_bound, objective_latency, summarize
 
 __all__ = ["RecordSource", "RescoreResult", "RescoredTrial", "rescore"]
 
@@ -94,6 +94,9 @@ class _Run:
 def rescore(view: StudyView, source: RecordSource, slos: Sequence[Slo]) -> RescoreResult:
     timeout = view.job.request_timeout
     worst_latency = float(timeout) if timeout is not None else 60.0
+    if view.record.objective == "goodput" and not any(s.metric == "good_share" for s in slos):
+        # A goodput study's steps are judged by their share of good requests, under the new SLOs' bounds.
+        slos = [*slos, goodput_bound(slos)]
     rescorer = _Rescorer(view.name, source, list(slos), view.latency_metric, worst_latency)
     out = [rescorer.trial(t) for t in view.trials]
     # A duplicate ran nothing itself: it takes its original's new verdict.
@@ -148,6 +151,7 @@ class _Rescorer:
             success_rate=float(s.success_rate),
             latencies={f.name: value for f in figures() if (value := f.of(s)) is not None},
             goodput=float(s.goodput),
+            good_share=float(s.good_share),
             feasible=run.meets,
             constraints=tuple(run.violations),
             constraint_names=tuple(str(x) for x in self.slos),

@@ -222,12 +222,19 @@ def flags_table(view: StudyView, flags: dict[str, Any]) -> Table:
     return table
 
 
+def _good_share(summary: dict[str, Any]) -> str:
+    # A summary stored before the share was recorded has none: say nothing rather than 0%.
+    share = summary.get("good_share")
+    return f" ({share:.1%} good)" if isinstance(share, int | float) else ""
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     head = (
         f"load: {summary.get('requests_succeeded', 0)}/{summary.get('requests_sent', 0)} ok "
         f"({summary.get('success_rate', 0):.1%}) in {summary.get('duration_s', 0):.1f} s · "
         f"{summary.get('output_throughput', 0):,.1f} output tok/s · {summary.get('request_throughput', 0):.2f} req/s · "
-        f"goodput {summary.get('goodput', 0):.2f} req/s · concurrency {summary.get('concurrency', 0):.1f}"
+        f"goodput {summary.get('goodput', 0):.2f} req/s{_good_share(summary)} · "
+        f"concurrency {summary.get('concurrency', 0):.1f}"
     )
     table = Table(title=head)
     stats = STATS
@@ -242,7 +249,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 def steps_table(steps: list[Any], scored: int | None) -> Table:
     table = Table(title="capacity search (request rate steps)")
-    for col in ("step", "rate req/s", "tok/s", "e2e P95", "success", "meets SLOs"):
+    for col in ("step", "rate req/s", "tok/s", "e2e P95", "success", "good", "meets SLOs"):
         table.add_column(col, justify="right")
     for i, step in enumerate(steps):
         if not isinstance(step, dict):
@@ -254,6 +261,7 @@ def steps_table(steps: list[Any], scored: int | None) -> Table:
             fmt(s.get("output_throughput")),
             fmt((s.get("e2e") or {}).get("p95"), ".3f", " s"),
             fmt(s.get("success_rate"), ".1%"),
+            fmt(s.get("good_share"), ".1%"),  # what a goodput search judges a step by; — where not stored
             "yes" if step.get("meets_slos") else "no",
         )
     return table

@@ -38,6 +38,7 @@ class TrialView:
     success_rate: float | None = None
     latencies: Mapping[str, float] = field(default_factory=dict)  # the registry's figures by name, in seconds
     goodput: float | None = None
+    good_share: float | None = None  # the share of its requests that met every latency SLO on their own
     diagnosis: str | None = None
     kv_tokens: int | None = None
     predicted_kv_tokens: int | None = None
@@ -248,6 +249,7 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         success_rate=r.success_rate,
         latencies=r.latencies,
         goodput=r.goodput,
+        good_share=r.good_share,
         diagnosis=r.diagnosis,
         slo_stop=r.slo_stop,
         kv_tokens=r.kv_tokens,

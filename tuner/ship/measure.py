@@ -41,7 +41,8 @@ def measure_capacity(
     measure: Measure = measure_load,
 ) -> MeasuredCapacity:
     """Start `flags` with the job's launcher and search the highest SLO-meeting rate on that one server."""
-    search = job.model_copy(update={"objective": "max_rate"})
+    # A goodput study's capacity is its goodput search's rate; any other study's, the SLO-meeting one.
+    search = job.model_copy(update={"objective": "goodput" if job.objective == "goodput" else "max_rate"})
 
     async def go() -> MeasuredCapacity | None:
         async with (launcher or build_launcher(job)).start(flags, study=study) as server:

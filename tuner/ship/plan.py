@@ -109,6 +109,8 @@ def make_plan(
         basis = (
             "its highest SLO-meeting rate, measured by the study"
             if objective == "max_rate"
+            else "its highest rate at which the SLOs' share of requests were good, measured by the study"
+            if objective == "goodput"
             else "the rate it held under the job's fixed load, a floor of its capacity; measure: "
             + measure_hint(view, t)
         )

@@ -1,4 +1,5 @@
-"""A trial's load phase against a ready server: a fixed load (objective throughput) or a capacity search (max_rate)."""
+"""A trial's load phase against a ready server: a fixed load (objective throughput) or a capacity search (max_rate,
+and goodput: the same search judged by the share of requests that met every latency SLO on their own)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ async def _measure(server: Server, job: Job, flags: VllmFlags) -> Measurement:
         seed=job.workload.seed,
         max_num_seqs=seqs,
         stop_on_slo_miss=job.stop_early,
+        judge=[job.goodput_slo()] if job.objective == "goodput" else None,
     )
     scored = 0
     if search.best_rate is not None:

@@ -74,7 +74,7 @@ class Objective:
         self.read_devices = read_devices
         self.on_event = on_event or (lambda _msg: None)
         self.scorer = Scorer(
-            self.slos, self.latency_metric, float(job.request_timeout), job.gpu_profile(), job.model_profile()
+            job.judged_slos(), self.latency_metric, float(job.request_timeout), job.gpu_profile(), job.model_profile()
         )
         self.claims = Claims(store, self.study_name, self.on_event, poll_s)
         # The real load is preceded by the real probes; a load of one's own (a test's fake) has no server to probe

@@ -123,4 +123,5 @@ def _figures(summary: LoadSummary) -> dict[str, Any]:
         "success_rate": float(summary.success_rate),
         "latencies": {name: value for name, value in latencies.items() if value is not None},
         "goodput": float(summary.goodput),
+        "good_share": float(summary.good_share),
     }
