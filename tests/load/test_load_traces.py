@@ -129,7 +129,12 @@ def test_reusable_tokens_are_the_leading_blocks_seen_before() -> None:
 def test_the_slice_shape_counts_a_minute_each_and_the_reuse() -> None:
     trace = load_trace(DATA / "burstgpt.csv")
     shape = slice_shape(trace_slice(trace))
-    assert shape.requests == 4 and shape.per_minute == [2, 2] and shape.reusable_share is None
+    assert (
+        shape.requests == 4
+        and shape.bucket_s == 10
+        and shape.counts == [1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 2]
+        and shape.reusable_share is None
+    )
     assert shape.input_pct == {50: 472, 90: 1360, 99: 1360}
     moon = slice_shape(trace_slice(load_trace(DATA / "mooncake.jsonl")))
     assert moon.reusable_share == pytest.approx(1536 / 3300)

@@ -87,10 +87,10 @@ class Arrival(BaseModel):
         if self.concurrency is not None:
             return f"closed loop, {self.concurrency} users"
         if self.trace is not None:
-            end = f"{self.start_s + self.duration_s:g}" if self.duration_s is not None else "end"
+            end = f"{self.start_s + self.duration_s:g} s" if self.duration_s is not None else "its end"
             speed = f", x{self.speedup:g}" if self.speedup != 1 else ""
             cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
-            return f"trace {self.trace.name} ({self.start_s:g}-{end} s{speed}{cap})"
+            return f"trace {self.trace.name} from {self.start_s:g} s to {end}{speed}{cap}"
         shape = self.process if self.burstiness == 1.0 or self.process == "constant" else f"gamma({self.burstiness:g})"
         cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
         return f"open loop, {shape} {self.rate:g} req/s{cap}"

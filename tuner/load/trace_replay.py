@@ -92,7 +92,9 @@ def reusable_tokens(requests: Sequence[TimedRequest | TraceRequest], block_token
 class SliceShape:
     requests: int
     span_s: float
-    per_minute: list[int]
+    bucket_s: int
+    counts: list[int]
+    """Requests sent in each `bucket_s` of the replay."""
     input_pct: dict[int, int]
     output_pct: dict[int, int]
     reusable_share: float | None
@@ -103,8 +105,8 @@ class SliceShape:
         pct = "  ".join(f"p{p} {self.input_pct[p]}/{self.output_pct[p]}" for p in self.input_pct)
         out = [
             f"trace slice: {self.requests} requests over {self.span_s:.0f} s of replay ({rate:.2f} req/s on average)",
-            f"  requests a minute: {sparkline(self.per_minute)}  (min {min(self.per_minute)}, "
-            f"max {max(self.per_minute)})",
+            f"  requests per {_span(self.bucket_s)}: {sparkline(self.counts)}  (min {min(self.counts)}, "
+            f"max {max(self.counts)})",
             f"  input/output tokens: {pct}",
         ]
         if self.reusable_share is not None:
@@ -116,11 +118,13 @@ _PERCENTILES = (50, 90, 99)
 
 
 def slice_shape(requests: Sequence[TimedRequest], block_tokens: int = 512) -> SliceShape:
-    """What the dry run prints: the count, the send rate a replay minute, the lengths' percentiles, the reuse."""
+    """What the dry run prints: the count, the sends over time, the lengths' percentiles, the reuse."""
     span = max((r.send_s for r in requests), default=0.0)
-    minutes = [0] * (int(span // 60) + 1)
+    # the shortest bucket that gives a bar each at most: a few minutes' replay by 10 s, a day's by the hour
+    bucket = next((b for b in _BUCKETS_S if span / b < _WIDTH), _BUCKETS_S[-1])
+    counts = [0] * (int(span // bucket) + 1)
     for r in requests:
-        minutes[int(r.send_s // 60)] += 1
+        counts[int(r.send_s // bucket)] += 1
     inputs = sorted(r.input_len for r in requests)
     outputs = sorted(r.output_len for r in requests)
     share = None
@@ -129,7 +133,8 @@ def slice_shape(requests: Sequence[TimedRequest], block_tokens: int = 512) -> Sl
     return SliceShape(
         requests=len(requests),
         span_s=span,
-        per_minute=minutes,
+        bucket_s=bucket,
+        counts=counts,
         input_pct={p: _percentile(inputs, p) for p in _PERCENTILES},
         output_pct={p: _percentile(outputs, p) for p in _PERCENTILES},
         reusable_share=share,
@@ -144,11 +149,16 @@ def _percentile(values: Sequence[int], p: int) -> int:
 
 
 _BARS = "▁▂▃▄▅▆▇█"
-_WIDTH = 60
+_WIDTH = 40
+_BUCKETS_S = (1, 10, 60, 600, 3600)
+
+
+def _span(seconds: int) -> str:
+    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min" if seconds < 3600 else f"{seconds // 3600} h"
 
 
 def sparkline(counts: Sequence[int]) -> str:
-    """Counts as bars, at most 60 wide (neighbouring counts summed into one bar beyond that)."""
+    """Counts as bars, at most 40 wide (neighbouring counts summed into one bar beyond that)."""
     if not counts:
         return ""
     per = math.ceil(len(counts) / _WIDTH)
