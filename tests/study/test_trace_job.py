@@ -68,6 +68,12 @@ def test_the_trace_is_read_beside_the_job_file(tmp_path: Path) -> None:
         ),
         (
             '{"t": 0, "input_len": 5, "output_len": 1}\n',
+            "{trace: t.jsonl, burstiness: 0.5}",
+            "",
+            "arrival: burstiness shapes a rate's gaps; a trace sends at its own times",
+        ),
+        (
+            '{"t": 0, "input_len": 5, "output_len": 1}\n',
             "{trace: t.jsonl, rate: 2}",
             "",
             "give exactly one of concurrency (closed loop), rate (open loop, requests/s) or trace",

@@ -60,6 +60,10 @@ class Arrival(BaseModel):
             for name in ("start_s", "speedup", "block_tokens", "format"):
                 if name in self.model_fields_set:
                     raise ValueError(f"{name} applies to a trace; give trace: FILE, or leave {name} out")
+        else:
+            for name in ("process", "burstiness"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name} shapes a rate's gaps; a trace sends at its own times: leave {name} out")
         if self.requests is None and self.duration_s is None and self.trace is None:
             raise ValueError("give requests (a count) and/or duration_s to say when the run stops")
         if self.concurrency is not None and self.max_in_flight is not None:
