@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import ConfigError
+from tuner.load.arrival import Arrival
 from tuner.load.prompt_fit import UNFITTED
 from tuner.load.trace_replay import reusable_tokens, slice_shape, sparkline, trace_prompts, trace_slice
 from tuner.load.traces import load_trace
@@ -140,3 +141,9 @@ def test_the_slice_shape_counts_a_minute_each_and_the_reuse() -> None:
     assert moon.reusable_share == pytest.approx(1536 / 3300)
     assert any("reusable" in line for line in moon.lines())
     assert sparkline([0, 1, 2, 4]) == "▁▂▄█"
+
+
+@pytest.mark.parametrize("arrival", [Arrival(rate=2, requests=5), Arrival(trace=DATA / "plain.jsonl", speedup=2)])
+def test_a_stored_arrival_with_every_field_reads_back(arrival: Arrival) -> None:
+    """A study stores the job's arrival whole, defaults included: they are not fields given out of place."""
+    assert Arrival.model_validate(arrival.model_dump(mode="json")) == arrival

@@ -17,6 +17,10 @@ from tuner.load.traces import Trace, TraceFormat, load_trace
 __all__ = ["Arrival", "interarrival_gaps", "send_offsets"]
 
 
+_TRACE_ONLY = ("start_s", "speedup", "block_tokens", "format")
+_RATE_ONLY = ("process", "burstiness")
+
+
 class Arrival(BaseModel):
     """Exactly one of `concurrency` (closed loop), `rate` (open loop) or `trace` (an open loop at the trace's own
     times and lengths); at least one of `requests` / `duration_s` but for a trace, which ends with its slice.
@@ -56,14 +60,14 @@ class Arrival(BaseModel):
             raise ValueError(
                 "give exactly one of concurrency (closed loop), rate (open loop, requests/s) or trace (a request log)"
             )
-        if self.trace is None:
-            for name in ("start_s", "speedup", "block_tokens", "format"):
-                if name in self.model_fields_set:
-                    raise ValueError(f"{name} applies to a trace; give trace: FILE, or leave {name} out")
-        else:
-            for name in ("process", "burstiness"):
-                if name in self.model_fields_set:
-                    raise ValueError(f"{name} shapes a rate's gaps; a trace sends at its own times: leave {name} out")
+        # A value other than the default, not a key given: a stored job's dump holds every field.
+        fields = type(self).model_fields
+        changed = [name for name in _TRACE_ONLY + _RATE_ONLY if getattr(self, name) != fields[name].default]
+        for name in changed:
+            if self.trace is None and name in _TRACE_ONLY:
+                raise ValueError(f"{name} applies to a trace; give trace: FILE, or leave {name} out")
+            if self.trace is not None and name in _RATE_ONLY:
+                raise ValueError(f"{name} shapes a rate's gaps; a trace sends at its own times: leave {name} out")
         if self.requests is None and self.duration_s is None and self.trace is None:
             raise ValueError("give requests (a count) and/or duration_s to say when the run stops")
         if self.concurrency is not None and self.max_in_flight is not None:
