@@ -296,3 +296,24 @@ async def test_a_trace_with_an_in_flight_cap_waits_for_a_slot() -> None:
     # 0.0 and 0.5 would overlap a 1 s request: the second waits for the first to end; the third is due at 2.25
     assert fake.peak == 1
     assert [a - fake.arrivals[0] for a in fake.arrivals] == pytest.approx([0.0, 1.0, 2.25], abs=0.01)
+
+
+@fake_time
+async def test_a_trace_stops_early_once_an_slo_is_missed_for_certain(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"t": {i}, "input_len": 8, "output_len": 2}}\n' for i in range(20)))
+    fake = FakeVllm(ttft_s=2.0)
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake",
+            "m",
+            Workload(),
+            Arrival(trace=trace),
+            slos=[parse_slo("ttft_max<=1s")],
+            client=client,
+            clock=LoopClock(),
+            stop_on_slo_miss=True,
+        )
+    # the slice's 20 requests are the count the guard judges: the first answer over the maximum decides
+    assert result.slo_stop is not None and result.slo_stop.startswith("ttft_max<=1s cannot be met")
+    assert len(fake.bodies) < 20

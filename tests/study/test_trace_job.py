@@ -3,10 +3,12 @@ the dry run, and replayed by the twin in virtual time with the trace's shared bl
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import optuna
 import pytest
 from typer.testing import CliRunner
 
@@ -15,6 +17,8 @@ from tuner.config import load_job
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
 from tuner.load.trace_replay import reusable_tokens
+from tuner.record import MEASURED, TrialRecord
+from tuner.store.store import open_store
 from tuner.twin.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,3 +135,34 @@ def test_the_twin_replays_the_trace_and_its_prefix_hits_are_the_reusable_share(t
     assert point.prefix_queries == 3300 and point.prefix_hits == reusable == 1536
     off = simulate(job, VllmFlags(max_num_seqs=8, max_model_len=4096, enable_prefix_caching=False))
     assert off.prefix_hits == 0
+
+
+@pytest.mark.slow
+def test_tuner_tune_replays_a_trace_on_the_emulator(tmp_path: Path) -> None:
+    """The whole loop on a trace: twin-first search in virtual time, then emulated servers sent the trace's
+    requests at its times; every measured trial's requests are the trace's."""
+    path = _job(tmp_path, (TRACES / "mooncake.jsonl").read_text(), arrival="{trace: t.jsonl, speedup: 2}")
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(path), "--log-file", str(tmp_path / "study.log")],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TUNER_STORAGE")} | {"COLUMNS": "200"},
+        check=False,
+        timeout=1800,  # not a bound on its speed: a hang must end the run rather than block CI
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (tmp_path / "study.log").read_text()
+    assert "twin: " in log and "trial 0:" in log
+    url = f"sqlite:///{tmp_path / 'replay.db'}"
+    trials = optuna.load_study(study_name="replay", storage=url).trials
+    measured = [t.number for t in trials if TrialRecord.from_attrs(t.user_attrs).outcome == MEASURED]
+    assert measured
+    store = open_store(url, migrate=False)
+    try:
+        for number in measured:
+            records = store.request_records("replay", number)
+            assert [(r.prompt_tokens, r.completion_tokens) for r in records] == [
+                (1200, 40), (700, 12), (1100, 80), (300, 5)
+            ]  # fmt: skip
+    finally:
+        store.close()

@@ -236,7 +236,8 @@ async def run_load(
         # A dataset's text goes as it is; only made-up tokens (prompts, or a dataset's shared prefix) need a fit.
         if fit is None and (workload.dataset is None or workload.prefix_len > 0):
             fit = await fit_prompts(http, base_url, model)
-        guard = SloGuard(slos, arrival.requests) if stop_on_slo_miss and arrival.requests else None
+        count = _measured_count(arrival)
+        guard = SloGuard(slos, count) if stop_on_slo_miss and count else None
         run = _Run(workload, arrival, clock, should_stop, on_progress, guard if guard and guard.active else None, fit)
         url = base_url.rstrip("/") + workload.path
         async with contextlib.AsyncExitStack() as stack:
@@ -247,6 +248,13 @@ async def run_load(
         if own:
             await http.aclose()
     return _result(run, slos, scraper, max_num_seqs)
+
+
+def _measured_count(arrival: Arrival) -> int | None:
+    """The measured requests a run will send when known before it runs: its count, or a trace slice's."""
+    if arrival.trace is not None:
+        return max(0, len(arrival.trace_requests()) - arrival.warmup_requests)
+    return arrival.requests
 
 
 async def _drive(run: _Run, client: httpx.AsyncClient, url: str, model: str, timeout_s: float) -> None:
