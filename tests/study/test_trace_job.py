@@ -97,6 +97,15 @@ def test_a_bad_trace_job_is_one_line(tmp_path: Path, trace: str, arrival: str | 
     assert said.format(dir=tmp_path) in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_max_model_len_shorter_than_the_trace_s_requests_is_an_error(tmp_path: Path) -> None:
+    path = _job(tmp_path, (TRACES / "mooncake.jsonl").read_text())
+    path.write_text(path.read_text().replace("max_model_len: 4096", "max_model_len: 1024"))
+    with pytest.raises(ConfigError) as e:
+        load_job(path)
+    assert "is shorter than 2 of the trace slice's 4 measured requests (its input + output lengths)" in str(e.value)
+    assert "raise max_model_len to at least 1240 or cut a slice without them" in str(e.value)
+
+
 def test_a_bad_row_exits_2_with_one_line(tmp_path: Path) -> None:
     path = _job(tmp_path, '{"t": 0, "input_len": 5, "output_len": 1}\n{"t": 1, "input_len": -3, "output_len": 1}\n')
     done = subprocess.run(

@@ -111,10 +111,15 @@ def _too_many_too_long(job: Job, limit: int, said: str) -> Iterator[str]:
     if too_long <= allowed:
         return
     needed = sorted(totals)[len(totals) - allowed - 1]
+    if job.arrival.trace is not None:
+        whose, how, fix = "the trace slice's", "its input + output lengths", "cut a slice without them"
+    else:
+        whose, how = "the workload's", "input_len + output_len, as its seed draws them"
+        fix = "shorten workload.input_len/output_len"
     yield (
-        f"space.max_model_len: {said} is shorter than {too_long} of the workload's {len(totals)} measured requests "
-        f"(input_len + output_len, as its seed draws them): vLLM refuses or cuts those, so no trial can meet "
-        f"'{rate}'; raise max_model_len to at least {needed} or shorten workload.input_len/output_len"
+        f"space.max_model_len: {said} is shorter than {too_long} of {whose} {len(totals)} measured requests "
+        f"({how}): vLLM refuses or cuts those, so no trial can meet '{rate}'; raise max_model_len to at least "
+        f"{needed} or {fix}"
     )
 
 
