@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import io
+from pathlib import Path
 
 import httpx
+import pytest
 
 from tuner.clock import Clock
 from tuner.emulator import Emulator
 from tuner.load import Arrival, Workload, run_load
 from tuner.load.server_metrics import WANTED_SAMPLES, scrape_metrics
+from tuner.load.trace_replay import reusable_tokens
 
 SCALE = 20.0
 
@@ -93,3 +96,17 @@ async def test_the_scrape_gets_the_filtered_page_below_metrics_as_from_vllm() ->
     assert "vllm:num_requests_running{" in part and "vllm:inter_token_latency_seconds_bucket{" in part
     assert scraper.filtered and scraper.error is None
     assert all(s.running == 0.0 and s.itl is not None for s in scraper.samples)
+
+
+async def test_a_mooncake_trace_s_shared_blocks_are_the_emulator_s_prefix_cache_hits() -> None:
+    trace = Path(__file__).parent.parent / "data" / "traces" / "mooncake.jsonl"
+    emu = emulator("--enable-prefix-caching")
+    async with emu.serve_http(host="127.0.0.1", port=0) as url:
+        result = await run_load(
+            url, "llama-3.1-8b", Workload(seed=2), Arrival(trace=trace, speedup=0.5), clock=Clock(SCALE),
+        )  # fmt: skip
+    assert [r.prompt_tokens for r in result.records] == [1200, 700, 1100, 300]
+    # hash id 0 (512 tokens) again in the 2nd request, 0 and 1 (1024) in the 3rd: 1536 of 3300 prompt tokens
+    requests = Arrival(trace=trace).trace_requests()
+    assert sum(reusable_tokens(requests, 512)) == 1536
+    assert result.server is not None and result.server.prefix_cache_hit_rate == pytest.approx(1536 / 3300)

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import statistics
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -255,3 +256,64 @@ async def test_records_line_up_with_the_wall_clock() -> None:
     assert len(arrivals) == len(starts) == 6
     for start, seen in zip(starts, arrivals, strict=True):
         assert before <= start <= seen + 1e-3 and seen <= after
+
+
+TRACES = Path(__file__).parent.parent / "data" / "traces"
+
+
+@fake_time
+async def test_a_trace_is_sent_at_its_own_times_sliced_and_sped_up() -> None:
+    fake = FakeVllm(token_s=0.001)
+    trace = TRACES / "mooncake.jsonl"
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake",
+            "m",
+            Workload(seed=3),
+            Arrival(trace=trace, start_s=0.2, duration_s=4.0, speedup=2),
+            client=client,
+            clock=LoopClock(),
+        )
+    # the slice [0.2, 4.2) s holds the requests at 0.25, 1.5 and 4.0 s, each sent (t - 0.2) / 2 after the start
+    assert [r.start_s for r in result.records] == pytest.approx([0.025, 0.65, 1.9], abs=2e-6)
+    assert [b["max_tokens"] for b in fake.bodies] == [12, 80, 5]
+    assert [len(b["prompt"]) for b in fake.bodies] == [700, 1100, 300]  # type: ignore[arg-type]
+    assert result.summary.requests_succeeded == 3 and result.mode.startswith("trace mooncake.jsonl")
+
+
+@fake_time
+async def test_a_trace_with_an_in_flight_cap_waits_for_a_slot() -> None:
+    fake = FakeVllm(ttft_s=1.0)
+    async with fake.client() as client:
+        await run_load(
+            "http://fake",
+            "m",
+            Workload(),
+            Arrival(trace=TRACES / "plain.jsonl", max_in_flight=1),
+            client=client,
+            clock=LoopClock(),
+        )
+    # 0.0 and 0.5 would overlap a 1 s request: the second waits for the first to end; the third is due at 2.25
+    assert fake.peak == 1
+    assert [a - fake.arrivals[0] for a in fake.arrivals] == pytest.approx([0.0, 1.0, 2.25], abs=0.01)
+
+
+@fake_time
+async def test_a_trace_stops_early_once_an_slo_is_missed_for_certain(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"t": {i}, "input_len": 8, "output_len": 2}}\n' for i in range(20)))
+    fake = FakeVllm(ttft_s=2.0)
+    async with fake.client() as client:
+        result = await run_load(
+            "http://fake",
+            "m",
+            Workload(),
+            Arrival(trace=trace),
+            slos=[parse_slo("ttft_max<=1s")],
+            client=client,
+            clock=LoopClock(),
+            stop_on_slo_miss=True,
+        )
+    # the slice's 20 requests are the count the guard judges: the first answer over the maximum decides
+    assert result.slo_stop is not None and result.slo_stop.startswith("ttft_max<=1s cannot be met")
+    assert len(fake.bodies) < 20

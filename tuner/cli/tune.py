@@ -48,6 +48,17 @@ def make_progress() -> Progress:
     )
 
 
+def trace_lines(job: Job) -> list[str]:
+    """A trace's note (sorted), and the shape of the slice the trials replay."""
+    a = job.arrival
+    if a.trace is None:
+        return []
+    from tuner.load.trace_replay import slice_shape
+
+    note = a.load_trace().note
+    return [*([f"note: {note}"] if note else []), *slice_shape(a.trace_requests(), a.block_tokens).lines()]
+
+
 def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     """Check the job, show the space, the baseline and what the feasibility filter predicts, launch nothing."""
     from tuner.study.samplers import sampler_name
@@ -61,9 +72,9 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     options = job.sampler.model_dump(exclude={"name", "seed"}, exclude_none=True)
     sampler = sampler_name(job) + "".join(f", {k}: {str(v).lower()}" for k, v in options.items())
     console.print(f"SLOs: {', '.join(job.slos)}; budget: {job.budget.n_trials} trials; sampler: {sampler}")
-    console.print(
-        f"workload: longest request {job.workload.max_request_tokens()} tokens; arrival: {job.arrival.describe()}"
-    )
+    console.print(f"workload: longest request {job.longest_request()} tokens; arrival: {job.arrival.describe()}")
+    for line in trace_lines(job):
+        console.print(line, markup=False)
     for name, dist in space.distributions.items():
         console.print(f"  {name}: {dist}")
     for name, value in space.fixed.items():
@@ -120,6 +131,8 @@ def preflight_check(job: Job) -> None:
     "--parallel. The job's `sampler` picks the search (twin, tpe, gp, nsga2, random, grid) and its options, e.g. "
     "`sampler: {name: tpe, multivariate: false}`; `tuner schema` lists them.\n\n"
     "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]\n\n"
+    "Example: [bold]tuner tune search_spaces/emulator-trace.yaml --dry-run[/bold]   (a request log replayed: the "
+    "slice's shape; README: Bring your own log)\n\n"
     "Example: [bold]tuner tune job.yaml --parallel auto[/bold]   (8 GPUs, tensor_parallel_size 2: 4 workers)"
 )
 def tune(
@@ -160,6 +173,8 @@ def tune(
     if n_trials is not None:
         job = job.model_copy(update={"budget": job.budget.model_copy(update={"n_trials": n_trials})})
     url = storage or job.storage_url()
+    if not (dry_run_ or check) and job.arrival.trace is not None and (note := job.arrival.load_trace().note):
+        console.print(f"note: {note}", markup=False)
     from tuner.study.parallel import worker_count
 
     gpus = _parallel_gpus(parallel)

@@ -71,6 +71,10 @@ def _length_problems(job: Job, space: SearchSpace) -> Iterator[str]:
     """A max_model_len that no request of the workload fits in: every trial fails every request."""
     w = job.workload
     largest = _largest_model_len(space)
+    if job.arrival.trace is not None:
+        if largest is not None:
+            yield from _too_many_too_long(job, *largest)
+        return
     if w.dataset is not None or largest is None:
         return  # a dataset's lengths are estimated, and vLLM's own default is the model's limit (checked there)
     shortest = max(_lower(w.input_len), w.prefix_len + 1) + _lower(w.output_len)
@@ -98,16 +102,24 @@ def _too_many_too_long(job: Job, limit: int, said: str) -> Iterator[str]:
     if rate is None or rate.op != ">=":
         return
     n = (job.arrival.requests or _LENGTH_SAMPLE) + job.arrival.warmup_requests
-    totals = job.workload.request_tokens(n)[job.arrival.warmup_requests :]
+    if job.arrival.trace is not None:
+        totals = [r.input_len + r.output_len for r in job.arrival.trace_requests()][job.arrival.warmup_requests :]
+    else:
+        totals = job.workload.request_tokens(n)[job.arrival.warmup_requests :]
     too_long = sum(t > limit for t in totals)
     allowed = math.floor(len(totals) * (1 - rate.threshold) + 1e-9)
     if too_long <= allowed:
         return
     needed = sorted(totals)[len(totals) - allowed - 1]
+    if job.arrival.trace is not None:
+        whose, how, fix = "the trace slice's", "its input + output lengths", "cut a slice without them"
+    else:
+        whose, how = "the workload's", "input_len + output_len, as its seed draws them"
+        fix = "shorten workload.input_len/output_len"
     yield (
-        f"space.max_model_len: {said} is shorter than {too_long} of the workload's {len(totals)} measured requests "
-        f"(input_len + output_len, as its seed draws them): vLLM refuses or cuts those, so no trial can meet "
-        f"'{rate}'; raise max_model_len to at least {needed} or shorten workload.input_len/output_len"
+        f"space.max_model_len: {said} is shorter than {too_long} of {whose} {len(totals)} measured requests "
+        f"({how}): vLLM refuses or cuts those, so no trial can meet '{rate}'; raise max_model_len to at least "
+        f"{needed} or {fix}"
     )
 
 
@@ -134,6 +146,27 @@ def _objective_problems(job: Job) -> Iterator[str]:
         )
 
 
+def _trace_problem(job: Job) -> str | None:
+    """A trace that cannot be read, a slice with no request in it, or what a trace replaces given beside it."""
+    a = job.arrival
+    try:
+        requests = a.trace_requests()
+    except ConfigError as e:
+        return f"arrival.trace: {e}"
+    if not requests:
+        end = f"{a.start_s + a.duration_s:g}" if a.duration_s is not None else "its end"
+        span = a.load_trace().requests[-1].t_s
+        return f"arrival: the trace's slice from {a.start_s:g} s to {end} holds no request (the trace spans {span:g} s)"
+    if job.workload.dataset is not None:
+        return "workload.dataset: a trace gives each request's lengths; leave out workload.dataset or arrival.trace"
+    if job.objective in ("max_rate", "goodput"):
+        return (
+            f"objective: {job.objective} searches a request rate, and a trace's rate is its own; "
+            "use objective: throughput"
+        )
+    return None
+
+
 def job_problems(job: Job, *, flags: bool = True) -> list[str]:
     """Everything pydantic cannot see alone: the catalog, the space against the model, vLLM (`flags`: the keys
     against its arguments) and the workload."""
@@ -153,6 +186,8 @@ def job_problems(job: Job, *, flags: bool = True) -> list[str]:
         job.workload.max_request_tokens()  # reads a dataset: a missing or broken one is the workload's problem
     except ConfigError as e:
         return [f"workload.dataset: {e}"]
+    if job.arrival.trace is not None and (trace_problem := _trace_problem(job)) is not None:
+        return [trace_problem]
     problems = [*_objective_problems(job), *(_flag_problems(job) if flags else ())]
     try:
         space = job.search_space()

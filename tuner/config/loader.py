@@ -46,6 +46,9 @@ def parse_job(
     if job.workload.dataset is not None and source is not None and not job.workload.dataset.is_absolute():
         dataset = source.parent / job.workload.dataset
         job = job.model_copy(update={"workload": job.workload.model_copy(update={"dataset": dataset})})
+    if job.arrival.trace is not None and source is not None and not job.arrival.trace.is_absolute():
+        trace = source.parent / job.arrival.trace
+        job = job.model_copy(update={"arrival": job.arrival.model_copy(update={"trace": trace})})
     if auto_gpu is not None:
         job.assume_gpu(auto_gpu)
     problems = job_problems(job, flags=not stored)

@@ -218,8 +218,14 @@ class Job(StrictModel):
 
     def search_space(self) -> SearchSpace:
         return SearchSpace.build(
-            self.space, self.gpu_profile(), self.model_profile(), longest_request=self.workload.max_request_tokens()
+            self.space, self.gpu_profile(), self.model_profile(), longest_request=self.longest_request()
         )
+
+    def longest_request(self) -> int:
+        """The longest prompt + output the load sends: the trace slice's, or the workload's."""
+        if self.arrival.trace is not None:
+            return max((r.input_len + r.output_len for r in self.arrival.trace_requests()), default=1)
+        return self.workload.max_request_tokens()
 
     def storage_url(self) -> str:
         if self.study.storage:

@@ -1,20 +1,32 @@
-"""When requests are sent: a closed loop of N users, or an open loop at R requests/s; when to stop; warm-up."""
+"""When requests are sent: a closed loop of N users, an open loop at R requests/s, or a trace's own times; when
+to stop; warm-up."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Arrival", "interarrival_gaps"]
+from tuner.load.trace_replay import TimedRequest, trace_slice
+from tuner.load.traces import Trace, TraceFormat, load_trace
+
+__all__ = ["Arrival", "interarrival_gaps", "send_offsets"]
+
+
+_TRACE_ONLY = ("start_s", "speedup", "block_tokens", "format")
+_RATE_ONLY = ("process", "burstiness")
 
 
 class Arrival(BaseModel):
-    """Exactly one of `concurrency` (closed loop) or `rate` (open loop); at least one of `requests` / `duration_s`.
+    """Exactly one of `concurrency` (closed loop), `rate` (open loop) or `trace` (an open loop at the trace's own
+    times and lengths); at least one of `requests` / `duration_s` but for a trace, which ends with its slice.
 
-    `requests` and `duration_s` count the measured phase only; warm-up requests come first and are excluded.
+    `requests` and `duration_s` count the measured phase only; warm-up requests come first and are excluded. For a
+    trace, `duration_s` is the slice's length in the trace's own seconds, from `start_s`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -30,12 +42,33 @@ class Arrival(BaseModel):
     warmup_requests: int = Field(default=0, ge=0)
     warmup_s: float = Field(default=0.0, ge=0)
     seed: int = 0
+    trace: Path | None = None
+    """A request log replayed at its own times: Mooncake JSONL, Azure or BurstGPT CSV, or JSONL {t, input_len,
+    output_len}."""
+    format: TraceFormat = "auto"
+    start_s: float = Field(default=0.0, ge=0)
+    """Where the slice starts, in seconds from the trace's first request."""
+    speedup: float = Field(default=1.0, gt=0)
+    """The trace's time divided by this: 4 plays an hour in 15 minutes."""
+    block_tokens: int = Field(default=512, ge=1)
+    """Tokens in one Mooncake hash id's prompt block (512 in Mooncake's published traces)."""
 
     @model_validator(mode="after")
     def _check(self) -> Arrival:
-        if (self.concurrency is None) == (self.rate is None):
-            raise ValueError("give exactly one of concurrency (closed loop) or rate (open loop, requests/s)")
-        if self.requests is None and self.duration_s is None:
+        given = sum(x is not None for x in (self.concurrency, self.rate, self.trace))
+        if given != 1:
+            raise ValueError(
+                "give exactly one of concurrency (closed loop), rate (open loop, requests/s) or trace (a request log)"
+            )
+        # A value other than the default, not a key given: a stored job's dump holds every field.
+        fields = type(self).model_fields
+        changed = [name for name in _TRACE_ONLY + _RATE_ONLY if getattr(self, name) != fields[name].default]
+        for name in changed:
+            if self.trace is None and name in _TRACE_ONLY:
+                raise ValueError(f"{name} applies to a trace; give trace: FILE, or leave {name} out")
+            if self.trace is not None and name in _RATE_ONLY:
+                raise ValueError(f"{name} shapes a rate's gaps; a trace sends at its own times: leave {name} out")
+        if self.requests is None and self.duration_s is None and self.trace is None:
             raise ValueError("give requests (a count) and/or duration_s to say when the run stops")
         if self.concurrency is not None and self.max_in_flight is not None:
             raise ValueError("max_in_flight applies to an open loop (rate); a closed loop has exactly concurrency")
@@ -45,12 +78,43 @@ class Arrival(BaseModel):
     def closed(self) -> bool:
         return self.concurrency is not None
 
+    def load_trace(self) -> Trace:
+        """The trace file read (ConfigError naming the file and line for a bad row)."""
+        assert self.trace is not None
+        return load_trace(self.trace, self.format)
+
+    def trace_requests(self) -> tuple[TimedRequest, ...]:
+        """The slice to send, with send times from its start after the speed-up; at most `requests` after the
+        warm-up ones, when a count is given."""
+        sent = trace_slice(self.load_trace(), self.start_s, self.duration_s, self.speedup)
+        if self.requests is not None:
+            sent = sent[: self.warmup_requests + self.requests]
+        return sent
+
     def describe(self) -> str:
         if self.concurrency is not None:
             return f"closed loop, {self.concurrency} users"
+        if self.trace is not None:
+            end = f"{self.start_s + self.duration_s:g} s" if self.duration_s is not None else "its end"
+            speed = f", x{self.speedup:g}" if self.speedup != 1 else ""
+            cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
+            return f"trace {self.trace.name} from {self.start_s:g} s to {end}{speed}{cap}"
         shape = self.process if self.burstiness == 1.0 or self.process == "constant" else f"gamma({self.burstiness:g})"
         cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
         return f"open loop, {shape} {self.rate:g} req/s{cap}"
+
+
+def send_offsets(arrival: Arrival) -> Iterator[float]:
+    """An open loop's send times in seconds from its start: a trace's slice (then never again), or the gaps summed."""
+    if arrival.trace is not None:
+        for req in arrival.trace_requests():
+            yield req.send_s
+        while True:
+            yield math.inf
+    t = 0.0
+    for gap in interarrival_gaps(arrival):
+        yield t
+        t += gap
 
 
 def interarrival_gaps(arrival: Arrival) -> Iterator[float]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 
 from tuner.clock import REAL_TIME, Clock
-from tuner.load.arrival import Arrival, interarrival_gaps
+from tuner.load.arrival import Arrival, send_offsets
 from tuner.load.client import send_request
 from tuner.load.connections import load_transport
 from tuner.load.prompt_fit import PromptFit, fit_prompts
@@ -20,6 +20,7 @@ from tuner.load.results import LoadResult, RequestRecord
 from tuner.load.server_metrics import MetricsScraper, diagnose
 from tuner.load.server_metrics import scrape_metrics as _scrape
 from tuner.load.slo_guard import SloGuard
+from tuner.load.trace_replay import trace_prompts
 from tuner.load.workload import PromptSpec, Workload
 from tuner.scoring import Slo, summarize
 
@@ -70,6 +71,15 @@ def _anchor(clock: Clock) -> tuple[float, float]:
     return origin, (before + after) / 2
 
 
+def _prompts(workload: Workload, arrival: Arrival, fit: PromptFit | None) -> Iterator[PromptSpec]:
+    """The workload's endless prompts, or a trace's: its slice's lengths, its shared blocks as shared text."""
+    if arrival.trace is None:
+        return workload.prompts(fit)
+    return trace_prompts(
+        arrival.trace_requests(), fit, api=workload.api, block_tokens=arrival.block_tokens, seed=workload.seed
+    )
+
+
 class _Run:
     """Shared state of one run: which request comes next, when to stop, what has come back."""
 
@@ -88,7 +98,7 @@ class _Run:
         self.clock = clock
         self.should_stop = should_stop
         self.on_progress = on_progress
-        self.prompts: Iterator[PromptSpec] = workload.prompts(fit)
+        self.prompts: Iterator[PromptSpec] = _prompts(workload, arrival, fit)
         self.origin, self.origin_unix = _anchor(clock)
         self.measured_start: float | None = None
         self.issued = 0
@@ -120,11 +130,17 @@ class _Run:
             if a.requests is not None and self.measured_issued >= a.requests:
                 self.stopping = True
                 return None
-            if a.duration_s is not None and now - self.measured_start >= a.duration_s:
+            # a trace's duration is its slice's, already cut
+            if a.duration_s is not None and a.trace is None and now - self.measured_start >= a.duration_s:
                 self.stopping = True
                 return None
+        spec = next(self.prompts, None)
+        if spec is None:  # a trace's slice is all sent
+            self.stopping = True
+            return None
+        if not warmup:
             self.measured_issued += 1
-        job = _Job(index=self.issued, warmup=warmup, spec=next(self.prompts))
+        job = _Job(index=self.issued, warmup=warmup, spec=spec)
         self.issued += 1
         return job
 
@@ -223,8 +239,9 @@ async def run_load(
         # A dataset's text goes as it is; only made-up tokens (prompts, or a dataset's shared prefix) need a fit.
         if fit is None and (workload.dataset is None or workload.prefix_len > 0):
             fit = await fit_prompts(http, base_url, model)
+        count = _measured_count(arrival)
         watched = slos if judge is None else judge
-        guard = SloGuard(watched, arrival.requests, bounds=slos) if stop_on_slo_miss and arrival.requests else None
+        guard = SloGuard(watched, count, bounds=slos) if stop_on_slo_miss and count else None
         run = _Run(workload, arrival, clock, should_stop, on_progress, guard if guard and guard.active else None, fit)
         url = base_url.rstrip("/") + workload.path
         async with contextlib.AsyncExitStack() as stack:
@@ -235,6 +252,13 @@ async def run_load(
         if own:
             await http.aclose()
     return _result(run, slos, scraper, max_num_seqs)
+
+
+def _measured_count(arrival: Arrival) -> int | None:
+    """The measured requests a run will send when known before it runs: its count, or a trace slice's."""
+    if arrival.trace is not None:
+        return max(0, len(arrival.trace_requests()) - arrival.warmup_requests)
+    return arrival.requests
 
 
 async def _drive(run: _Run, client: httpx.AsyncClient, url: str, model: str, timeout_s: float) -> None:
@@ -286,9 +310,12 @@ async def _closed_loop(run: _Run, users: int, spawn: Callable[[_Job], asyncio.Ta
 async def _open_loop(run: _Run, spawn: Callable[[_Job], asyncio.Task[None]]) -> None:
     cap = run.arrival.max_in_flight
     slots = asyncio.Semaphore(cap) if cap is not None else None
-    gaps = interarrival_gaps(run.arrival)
-    due = run.clock.now()
+    offsets = send_offsets(run.arrival)
+    start = run.clock.now()
     while not run.stopping:
+        due = start + next(offsets)
+        if due == float("inf"):  # a trace's slice is all sent
+            break
         # Sleep to absolute due times, so a late wake-up does not shift every later arrival.
         await run.clock.sleep(due - run.clock.now())
         if slots is not None:
@@ -301,7 +328,6 @@ async def _open_loop(run: _Run, spawn: Callable[[_Job], asyncio.Task[None]]) -> 
         task = spawn(job)
         if slots is not None:
             task.add_done_callback(_releaser(slots))
-        due += next(gaps)
 
 
 def _releaser(slots: asyncio.Semaphore) -> Callable[[asyncio.Task[None]], None]:

@@ -173,7 +173,7 @@ def _refusal(job: Job, flags: VllmFlags, record: RequestRecord) -> str | None:
     ):
         if not _length_is_the_jobs(job, flags):
             return None  # this trial's max_model_len, a flag the study tunes: the sampler learns from it
-        longest = job.workload.max_request_tokens()
+        longest = job.longest_request()
         return (
             f"prompt + output must fit max_model_len: give space.max_model_len at least {longest} (the workload's "
             "longest request), or shorten workload.input_len / workload.output_len"

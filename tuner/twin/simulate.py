@@ -31,6 +31,8 @@ from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.step_time import StepTimeModel
 from tuner.flags import ResolvedFlags, VllmFlags, resolve
 from tuner.load import RequestRecord
+from tuner.load.arrival import send_offsets
+from tuner.load.trace_replay import trace_prompts
 from tuner.scoring import LoadSummary, summarize
 
 __all__ = ["Coefficients", "SimPoint", "simulate"]
@@ -94,6 +96,8 @@ class SimPoint:
     peak_running: int = 0
     headroom_bytes: int = 0  # plan_startup's memory outside vLLM's budget, before any coefficient
     estimated_max_model_len: int | None = None  # a start refused for KV: the longest that would fit
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, and those it served (vLLM's counters)
+    prefix_hits: int = 0
 
     @property
     def started(self) -> bool:
@@ -192,6 +196,7 @@ def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficien
     latency = profile.coefficients.request_latency_s if profile is not None else 0.0
     load = _Load(job, engine, clock, resolved, _oom_threshold(job, resolved, plan), coefficients.step_scale, latency)
     load.run(point)
+    point.prefix_queries, point.prefix_hits = engine.stats.prefix_queries, engine.stats.prefix_hits
     return point
 
 
@@ -204,7 +209,7 @@ def _seed(job: Job, flags: VllmFlags, coefficients: Coefficients) -> int:
 
 
 class _Load:
-    """The job's clients against one engine: a closed loop of `concurrency`, or arrivals at `rate`."""
+    """The job's clients against one engine: a closed loop of `concurrency`, arrivals at `rate`, or a trace's."""
 
     def __init__(
         self,
@@ -227,10 +232,15 @@ class _Load:
         self.total = (a.requests or 1_000_000) + a.warmup_requests
         self.duration = a.duration_s
         self.prompts: Iterator[Any] = job.workload.prompts()
+        self.arrivals = _arrival_times(job) if a.rate is not None else None
+        if a.trace is not None:  # its slice, at its times and lengths, its shared blocks as shared token ids
+            sent = a.trace_requests()
+            self.total, self.duration = len(sent), None
+            self.prompts = trace_prompts(sent, block_tokens=a.block_tokens, seed=job.workload.seed)
+            self.arrivals = send_offsets(a)
         self.records: list[RequestRecord] = []
         self.in_flight: dict[int, tuple[EngineRequest, _Sink, Any]] = {}
         self.sent = 0
-        self.arrivals = _arrival_times(job) if a.rate is not None else None
         self.next_at = next(self.arrivals) if self.arrivals is not None else 0.0
         self.cap = a.concurrency or a.max_in_flight or 1_000_000
         self.unique = itertools.count(200_000)

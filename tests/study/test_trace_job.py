@@ -1,0 +1,177 @@
+"""A job whose arrival is a trace: read relative to the job file, its problems one line each (exit 2), its shape in
+the dry run, and replayed by the twin in virtual time with the trace's shared blocks served by the prefix cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.config import load_job
+from tuner.errors import ConfigError
+from tuner.flags import VllmFlags
+from tuner.load.trace_replay import reusable_tokens
+from tuner.record import MEASURED, TrialRecord
+from tuner.store.store import open_store
+from tuner.twin.simulate import simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT / "tests" / "data" / "traces"
+
+JOB = """
+study: {name: replay}
+target: {launcher: emulator, model: llama-3.1-8b, gpu: h100-80gb, emulator: {time_scale: 20}}
+space:
+  max_num_seqs: {choices: [8, 16]}
+  max_model_len: 4096
+arrival: {trace: t.jsonl}
+slos: ["e2e_p95 <= 20s", "success_rate >= 0.99"]
+budget: {n_trials: 2}
+"""
+
+
+def _job(tmp_path: Path, trace: str, *, arrival: str = "{trace: t.jsonl}", extra: str = "") -> Path:
+    (tmp_path / "t.jsonl").write_text(trace)
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB.replace("arrival: {trace: t.jsonl}", f"arrival: {arrival}") + extra)
+    return path
+
+
+def test_the_trace_is_read_beside_the_job_file(tmp_path: Path) -> None:
+    job = load_job(_job(tmp_path, (TRACES / "mooncake.jsonl").read_text()))
+    assert job.arrival.trace == tmp_path / "t.jsonl"
+    assert len(job.arrival.trace_requests()) == 4 and job.longest_request() == 1240
+
+
+@pytest.mark.parametrize(
+    ("trace", "arrival", "extra", "said"),
+    [
+        (
+            '{"t": 0, "input_len": 5, "output_len": 1}\n{"t": "x", "input_len": 5, "output_len": 1}\n',
+            None,
+            "",
+            "arrival.trace: trace {dir}/t.jsonl: line 2: 't' is 'x', not a number",
+        ),
+        (
+            '{"t": 0, "input_len": 5, "output_len": 1}\n',
+            "{trace: t.jsonl, start_s: 60}",
+            "",
+            "arrival: the trace's slice from 60 s to its end holds no request (the trace spans 0 s)",
+        ),
+        (
+            '{"t": 0, "input_len": 5, "output_len": 1}\n',
+            "{rate: 2, requests: 5, speedup: 2}",
+            "",
+            "arrival: speedup applies to a trace",
+        ),
+        (
+            '{"t": 0, "input_len": 5, "output_len": 1}\n',
+            "{trace: t.jsonl, burstiness: 0.5}",
+            "",
+            "arrival: burstiness shapes a rate's gaps; a trace sends at its own times",
+        ),
+        (
+            '{"t": 0, "input_len": 5, "output_len": 1}\n',
+            "{trace: t.jsonl, rate: 2}",
+            "",
+            "give exactly one of concurrency (closed loop), rate (open loop, requests/s) or trace",
+        ),
+        (
+            '{"t": 0, "input_len": 5, "output_len": 1}\n',
+            None,
+            "objective: max_rate\n",
+            "objective: max_rate searches a request rate",
+        ),
+    ],
+)
+def test_a_bad_trace_job_is_one_line(tmp_path: Path, trace: str, arrival: str | None, extra: str, said: str) -> None:
+    path = _job(tmp_path, trace, arrival=arrival or "{trace: t.jsonl}", extra=extra)
+    with pytest.raises(ConfigError) as e:
+        load_job(path)
+    assert said.format(dir=tmp_path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_max_model_len_shorter_than_the_trace_s_requests_is_an_error(tmp_path: Path) -> None:
+    path = _job(tmp_path, (TRACES / "mooncake.jsonl").read_text())
+    path.write_text(path.read_text().replace("max_model_len: 4096", "max_model_len: 1024"))
+    with pytest.raises(ConfigError) as e:
+        load_job(path)
+    assert "is shorter than 2 of the trace slice's 4 measured requests (its input + output lengths)" in str(e.value)
+    assert "raise max_model_len to at least 1240 or cut a slice without them" in str(e.value)
+
+
+def test_a_bad_row_exits_2_with_one_line(tmp_path: Path) -> None:
+    path = _job(tmp_path, '{"t": 0, "input_len": 5, "output_len": 1}\n{"t": 1, "input_len": -3, "output_len": 1}\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", "--dry-run", str(path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "line 2: 'input_len' is -3; a length is a whole number of tokens >= 0" in " ".join(done.stderr.split())
+
+
+def test_the_dry_run_shows_the_slice_and_the_sorting_note(tmp_path: Path) -> None:
+    rows = [(3, 300), (0, 100), (70, 700)]
+    text = "".join(f'{{"t": {t}, "input_len": {n}, "output_len": 9}}\n' for t, n in rows)
+    result = CliRunner().invoke(app, ["tune", str(_job(tmp_path, text)), "--dry-run"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())  # as read, whatever the terminal's wrapping
+    assert "its rows were not in time order; sorted by time" in out
+    assert "trace slice: 3 requests over 70 s of replay" in out and "requests per 10 s: " in out
+    assert "input/output tokens: p50 300/9 p90 700/9 p99 700/9" in out
+    assert "reusable" not in out  # no hash ids: nothing to say about reuse
+
+
+def test_the_shipped_trace_job_validates_and_shows_its_reuse() -> None:
+    result = CliRunner().invoke(app, ["tune", str(ROOT / "search_spaces" / "emulator-trace.yaml"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "prompt tokens reusable (shared hash ids): 70%" in result.output
+
+
+def test_the_twin_replays_the_trace_and_its_prefix_hits_are_the_reusable_share(tmp_path: Path) -> None:
+    job = load_job(_job(tmp_path, (TRACES / "mooncake.jsonl").read_text(), arrival="{trace: t.jsonl, speedup: 0.5}"))
+    point = simulate(job, VllmFlags(max_num_seqs=8, max_model_len=4096, enable_prefix_caching=True))
+    assert [r.prompt_tokens for r in point.records] == [1200, 700, 1100, 300]
+    assert [r.completion_tokens for r in point.records] == [40, 12, 80, 5]
+    # sent at the trace's times, slowed by half: 0, 0.5, 3 and 8 s of virtual time
+    assert [r.start_s for r in point.records] == pytest.approx([0.0, 0.5, 3.0, 8.0])
+    reusable = sum(reusable_tokens(job.arrival.trace_requests(), job.arrival.block_tokens))
+    assert point.prefix_queries == 3300 and point.prefix_hits == reusable == 1536
+    off = simulate(job, VllmFlags(max_num_seqs=8, max_model_len=4096, enable_prefix_caching=False))
+    assert off.prefix_hits == 0
+
+
+@pytest.mark.slow
+def test_tuner_tune_replays_a_trace_on_the_emulator(tmp_path: Path) -> None:
+    """The whole loop on a trace: twin-first search in virtual time, then emulated servers sent the trace's
+    requests at its times; every measured trial's requests are the trace's."""
+    path = _job(tmp_path, (TRACES / "mooncake.jsonl").read_text(), arrival="{trace: t.jsonl, speedup: 2}")
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(path), "--log-file", str(tmp_path / "study.log")],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TUNER_STORAGE")} | {"COLUMNS": "200"},
+        check=False,
+        timeout=1800,  # not a bound on its speed: a hang must end the run rather than block CI
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (tmp_path / "study.log").read_text()
+    assert "twin: " in log and "trial 0:" in log
+    url = f"sqlite:///{tmp_path / 'replay.db'}"
+    trials = optuna.load_study(study_name="replay", storage=url).trials
+    measured = [t.number for t in trials if TrialRecord.from_attrs(t.user_attrs).outcome == MEASURED]
+    assert measured
+    store = open_store(url, migrate=False)
+    try:
+        for number in measured:
+            records = store.request_records("replay", number)
+            assert [(r.prompt_tokens, r.completion_tokens) for r in records] == [
+                (1200, 40), (700, 12), (1100, 80), (300, 5)
+            ]  # fmt: skip
+    finally:
+        store.close()
