@@ -36,9 +36,11 @@ def sqlite_wal(url: str) -> None:
 
 def make_storage(url: str, *, heartbeat_interval: int, grace_period: int) -> RDBStorage:
     """Optuna's RDB storage with a heartbeat: a trial left RUNNING by a dead worker is failed and retried once."""
-    kwargs: dict[str, Any] = {}
+    # A pooled connection the database dropped (a restart, a failover) is found and replaced before use: Optuna
+    # sets pool_pre_ping only for MySQL.
+    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
-        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+        engine_kwargs["connect_args"] = {"timeout": 60}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         try:
@@ -47,7 +49,7 @@ def make_storage(url: str, *, heartbeat_interval: int, grace_period: int) -> RDB
                 heartbeat_interval=heartbeat_interval,
                 grace_period=grace_period,
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
-                **kwargs,
+                engine_kwargs=engine_kwargs,
             )
         except Exception as e:  # SQLAlchemy and Optuna raise several kinds for a bad URL or a refused connection
             cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
