@@ -8,6 +8,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
@@ -19,6 +20,7 @@ from tuner.errors import ConfigError, TunerError
 from tuner.launch import Launcher
 from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, StudyRecord, TrialRecord
 from tuner.store import flag_key, open_store, safe_url
+from tuner.store.waiting import StorageGone, StorageWait
 from tuner.study.confirm import (
     CI_RUN_ATTR,
     CONFIRM_ATTR,
@@ -32,6 +34,7 @@ from tuner.study.confirm import (
     summary_attr,
 )
 from tuner.study.heartbeat import Heartbeat
+from tuner.study.journal import Journal, ResultKept
 from tuner.study.measure import Measure, measure_load
 from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler, sampler_name
@@ -126,6 +129,10 @@ class TuningRun:
         self.poll_s = poll_s
         self.space = job.search_space()
         self.store = open_store(self.url)
+        # Every storage call of the run waits out a database that went away, for the job's bound, saying so once.
+        self.waiting = StorageWait(safe_url(self.url), job.study.storage_wait_s, self.on_event)
+        self.store.waiting = self.waiting
+        self.journal = Journal(job.source.parent if job.source is not None else Path.cwd(), job.study.name)
         try:
             sampler = self._worker_sampler(worker)
             # Workers started together would race to create Optuna's tables and the study: one at a time.
@@ -133,6 +140,7 @@ class TuningRun:
                 self.storage = make_storage(
                     self.url, heartbeat_interval=job.study.heartbeat_interval, grace_period=job.study.grace_period
                 )
+                self.storage.waiting = self.waiting
                 self.study = optuna.create_study(
                     study_name=job.study.name,
                     storage=self.storage,
@@ -191,8 +199,11 @@ class TuningRun:
         self._prepare()
 
     def _prepare(self) -> None:
-        """Under the workers' lock: a new study gets its attributes and the baseline; interrupted trials a retry."""
+        """Under the workers' lock: results an earlier run kept while the database was away are written first (before
+        the heartbeat fails their trials); a new study gets its attributes and the baseline; interrupted trials a
+        retry."""
         with self.store.exclusive(self.job.study.name):
+            self.journal.write_kept(self.study, self.store, self.on_event)
             attrs = self.study.user_attrs
             if "tuner_version" not in attrs:
                 self.store.delete_study(self.job.study.name)  # rows of an older, deleted study of the same name
@@ -316,6 +327,14 @@ class TuningRun:
             try:
                 values = self.objective(trial)
                 self._keep_intervals(trial)
+            except ResultKept as e:
+                self.journal.keep(e.kept)
+                raise StorageGone(
+                    f"{e}; trial {trial.number}'s result is kept in {self.journal.path}: the same command stores it "
+                    "once the database answers, and carries on"
+                ) from None
+            except StorageGone:
+                raise  # nothing measured to keep, and no database to tell
             except BaseException as e:
                 # A refused workload is FAIL too: it says nothing about the flags, and spends no budget.
                 self.study.tell(trial, state=TrialState.FAIL)

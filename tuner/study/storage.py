@@ -8,13 +8,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from optuna.exceptions import ExperimentalWarning
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 
 from tuner import __version__
 from tuner.config import Job
 from tuner.errors import StorageError
 from tuner.launch.docker import image_for
 from tuner.store import safe_url
+from tuner.study.storage_retry import WaitingRDBStorage
 
 __all__ = ["make_storage", "sqlite_wal", "study_attrs"]
 
@@ -34,8 +35,9 @@ def sqlite_wal(url: str) -> None:
         engine.dispose()
 
 
-def make_storage(url: str, *, heartbeat_interval: int, grace_period: int) -> RDBStorage:
-    """Optuna's RDB storage with a heartbeat: a trial left RUNNING by a dead worker is failed and retried once."""
+def make_storage(url: str, *, heartbeat_interval: int, grace_period: int) -> WaitingRDBStorage:
+    """Optuna's RDB storage with a heartbeat: a trial left RUNNING by a dead worker is failed and retried once. Its
+    calls wait out a lost connection once the run gives it a StorageWait (`.waiting`)."""
     # A pooled connection the database dropped (a restart, a failover) is found and replaced before use: Optuna
     # sets pool_pre_ping only for MySQL.
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
@@ -44,7 +46,7 @@ def make_storage(url: str, *, heartbeat_interval: int, grace_period: int) -> RDB
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         try:
-            return RDBStorage(
+            return WaitingRDBStorage(
                 url,
                 heartbeat_interval=heartbeat_interval,
                 grace_period=grace_period,
