@@ -5,6 +5,7 @@ the error a dropped PostgreSQL connection raises (OperationalError, its driver's
 from __future__ import annotations
 
 import sqlite3
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,35 @@ def test_past_the_bound_the_result_is_kept_and_the_next_run_stores_it_once(
     assert not journal.exists()
     run(url, fake_measure(), [])  # a third run has nothing kept to write again
     assert len(stored(url)) == len(trials)
+
+
+def test_a_tell_whose_answer_was_lost_after_its_commit_is_not_an_error(tmp_path: Path) -> None:
+    """The commit went through and the connection dropped before its answer: the retry finds the trial told."""
+    from sqlalchemy.orm import Session
+
+    from tuner.study.storage import make_storage
+
+    lines: list[str] = []
+    storage = make_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=10, grace_period=60)
+    storage.waiting = StorageWait("sqlite:///study.db", 300, lines.append, sleep=lambda _s: None)
+    study = optuna.create_study(study_name="s", storage=storage)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+        trial = study.ask()
+    drops = {"left": 1}
+
+    def answer_lost(_session: Session) -> None:
+        if drops["left"]:
+            drops["left"] -= 1
+            raise dropped()
+
+    sa.event.listen(Session, "after_commit", answer_lost)
+    try:  # the storage's call itself, as study.tell makes it: its one session, one commit
+        assert storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [1.5])
+    finally:
+        sa.event.remove(Session, "after_commit", answer_lost)
+        storage.engine.dispose()
+    assert drops["left"] == 0
+    told = study.get_trials(deepcopy=False)
+    assert [(t.state, t.values) for t in told] == [(TrialState.COMPLETE, [1.5])]
+    assert len(lines) == 2  # waited, and back

@@ -4,10 +4,12 @@ study's run: a PostgreSQL restart during a trial is a pause, not a failed trial.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import RDBStorage
+from optuna.trial import TrialState
 
 from tuner.store.waiting import StorageWait
 
@@ -33,7 +35,6 @@ _WAITED = (
     "set_trial_param",
     "_set_trial_param",
     "get_trial_param",
-    "set_trial_state_values",
     "set_trial_intermediate_value",
     "set_trial_user_attr",
     "set_trial_system_attr",
@@ -51,6 +52,23 @@ class WaitingRDBStorage(RDBStorage):
     """RDBStorage with `waiting` around every database call (None: calls run once, as RDBStorage's)."""
 
     waiting: StorageWait | None = None
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+        """A trial told; a retry finding it told already by the attempt whose answer the lost connection swallowed
+        (its commit went through) is that attempt's success, not an error."""
+        attempts = 0
+
+        def tell() -> bool:
+            nonlocal attempts
+            attempts += 1
+            try:
+                return RDBStorage.set_trial_state_values(self, trial_id, state, values)
+            except UpdateFinishedTrialError:
+                if attempts > 1 and RDBStorage.get_trial(self, trial_id).state == state:
+                    return True
+                raise
+
+        return self.waiting.call(tell) if self.waiting is not None else tell()
 
 
 def _waited(name: str) -> Callable[..., Any]:
