@@ -139,6 +139,10 @@ def test_a_short_outage_is_waited_out_with_backoff_and_said_once_each_way() -> N
     assert "answers again" in lines[1]
     assert all("s3cret" not in line and "db.example" in line for line in lines)
     assert wait.call(flaky(0)) == "stored" and len(lines) == 2  # nothing more to say while it answers
+    # The workers' stale check holds off for a grace period after it (their heartbeats were cut off too).
+    assert wait.back_within(60)
+    clock.now += 61
+    assert not wait.back_within(60)
 
 
 def test_past_the_bound_the_call_fails_with_one_line_naming_the_storage() -> None:
@@ -264,3 +268,43 @@ def test_a_tell_whose_answer_was_lost_after_its_commit_is_not_an_error(tmp_path:
     told = study.get_trials(deepcopy=False)
     assert [(t.state, t.values) for t in told] == [(TrialState.COMPLETE, [1.5])]
     assert len(lines) == 2  # waited, and back
+
+
+def test_a_trial_another_worker_took_for_dead_meanwhile_keeps_its_result_as_a_trial_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker cut off from the database while the others reach it: their stale check fails its running trial
+    (and queues it again). Its measured result is stored, not lost, and the queued copy is not launched again."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    measure = fake_measure()
+    calls = {"n": 0}
+
+    async def measure_then_taken_for_dead(server: Any, j: Any, flags: Any) -> Any:
+        result = await measure(server, j, flags)
+        if calls["n"] == 1:  # what another worker's fail_stale_trials does to trial 1
+            other = optuna.load_study(study_name="fake", storage=url)
+            running = [t for t in other.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+            other._storage.set_trial_state_values(running[0]._trial_id, TrialState.FAIL)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                RetryHeartbeatStaleTrialCallback(max_retry=1)(other, other._storage.get_trial(running[0]._trial_id))
+        calls["n"] += 1
+        return result
+
+    lines: list[str] = []
+    launcher = FakeLauncher()
+    run(url, measure_then_taken_for_dead, lines, launcher)
+    trials = stored(url)
+    assert [t.number for t in trials if t.state == TrialState.FAIL] == [1]
+    said = [line for line in lines if "taken for dead" in line]
+    assert len(said) == 1
+    kept = trials[int(said[0].rsplit(" ", 1)[1])]
+    assert kept.state == TrialState.COMPLETE and kept.user_attrs["outcome"] == "measured"
+    assert kept.user_attrs["flags"] == trials[1].user_attrs["flags"]
+    launched = [str(sorted(x["flags"].items())) for x in launcher.launches]
+    assert len(launched) == len(set(launched))  # the queued copy of trial 1 answered from the kept result
+    own = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("duplicate_of") is None]
+    assert len(own) == 4 and not any("failed in the tuner itself" in line for line in lines)

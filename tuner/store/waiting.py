@@ -77,12 +77,18 @@ class StorageWait:
         self._clock = clock
         self._lock = threading.Lock()
         self._since: float | None = None  # when the database stopped answering; None while it answers
+        self._back_at: float | None = None  # when it last answered again after an outage
 
     @property
     def gone(self) -> bool:
         """The database stopped answering and the wait is over: calls fail at once until one succeeds."""
         with self._lock:
             return self._since is not None and self._clock() - self._since >= self.bound_s
+
+    def back_within(self, seconds: float) -> bool:
+        """Whether the database answered again after an outage less than `seconds` ago."""
+        with self._lock:
+            return self._back_at is not None and self._clock() - self._back_at < seconds
 
     def call(self, fn: Callable[[], T]) -> T:
         delay = _FIRST_DELAY_S
@@ -120,6 +126,7 @@ class StorageWait:
         with self._lock:
             if self._since is None:
                 return
-            away = self._clock() - self._since
+            self._back_at = self._clock()
+            away = self._back_at - self._since
             self._since = None
         self.on_event(f"storage {self.where} answers again (it was away {away:.0f} s); carrying on")

@@ -22,10 +22,11 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.load.results import RequestRecord
-from tuner.store import Store
+from tuner.store import Store, flag_key
+from tuner.store.store import TrialFields
 from tuner.store.waiting import StorageGone
 
-__all__ = ["Journal", "Kept", "ResultKept"]
+__all__ = ["Journal", "Kept", "ResultKept", "kept_from", "store_kept"]
 
 JOURNAL_DIR = ".tuner-journal"
 
@@ -44,11 +45,14 @@ class Kept:
 
 
 class ResultKept(StorageGone):
-    """The database went away while a measured result was being written; `kept` holds it."""
+    """A measured result that could not be written to its trial; `kept` holds it. `taken`: the database answers,
+    but the trial was failed as dead meanwhile (by a worker that reached the database while this one could not);
+    else the database went away."""
 
-    def __init__(self, message: str, kept: Kept) -> None:
+    def __init__(self, message: str, kept: Kept, *, taken: bool = False) -> None:
         super().__init__(message)
         self.kept = kept
+        self.taken = taken
 
 
 class Journal:
@@ -73,7 +77,7 @@ class Journal:
             entries = [Kept(**json.loads(line)) for line in f if line.strip()]
             for i, kept in enumerate(entries):
                 try:
-                    _write(study, store, kept)
+                    store_kept(study, store, kept)
                 except BaseException:
                     f.seek(0)
                     f.truncate()
@@ -97,12 +101,32 @@ class Journal:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _write(study: optuna.Study, store: Store, kept: Kept) -> None:
+def kept_from(trial: optuna.Trial, values: list[float], store: Store) -> Kept:
+    """A trial's result as stored so far (its attributes, detail and requests), to be stored again elsewhere."""
+    name = trial.study.study_name
+    detail = store.trial_detail(name, trial.number)
+    fields = {f: getattr(detail, f) for f in TrialFields.__annotations__} if detail is not None else {}
+    step = (detail.scored_step or 0) if detail is not None else 0
+    system = trial.study._storage.get_trial(trial._trial_id).system_attrs
+    prefix = "constraints:"
+    return Kept(
+        number=trial.number,
+        values=values,
+        user_attrs=trial.user_attrs,
+        constraints={k[len(prefix) :]: v for k, v in system.items() if k.startswith(prefix)},
+        detail=fields,
+        requests=[r.model_dump(mode="json") for r in store.request_records(name, trial.number, step)],
+        step=step,
+    )
+
+
+def store_kept(study: optuna.Study, store: Store, kept: Kept) -> int | None:
     """One kept result told: to its own trial while that is still RUNNING; as a trial of its own if the heartbeat
-    failed it meanwhile; not at all if it was told already."""
+    failed it meanwhile (its flag claim moved to it, so the heartbeat's retry is answered from it, not launched);
+    not at all if it was told already. The number it is stored under (None: already stored)."""
     trial = next((t for t in study.get_trials(deepcopy=False) if t.number == kept.number), None)
     if trial is None or trial.state == TrialState.COMPLETE:
-        return
+        return None
     system = {f"constraints:{k}": v for k, v in kept.constraints.items()}
     number = kept.number
     if trial.state == TrialState.RUNNING:
@@ -121,8 +145,12 @@ def _write(study: optuna.Study, store: Store, kept: Kept) -> None:
         )
         study.add_trial(added)
         number = study.get_trials(deepcopy=False)[-1].number
+        flags = kept.user_attrs.get("flags")
+        if isinstance(flags, dict):
+            store.take_over_claim(study.study_name, flag_key(flags), kept.number, number)
     store.save_trial(study.study_name, number, **kept.detail)
     records = [RequestRecord.model_validate(r) for r in kept.requests]
     store.save_requests(study.study_name, number, records, step=kept.step)
     if trial.state == TrialState.RUNNING:
         study.tell(number, kept.values)
+    return number

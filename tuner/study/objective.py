@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from tuner.catalog.nvml import machine_devices
@@ -176,8 +177,9 @@ class Objective:
                 trial.set_constraint(name, value)
             _write(trial, record.to_attrs())
             self._save_detail(trial, result, detail)
-        except StorageGone as e:
-            # The database stayed away past the wait: what was measured is handed up to be kept, not lost.
+        except (StorageGone, UpdateFinishedTrialError) as e:
+            # The database stayed away past the wait, or the trial was failed as dead meanwhile: what was measured is
+            # handed up to be kept, not lost.
             m = result.measurement
             loaded = m.result if m is not None else None
             kept = Kept(
@@ -189,7 +191,7 @@ class Objective:
                 requests=[r.model_dump(mode="json") for r in (loaded.records if loaded else ())],
                 step=m.scored_step if m else 0,
             )
-            raise ResultKept(str(e), kept) from e
+            raise ResultKept(str(e), kept, taken=isinstance(e, UpdateFinishedTrialError)) from e
         if result.outcome in (MEASURED, CRASHED) and result.prediction is not None:
             self._local_observations.append((result.prediction.raw_kv_tokens, int(record.kv_tokens or 0)))
         self.claims.remember(key, trial.number, values, trial.user_attrs, constraints)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
-from optuna.exceptions import ExperimentalWarning
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.storages import RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
@@ -34,7 +34,7 @@ from tuner.study.confirm import (
     summary_attr,
 )
 from tuner.study.heartbeat import Heartbeat
-from tuner.study.journal import Journal, ResultKept
+from tuner.study.journal import Journal, Kept, ResultKept, kept_from, store_kept
 from tuner.study.measure import Measure, measure_load
 from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler, sampler_name
@@ -257,9 +257,12 @@ class TuningRun:
     def _next_trial(self) -> optuna.Trial | bool | None:
         """Under the lock: a new trial, None when the budget is spent, False when others hold the rest of it."""
         with self.store.exclusive(self.job.study.name):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ExperimentalWarning)
-                fail_stale_trials(self.study)
+            # Just after an outage every worker's heartbeat is as old as the outage: a grace period for them to beat
+            # again before any is taken for dead.
+            if not self.waiting.back_within(self.job.study.grace_period):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ExperimentalWarning)
+                    fail_stale_trials(self.study)
             # The confirmation's starts are neither the search's budget nor a sampler's repeats.
             trials = [t for t in self.study.get_trials(deepcopy=False) if not is_repeat(t)]
             finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
@@ -328,6 +331,9 @@ class TuningRun:
                 values = self.objective(trial)
                 self._keep_intervals(trial)
             except ResultKept as e:
+                if e.taken:
+                    self._store_taken(trial, e.kept)
+                    return
                 self.journal.keep(e.kept)
                 raise StorageGone(
                     f"{e}; trial {trial.number}'s result is kept in {self.journal.path}: the same command stores it "
@@ -343,10 +349,25 @@ class TuningRun:
                 if not isinstance(e, KeyboardInterrupt | TunerError):
                     self.on_event(f"trial {trial.number} failed in the tuner itself: {type(e).__name__}: {e}")
                 raise
-        self.study.tell(trial, list(values))
+        self._tell(trial, list(values))
         if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
             self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
         self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
+
+    def _tell(self, trial: optuna.Trial, values: list[float]) -> None:
+        """The trial's result told; if a worker that could reach the database while this one could not failed the
+        trial as dead meanwhile, the result is stored as a trial of its own rather than lost."""
+        try:
+            self.study.tell(trial, values)
+        except UpdateFinishedTrialError:
+            self._store_taken(trial, kept_from(trial, values, self.store))
+
+    def _store_taken(self, trial: optuna.Trial, kept: Kept) -> None:
+        number = store_kept(self.study, self.store, kept)
+        self.on_event(
+            f"trial {trial.number} was taken for dead by another worker while this one could not reach the "
+            f"database; its result is stored as trial {number}"
+        )
 
     def _keep_intervals(self, trial: optuna.Trial) -> None:
         """A measured start's within-run intervals, from the requests the objective stored (none for a sampler's
