@@ -46,7 +46,8 @@ def postgres_url(postgres_server_url: str) -> Iterator[str]:
     import sqlalchemy as sa
 
     name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
+    # pre-ping: a test may restart the server, leaving this pool's connection dead for the DROP afterwards
+    admin = sa.create_engine(postgres_server_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     base = sa.engine.make_url(postgres_server_url)

@@ -53,6 +53,12 @@ class StudySection(StrictModel):
     grace_period: int = Field(
         default=60, ge=2, description="a RUNNING trial without a heartbeat this long is failed and retried once"
     )
+    storage_wait_s: int = Field(
+        default=300,
+        ge=0,
+        description="seconds the study waits for a database that stopped answering (a restart, a failover) before "
+        "it stops, keeping a measured result in a journal beside the job for the next run",
+    )
 
 
 class CapacitySearch(StrictModel):

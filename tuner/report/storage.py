@@ -65,7 +65,8 @@ def _storage(url: str) -> optuna.storages.RDBStorage:
                 f"the default is {DEFAULT_STORAGE})"
             )
     try:
-        return optuna.storages.RDBStorage(url, skip_compatibility_check=False)
+        # A pooled connection the database dropped is replaced before use (Optuna pings only MySQL's).
+        return optuna.storages.RDBStorage(url, skip_compatibility_check=False, engine_kwargs={"pool_pre_ping": True})
     except Exception as e:
         cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise StorageError(f"cannot open storage {safe_url(url)!r}: {cause}") from None

@@ -27,12 +27,11 @@ def make_engine(url: str, *, check: bool = True) -> Engine:
         parsed = make_url(url)
     except ArgumentError:
         raise StorageError(f"storage URL {safe_url(url)!r} is not a database URL; use {ALLOWED}") from None
-    kwargs: dict[str, Any] = {}
+    # A pooled connection the database dropped (a restart, a failover) is found and replaced before use.
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if parsed.get_backend_name() == "sqlite":
         # Optuna's storage and ours share the file: wait for the other's write rather than fail at once.
         kwargs["connect_args"] = {"timeout": 60}
-    else:
-        kwargs["pool_pre_ping"] = True
     try:
         engine = sa.create_engine(parsed, **kwargs)
     except NoSuchModuleError:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any, Concatenate, ParamSpec, TypedDict, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -23,6 +24,10 @@ from tuner.load.results import RequestRecord
 from tuner.store.engine import make_engine, safe_url
 from tuner.store.migrate import upgrade
 from tuner.store.models import FlagClaimRow, RequestRow, TrialRow
+from tuner.store.waiting import StorageWait, connection_lost
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 _REQUEST_FIELDS = (
     "index",
@@ -97,6 +102,18 @@ def flag_key(flags: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _waited(fn: Callable[Concatenate[Store, _P], _R]) -> Callable[Concatenate[Store, _P], _R]:
+    """The call run through the store's StorageWait, when it has one: a lost connection waited out, not fatal."""
+
+    @functools.wraps(fn)
+    def call(self: Store, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if self.waiting is None:
+            return fn(self, *args, **kwargs)
+        return self.waiting.call(lambda: fn(self, *args, **kwargs))
+
+    return call
+
+
 class Store:
     """The project's tables in one database (the study's own). Open it with `open_store(url)`."""
 
@@ -104,6 +121,7 @@ class Store:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._thread_lock = threading.Lock()
+        self.waiting: StorageWait | None = None  # a study's run sets it: its calls then wait out a lost connection
 
     @property
     def url(self) -> str:
@@ -131,6 +149,7 @@ class Store:
 
     # -- trial detail ---------------------------------------------------------------------------------------------
 
+    @_waited
     def save_trial(self, study: str, number: int, **fields: Unpack[TrialFields]) -> None:
         """Create or update the detail row of one trial; the fields given are set, the others kept."""
         unknown = set(fields) - set(TrialFields.__annotations__)
@@ -144,11 +163,13 @@ class Store:
             for name, value in fields.items():
                 setattr(row, name, value)
 
+    @_waited
     def trial_detail(self, study: str, number: int) -> TrialDetail | None:
         with self._session() as s:
             row = s.get(TrialRow, (study, number))
             return None if row is None else TrialDetail._of(row)
 
+    @_waited
     def trial_details(self, study: str) -> list[TrialDetail]:
         with self._session() as s:
             rows = s.scalars(sa.select(TrialRow).where(TrialRow.study_name == study).order_by(TrialRow.trial_number))
@@ -156,6 +177,7 @@ class Store:
 
     # -- per-request records --------------------------------------------------------------------------------------
 
+    @_waited
     def save_requests(self, study: str, number: int, records: Sequence[RequestRecord], *, step: int = 0) -> None:
         """Replace the records of one trial's load step (a retried trial keeps only its last attempt's)."""
         with self._session() as s:
@@ -176,6 +198,7 @@ class Store:
                 ]
                 s.execute(sa.insert(RequestRow), rows)
 
+    @_waited
     def request_records(self, study: str, number: int, step: int | None = None) -> list[RequestRecord]:
         """The records of a trial's scored load step (`step=None`), or of one capacity-search step."""
         with self._session() as s:
@@ -191,6 +214,7 @@ class Store:
             )
             return [RequestRecord.model_validate({f: getattr(r, f) for f in _REQUEST_FIELDS}) for r in rows]
 
+    @_waited
     def request_steps(self, study: str, number: int) -> list[int]:
         with self._session() as s:
             q = (
@@ -203,6 +227,7 @@ class Store:
 
     # -- flag-set claims: one launch per flag set, across workers -------------------------------------------------
 
+    @_waited
     def claim(self, study: str, key: str, number: int) -> int:
         """Claim a flag set for trial `number`; returns the owner (== number when this trial won the claim)."""
         try:
@@ -217,6 +242,7 @@ class Store:
                     return number
                 return row.trial_number
 
+    @_waited
     def take_over_claim(self, study: str, key: str, old: int, new: int) -> bool:
         """Move a claim from a trial that died (`old`) to `new`; False when another worker moved it first."""
         with self._session() as s:
@@ -227,6 +253,7 @@ class Store:
             )
             return bool(getattr(result, "rowcount", 0))
 
+    @_waited
     def release_claim(self, study: str, key: str, number: int) -> None:
         with self._session() as s:
             s.execute(
@@ -237,6 +264,7 @@ class Store:
 
     # -- housekeeping ---------------------------------------------------------------------------------------------
 
+    @_waited
     def delete_study(self, study: str) -> None:
         """Drop every row of a study (when a new study takes an old, deleted one's name)."""
         with self._session() as s:
@@ -252,14 +280,17 @@ class Store:
         with self._thread_lock:
             if name == "postgresql":
                 key = int.from_bytes(hashlib.sha256(study.encode()).digest()[:8], "big", signed=True)
-                with self.engine.connect() as conn:
-                    conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": key})
-                    conn.commit()
+                with self._locked_connection(key) as conn:
                     try:
                         yield
                     finally:
-                        conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                        conn.commit()
+                        try:
+                            conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                            conn.commit()
+                        except SQLAlchemyError as e:
+                            if not connection_lost(e):
+                                raise
+                            # The lock was the lost connection's: the database released it with the connection.
             elif name == "sqlite" and self.engine.url.database not in (None, "", ":memory:"):
                 path = os.path.abspath(str(self.engine.url.database)) + ".lock"
                 with open(path, "a+") as f:
@@ -270,6 +301,24 @@ class Store:
                         fcntl.flock(f, fcntl.LOCK_UN)
             else:
                 yield
+
+    @contextlib.contextmanager
+    def _locked_connection(self, key: int) -> Iterator[sa.Connection]:
+        """A connection holding PostgreSQL's advisory lock `key`; taking it waits out a lost connection."""
+
+        def take() -> sa.Connection:
+            conn = self.engine.connect()
+            try:
+                conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                conn.commit()
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        conn = self.waiting.call(take) if self.waiting is not None else take()
+        with conn:
+            yield conn
 
 
 def open_store(url: str, *, migrate: bool = True) -> Store:

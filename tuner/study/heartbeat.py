@@ -28,10 +28,14 @@ class Heartbeat:
             self._storage.record_heartbeat(self._trial_id)
 
             def beat() -> None:
-                while not self._stop.wait(interval):
-                    # A missed beat is retried next interval; the grace period absorbs it.
+                delay: float = interval
+                while not self._stop.wait(delay):
+                    # A missed beat (the database away) is tried again every second, so the trial beats again the
+                    # moment the database is back, before another worker's stale check can take it for dead.
+                    delay = min(1.0, interval)
                     with contextlib.suppress(Exception):
                         storage.record_heartbeat(self._trial_id)
+                        delay = interval
 
             self._thread = threading.Thread(target=beat, name="tuner-heartbeat", daemon=True)
             self._thread.start()

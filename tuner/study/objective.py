@@ -5,8 +5,10 @@ feasibility model, `launch_and_measure`, `Scorer`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from tuner.catalog.nvml import machine_devices
@@ -27,7 +29,9 @@ from tuner.record import (
 from tuner.scoring import Slo
 from tuner.space import SearchSpace
 from tuner.store import Store, flag_key
+from tuner.store.waiting import StorageGone
 from tuner.study.claims import Claims
+from tuner.study.journal import Kept, ResultKept
 from tuner.study.launching import Attempt, launch_and_measure
 from tuner.study.measure import Measure, measure_load
 from tuner.study.placement import DeviceRead, in_use_gib, placed
@@ -166,40 +170,62 @@ class Objective:
 
     def _finish(self, trial: TrialLike, result: TrialResult, known: TrialRecord, key: str) -> Values:
         values, constraints = self.scorer.values_and_constraints(result)
-        for name, value in constraints.items():
-            trial.set_constraint(name, value)
         record = self.scorer.record(result, constraints, known)
-        _write(trial, record.to_attrs())
+        detail = self._detail(result, record.baseline)
+        try:
+            for name, value in constraints.items():
+                trial.set_constraint(name, value)
+            _write(trial, record.to_attrs())
+            self._save_detail(trial, result, detail)
+        except (StorageGone, UpdateFinishedTrialError) as e:
+            # The database stayed away past the wait, or the trial was failed as dead meanwhile: what was measured is
+            # handed up to be kept, not lost.
+            m = result.measurement
+            loaded = m.result if m is not None else None
+            kept = Kept(
+                number=trial.number,
+                values=list(values),
+                user_attrs=trial.user_attrs | record.to_attrs(),
+                constraints=dict(constraints),
+                detail=detail,
+                requests=[r.model_dump(mode="json") for r in (loaded.records if loaded else ())],
+                step=m.scored_step if m else 0,
+            )
+            raise ResultKept(str(e), kept, taken=isinstance(e, UpdateFinishedTrialError)) from e
         if result.outcome in (MEASURED, CRASHED) and result.prediction is not None:
             self._local_observations.append((result.prediction.raw_kv_tokens, int(record.kv_tokens or 0)))
-        self._save_detail(trial, result, record.baseline)
         self.claims.remember(key, trial.number, values, trial.user_attrs, constraints)
         return values
 
-    def _save_detail(self, trial: TrialLike, result: TrialResult, baseline: bool) -> None:
+    @staticmethod
+    def _detail(result: TrialResult, baseline: bool) -> dict[str, Any]:
+        """The trial's detail row (Store.save_trial's fields), plain JSON: it may have to wait in a journal."""
+        m = result.measurement
+        loaded = m.result if m is not None else None
+        return {
+            "flags": result.flags.as_dict(),
+            "baseline": baseline,
+            "outcome": result.outcome,
+            "reason": result.reason,
+            "message": result.message,
+            "prediction": result.prediction.as_dict() if result.prediction else None,
+            "startup_facts": result.facts,
+            "load_summary": loaded.summary.model_dump(mode="json") if loaded else None,
+            "capacity_steps": [s.model_dump(mode="json") for s in m.steps] if m and m.steps else None,
+            "scored_step": m.scored_step if m else None,
+            "server_metrics": loaded.server.model_dump(mode="json") if loaded and loaded.server else None,
+            "diagnosis": loaded.diagnosis if loaded else None,
+            "log_tail": result.log_tail,
+            "attempts": result.attempts,
+            "server_seconds": result.server_seconds,
+        }
+
+    def _save_detail(self, trial: TrialLike, result: TrialResult, detail: dict[str, Any]) -> None:
         if self.store is None or not isinstance(trial, optuna.Trial):
             return
         m = result.measurement
         loaded = m.result if m is not None else None
-        self.store.save_trial(
-            self.study_name,
-            trial.number,
-            flags=result.flags.as_dict(),
-            baseline=baseline,
-            outcome=result.outcome,
-            reason=result.reason,
-            message=result.message,
-            prediction=result.prediction.as_dict() if result.prediction else None,
-            startup_facts=result.facts,
-            load_summary=loaded.summary.model_dump(mode="json") if loaded else None,
-            capacity_steps=[s.model_dump(mode="json") for s in m.steps] if m and m.steps else None,
-            scored_step=m.scored_step if m else None,
-            server_metrics=loaded.server.model_dump(mode="json") if loaded and loaded.server else None,
-            diagnosis=loaded.diagnosis if loaded else None,
-            log_tail=result.log_tail,
-            attempts=result.attempts,
-            server_seconds=result.server_seconds,
-        )
+        self.store.save_trial(self.study_name, trial.number, **detail)
         records: Sequence[RequestRecord] = loaded.records if loaded else ()
         self.store.save_requests(self.study_name, trial.number, records, step=m.scored_step if m else 0)
 

@@ -8,9 +8,10 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import optuna
-from optuna.exceptions import ExperimentalWarning
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.storages import RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
@@ -19,6 +20,7 @@ from tuner.errors import ConfigError, TunerError
 from tuner.launch import Launcher
 from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, StudyRecord, TrialRecord
 from tuner.store import flag_key, open_store, safe_url
+from tuner.store.waiting import StorageGone, StorageWait
 from tuner.study.confirm import (
     CI_RUN_ATTR,
     CONFIRM_ATTR,
@@ -32,6 +34,7 @@ from tuner.study.confirm import (
     summary_attr,
 )
 from tuner.study.heartbeat import Heartbeat
+from tuner.study.journal import Journal, Kept, ResultKept, kept_from, store_kept
 from tuner.study.measure import Measure, measure_load
 from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler, sampler_name
@@ -126,6 +129,10 @@ class TuningRun:
         self.poll_s = poll_s
         self.space = job.search_space()
         self.store = open_store(self.url)
+        # Every storage call of the run waits out a database that went away, for the job's bound, saying so once.
+        self.waiting = StorageWait(safe_url(self.url), job.study.storage_wait_s, self.on_event)
+        self.store.waiting = self.waiting
+        self.journal = Journal(job.source.parent if job.source is not None else Path.cwd(), job.study.name)
         try:
             sampler = self._worker_sampler(worker)
             # Workers started together would race to create Optuna's tables and the study: one at a time.
@@ -133,6 +140,7 @@ class TuningRun:
                 self.storage = make_storage(
                     self.url, heartbeat_interval=job.study.heartbeat_interval, grace_period=job.study.grace_period
                 )
+                self.storage.waiting = self.waiting
                 self.study = optuna.create_study(
                     study_name=job.study.name,
                     storage=self.storage,
@@ -191,8 +199,11 @@ class TuningRun:
         self._prepare()
 
     def _prepare(self) -> None:
-        """Under the workers' lock: a new study gets its attributes and the baseline; interrupted trials a retry."""
+        """Under the workers' lock: results an earlier run kept while the database was away are written first (before
+        the heartbeat fails their trials); a new study gets its attributes and the baseline; interrupted trials a
+        retry."""
         with self.store.exclusive(self.job.study.name):
+            self.journal.write_kept(self.study, self.store, self.on_event)
             attrs = self.study.user_attrs
             if "tuner_version" not in attrs:
                 self.store.delete_study(self.job.study.name)  # rows of an older, deleted study of the same name
@@ -246,9 +257,12 @@ class TuningRun:
     def _next_trial(self) -> optuna.Trial | bool | None:
         """Under the lock: a new trial, None when the budget is spent, False when others hold the rest of it."""
         with self.store.exclusive(self.job.study.name):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ExperimentalWarning)
-                fail_stale_trials(self.study)
+            # Just after an outage every worker's heartbeat is as old as the outage: a grace period for them to beat
+            # again before any is taken for dead.
+            if not self.waiting.back_within(self.job.study.grace_period):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ExperimentalWarning)
+                    fail_stale_trials(self.study)
             # The confirmation's starts are neither the search's budget nor a sampler's repeats.
             trials = [t for t in self.study.get_trials(deepcopy=False) if not is_repeat(t)]
             finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
@@ -316,6 +330,17 @@ class TuningRun:
             try:
                 values = self.objective(trial)
                 self._keep_intervals(trial)
+            except ResultKept as e:
+                if e.taken:
+                    self._store_taken(trial, e.kept)
+                    return
+                self.journal.keep(e.kept)
+                raise StorageGone(
+                    f"{e}; trial {trial.number}'s result is kept in {self.journal.path}: the same command stores it "
+                    "once the database answers, and carries on"
+                ) from None
+            except StorageGone:
+                raise  # nothing measured to keep, and no database to tell
             except BaseException as e:
                 # A refused workload is FAIL too: it says nothing about the flags, and spends no budget.
                 self.study.tell(trial, state=TrialState.FAIL)
@@ -324,10 +349,25 @@ class TuningRun:
                 if not isinstance(e, KeyboardInterrupt | TunerError):
                     self.on_event(f"trial {trial.number} failed in the tuner itself: {type(e).__name__}: {e}")
                 raise
-        self.study.tell(trial, list(values))
+        self._tell(trial, list(values))
         if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
             self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
         self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
+
+    def _tell(self, trial: optuna.Trial, values: list[float]) -> None:
+        """The trial's result told; if a worker that could reach the database while this one could not failed the
+        trial as dead meanwhile, the result is stored as a trial of its own rather than lost."""
+        try:
+            self.study.tell(trial, values)
+        except UpdateFinishedTrialError:
+            self._store_taken(trial, kept_from(trial, values, self.store))
+
+    def _store_taken(self, trial: optuna.Trial, kept: Kept) -> None:
+        number = store_kept(self.study, self.store, kept)
+        self.on_event(
+            f"trial {trial.number} was taken for dead by another worker while this one could not reach the "
+            f"database; its result is stored as trial {number}"
+        )
 
     def _keep_intervals(self, trial: optuna.Trial) -> None:
         """A measured start's within-run intervals, from the requests the objective stored (none for a sampler's

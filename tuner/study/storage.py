@@ -8,13 +8,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from optuna.exceptions import ExperimentalWarning
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 
 from tuner import __version__
 from tuner.config import Job
 from tuner.errors import StorageError
 from tuner.launch.docker import image_for
 from tuner.store import safe_url
+from tuner.study.storage_retry import WaitingRDBStorage
 
 __all__ = ["make_storage", "sqlite_wal", "study_attrs"]
 
@@ -34,20 +35,23 @@ def sqlite_wal(url: str) -> None:
         engine.dispose()
 
 
-def make_storage(url: str, *, heartbeat_interval: int, grace_period: int) -> RDBStorage:
-    """Optuna's RDB storage with a heartbeat: a trial left RUNNING by a dead worker is failed and retried once."""
-    kwargs: dict[str, Any] = {}
+def make_storage(url: str, *, heartbeat_interval: int, grace_period: int) -> WaitingRDBStorage:
+    """Optuna's RDB storage with a heartbeat: a trial left RUNNING by a dead worker is failed and retried once. Its
+    calls wait out a lost connection once the run gives it a StorageWait (`.waiting`)."""
+    # A pooled connection the database dropped (a restart, a failover) is found and replaced before use: Optuna
+    # sets pool_pre_ping only for MySQL.
+    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
-        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+        engine_kwargs["connect_args"] = {"timeout": 60}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         try:
-            return RDBStorage(
+            return WaitingRDBStorage(
                 url,
                 heartbeat_interval=heartbeat_interval,
                 grace_period=grace_period,
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
-                **kwargs,
+                engine_kwargs=engine_kwargs,
             )
         except Exception as e:  # SQLAlchemy and Optuna raise several kinds for a bad URL or a refused connection
             cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
