@@ -13,7 +13,7 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -158,7 +158,9 @@ class Workload(BaseModel):
         """The endless, reproducible request sequence, written with `fit`'s ids and words (default: unfitted)."""
         fit = fit or UNFITTED
         if self.conversations is not None:
-            yield from _turns_offline(self.conversation_source(fit), fit)
+            # Made-up messages are in the fit's words, one token each; a dataset's text is estimated.
+            count = _estimate if self.dataset is not None else _count_words
+            yield from _turns_offline(self.conversation_source(fit), fit, count)
             return
         rng = random.Random(self.seed)
         # Tokens from their own generator: the lengths are the same for every server, whatever its vocabulary.
@@ -247,7 +249,9 @@ def _check_conversations(w: Workload) -> None:
                 raise ValueError(f"conversations.{name} comes from the dataset's conversations: leave it out")
 
 
-def _turns_offline(conversations: Iterator[Conversation], fit: PromptFit) -> Iterator[PromptSpec]:
+def _turns_offline(
+    conversations: Iterator[Conversation], fit: PromptFit, count: Callable[[str], int]
+) -> Iterator[PromptSpec]:
     """Every turn of every conversation in order, each with its history, the answers stood in for by `output_len`
     words (their text is the server's): the requests of one user with no server to answer, for the twin and the
     length checks. The runner sends the server's own answers instead."""
@@ -255,14 +259,18 @@ def _turns_offline(conversations: Iterator[Conversation], fit: PromptFit) -> Ite
     words = random.Random("conversation-answers")
     for conv in conversations:
         history: list[dict[str, str]] = [{"role": "system", "content": conv.system}] if conv.system else []
-        tokens = _estimate(conv.system or "") + overhead if conv.system else 0
+        tokens = count(conv.system or "") + overhead if conv.system else 0
         for i, turn in enumerate(conv.turns):
             messages = (*history, {"role": "user", "content": turn.message})
-            tokens += _estimate(turn.message) + overhead
+            tokens += count(turn.message) + overhead
             yield PromptSpec(turn.message, tokens, turn.output_len, messages=messages, turn=i)
             answer = " ".join(words.choice(fit.words) for _ in range(turn.output_len))
             history = [*messages, {"role": "assistant", "content": answer}]
             tokens += turn.output_len + overhead
+
+
+def _count_words(text: str) -> int:
+    return len(text.split())
 
 
 def _estimate(text: str) -> int:
