@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 import yaml
 from study_fakes import JOB, job
 
-from tuner.config import load_job
+from tuner.config import Job, load_job
 from tuner.errors import ConfigError
 from tuner.load import LoadResult, RequestRecord, ServerMetricsSummary
 from tuner.load.prompt_fit import PromptFit
@@ -19,6 +20,7 @@ from tuner.scoring import summarize
 from tuner.study.preflight import judge_probes
 from tuner.study.samplers import sampler_name
 from tuner.study.verdict import _reuse_figures
+from tuner.twin.simulate import Coefficients, simulate
 
 CONVERSATIONS = {"conversations": {"turns": 3, "think_s": {"dist": "exponential", "mean": 2}, "input_len": 32}}
 
@@ -48,10 +50,39 @@ def test_a_bad_conversation_job_is_one_line_naming_the_field(
     assert expected in message and "\n" not in message
 
 
-def test_a_conversation_job_loads_and_defaults_to_tpe() -> None:
+def test_a_conversation_job_loads_and_defaults_to_the_twin() -> None:
     j = job(workload=CONVERSATIONS, sampler={"seed": 1})
     assert j.workload.conversations is not None and j.workload.path == "/v1/chat/completions"
-    assert sampler_name(j) == "tpe"
+    assert sampler_name(j) == "twin"
+
+
+def conversation_job(**spec: Any) -> Job:
+    workload = {"conversations": {"turns": 4, "input_len": 200, "output_len": 40, "system_len": 400, **spec}}
+    return job(workload=workload, arrival={"concurrency": 1, "requests": 12})
+
+
+def test_the_twin_sends_a_users_next_turn_after_its_answer_and_the_think_time() -> None:
+    j = conversation_job(think_s=5.0)
+    point = simulate(j, j.search_space().baseline())
+    records = sorted(point.records, key=lambda r: r.index)
+    assert [r.turn for r in records] == [0, 1, 2, 3] * 3 and all(r.ok for r in records)
+    for before, after in itertools.pairwise(records):
+        think = 5.0 if after.turn else 0.0
+        assert after.start_s == pytest.approx(before.end_s + think, abs=1e-9)
+    # Each turn's prompt is the one before, its answer and the new message.
+    assert [r.prompt_tokens for r in records[:4]] == sorted({r.prompt_tokens for r in records[:4]})
+
+
+def test_in_the_twin_later_turns_find_their_history_in_the_prefix_cache() -> None:
+    j = conversation_job()
+    ttft = {}
+    for caching in (True, False):
+        flags = j.search_space().baseline().model_copy(update={"enable_prefix_caching": caching})
+        records = simulate(j, flags, Coefficients(step_jitter=0.0)).records
+        ttft[caching] = [r.ttft_s for r in sorted(records, key=lambda r: r.index) if r.turn == 3]
+    # The 4th turn's prompt is ~1100 tokens, of which all but the last message and answer are the 3rd turn's prompt:
+    # the cache leaves a fraction of the prefill.
+    assert all(a is not None and b is not None and a < 0.5 * b for a, b in zip(ttft[True], ttft[False], strict=True))
 
 
 def test_the_preflight_does_not_hold_a_conversations_prompt_length_to_the_fit() -> None:

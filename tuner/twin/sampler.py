@@ -72,8 +72,6 @@ def twin_unsupported(job: Job) -> str | None:
     load, not a capacity search)."""
     if job.objective != "throughput":
         return f"the objective is {job.objective} (the twin predicts throughput under the job's load)"
-    if job.workload.conversations is not None:
-        return "the workload is conversations (the twin does not yet hold a user's turns in order with think time)"
     try:
         gpu, model = job.gpu_profile(), job.model_profile()
     except TunerError as e:
