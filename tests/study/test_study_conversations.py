@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 import yaml
 from study_fakes import JOB, job
+from typer.testing import CliRunner
 
+from tuner.cli import app
 from tuner.config import Job, load_job
 from tuner.errors import ConfigError
 from tuner.load import LoadResult, RequestRecord, ServerMetricsSummary
@@ -116,3 +118,14 @@ def test_the_trials_record_keeps_ttft_by_turn_and_the_prefix_cache_hit_rate() ->
         update=_reuse_figures(LoadResult(summary=summarize([], duration_s=0.0), records=[]))
     )
     assert "prefix_cache_hit_rate" not in plain.to_attrs() and "ttft_p95_first_turn_s" not in plain.to_attrs()
+
+
+def test_the_dry_run_names_the_conversations_shape(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    workload = {"conversations": {**CONVERSATIONS["conversations"], "system_len": 50}}
+    path.write_text(yaml.safe_dump({**JOB, "workload": workload}))
+    result = CliRunner().invoke(app, ["tune", str(path), "--dry-run"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert (
+        "workload: conversations of up to 3 turns, think time exponential, a 50-token system prompt;" in result.output
+    )

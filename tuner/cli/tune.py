@@ -61,8 +61,10 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     options = job.sampler.model_dump(exclude={"name", "seed"}, exclude_none=True)
     sampler = sampler_name(job) + "".join(f", {k}: {str(v).lower()}" for k, v in options.items())
     console.print(f"SLOs: {', '.join(job.slos)}; budget: {job.budget.n_trials} trials; sampler: {sampler}")
+    shape = f"{job.workload.conversations.describe()}; " if job.workload.conversations is not None else ""
     console.print(
-        f"workload: longest request {job.workload.max_request_tokens()} tokens; arrival: {job.arrival.describe()}"
+        f"workload: {shape}longest request {job.workload.max_request_tokens()} tokens; "
+        f"arrival: {job.arrival.describe()}"
     )
     for name, dist in space.distributions.items():
         console.print(f"  {name}: {dist}")

@@ -109,6 +109,12 @@ class ConversationSpec(BaseModel):
     def think(self, rng: random.Random) -> float:
         return float(self.think_s) if isinstance(self.think_s, int | float) else self.think_s.sample(rng)
 
+    def describe(self) -> str:
+        """One line for the dry run, e.g. 'conversations of up to 6 turns, think time exponential'."""
+        think = f"{self.think_s:g} s" if isinstance(self.think_s, int | float) else self.think_s.dist
+        system = f", a {self.system_len}-token system prompt" if self.system_len else ""
+        return f"conversations of up to {as_dist(self.turns).upper} turns, think time {think}{system}"
+
     def longest_conversation_tokens(self) -> int:
         """Prompt + output tokens of the last turn of the longest conversation this spec can draw."""
         turns = as_dist(self.turns).upper
