@@ -101,6 +101,19 @@ async def test_a_turn_waits_for_the_previous_answer_and_the_think_time() -> None
 
 
 @fake_time
+async def test_a_user_thinking_when_the_run_ends_does_not_hold_it_up() -> None:
+    server = ChatServer()
+    async with server.client() as client:
+        await run_load(
+            "http://fake", "m", conversation_workload(think_s=1000.0), Arrival(concurrency=2, requests=2),
+            client=client, clock=LoopClock(), scrape_metrics=False,
+        )  # fmt: skip
+        ended = asyncio.get_running_loop().time()
+    # Both users' first turns were the run's 2 requests: it ends with their answers, not 1000 s of thinking later.
+    assert ended == pytest.approx(max(server.ends), abs=1e-6)
+
+
+@fake_time
 async def test_each_user_holds_its_conversations_and_the_users_overlap() -> None:
     server = ChatServer()
     async with server.client() as client:

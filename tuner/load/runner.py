@@ -100,6 +100,7 @@ class _Run:
         self.peak_in_flight = 0
         self.failed = 0
         self.stopping = False
+        self.ended = asyncio.Event()  # set with `stopping`: wakes the users who are thinking
         self.stopped_early = False
         self.refused_streak = 0
         self.succeeded = 0
@@ -121,10 +122,10 @@ class _Run:
             if self.measured_start is None:
                 self.measured_start = now
             if a.requests is not None and self.measured_issued >= a.requests:
-                self.stopping = True
+                self.stop(early=False)
                 return None
             if a.duration_s is not None and now - self.measured_start >= a.duration_s:
-                self.stopping = True
+                self.stop(early=False)
                 return None
             self.measured_issued += 1
         job = _Job(index=self.issued, warmup=warmup, spec=spec if spec is not None else next(self.prompts))
@@ -133,6 +134,7 @@ class _Run:
 
     def stop(self, *, early: bool) -> None:
         self.stopping = True
+        self.ended.set()
         self.stopped_early = self.stopped_early or early
 
     async def execute(
@@ -165,6 +167,19 @@ class _Run:
         record.turn = job.spec.turn
         self._account(record)
         return record
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep on the run's clock, cut short when the run ends (a user thinking then has nothing left to send):
+        at once when every request is sent, at the measured phase's end for a duration."""
+        a = self.arrival
+        if self.measured_start is not None:
+            if a.requests is not None and self.measured_issued >= a.requests:
+                self.stop(early=False)
+                return
+            if a.duration_s is not None:
+                seconds = min(seconds, max(0.0, self.measured_start + a.duration_s - self.clock.now()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ended.wait(), self.clock.to_wall(seconds))
 
     def _account(self, record: RequestRecord) -> None:
         self.records.append(record)
@@ -324,7 +339,7 @@ async def _converse(run: _Run, conversation: Conversation, spawn: Spawn) -> bool
         history.append({"role": "system", "content": conversation.system})
     for i, turn in enumerate(conversation.turns):
         if i:
-            await run.clock.sleep(turn.think_s)
+            await run.pause(turn.think_s)
         messages = (*history, {"role": "user", "content": turn.message})
         job = run.next_job(PromptSpec(turn.message, 0, turn.output_len, messages=messages, turn=i))
         if job is None:
