@@ -6,12 +6,14 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import yaml
 from study_fakes import JOB, job
 from typer.testing import CliRunner
 
 from tuner.cli import app
+from tuner.cli.trial_lines import trial_line
 from tuner.config import Job, load_job
 from tuner.errors import ConfigError
 from tuner.load import LoadResult, RequestRecord, ServerMetricsSummary
@@ -129,3 +131,14 @@ def test_the_dry_run_names_the_conversations_shape(tmp_path: Path) -> None:
     assert (
         "workload: conversations of up to 3 turns, think time exponential, a 50-token system prompt;" in result.output
     )
+
+
+def test_a_conversation_trials_line_shows_ttft_by_turn_and_the_cache() -> None:
+    attrs = {
+        "outcome": "measured", "flags": {"max_num_seqs": 8}, "output_tok_s": 200.0, "success_rate": 1.0,
+        "feasible": True, "ttft_p95_first_turn_s": 1.39, "ttft_p95_later_turns_s": 0.42, "prefix_cache_hit_rate": 0.56,
+    }  # fmt: skip
+    trial = optuna.trial.create_trial(values=[200.0, 1.39], user_attrs=attrs)
+    assert "ttft_p95 by turn 1.39s/0.42s first/later, prefix cache 56%" in trial_line(trial)
+    plain = {k: v for k, v in attrs.items() if "turn" not in k}
+    assert "by turn" not in trial_line(optuna.trial.create_trial(values=[200.0, 1.39], user_attrs=plain))
