@@ -262,3 +262,17 @@ def test_a_conversation_workload_is_chat_and_bounds_its_longest_request() -> Non
 async def test_an_open_loop_is_refused_for_conversations() -> None:
     with pytest.raises(ValueError, match="closed loop"):
         await run_load("http://fake", "m", conversation_workload(), Arrival(rate=1.0, requests=3), scrape_metrics=False)
+
+
+def test_a_workload_without_conversations_dumps_and_hashes_as_before_they_existed() -> None:
+    # The stored job, the workload hash and the twin's seed of every study run before stay the same.
+    plain = Workload(input_len=64, output_len=8)
+    assert plain.model_dump(mode="json") == {
+        "input_len": 64, "output_len": 8, "dataset": None, "api": "completions", "prefix_len": 0, "seed": 0,
+    }  # fmt: skip
+    assert conversation_workload().model_dump(mode="json")["conversations"]["turns"] == 3
+    # A conversation workload's dump (the stored job) reads back as the same workload.
+    dump = conversation_workload().model_dump(mode="json")
+    assert "input_len" not in dump and dump["api"] == "chat"
+    again = Workload.model_validate(dump)
+    assert again.model_dump(mode="json") == dump and again.fingerprint() == conversation_workload().fingerprint()

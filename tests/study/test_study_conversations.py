@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.cli.trial_lines import trial_line
-from tuner.config import Job, load_job
+from tuner.config import Job, load_job, parse_job
 from tuner.errors import ConfigError
 from tuner.load import LoadResult, RequestRecord, ServerMetricsSummary
 from tuner.load.prompt_fit import PromptFit
@@ -58,6 +58,12 @@ def test_a_conversation_job_loads_and_defaults_to_the_twin() -> None:
     j = job(workload=CONVERSATIONS, sampler={"seed": 1})
     assert j.workload.conversations is not None and j.workload.path == "/v1/chat/completions"
     assert sampler_name(j) == "twin"
+
+
+def test_a_conversation_jobs_stored_record_reads_back() -> None:
+    j = job(workload=CONVERSATIONS)
+    again = parse_job(j.as_record())
+    assert again.workload.conversations == j.workload.conversations and again.as_record() == j.as_record()
 
 
 def conversation_job(**spec: Any) -> Job:

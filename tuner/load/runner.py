@@ -244,6 +244,8 @@ async def run_load(
     Synthetic prompts are written to the server's tokenizer (`prompt_fit`, asked of the server first when not
     given: see tuner.load.prompt_fit).
     """
+    if workload.conversations is not None and not arrival.closed:
+        raise ValueError("conversations run on a closed loop (arrival.concurrency): each user holds a conversation")
     own = client is None
     http = new_client() if client is None else client
     scraper: MetricsScraper | None = None
@@ -252,8 +254,6 @@ async def run_load(
         # A dataset's text goes as it is; only made-up tokens (prompts, or a dataset's shared prefix) need a fit.
         if fit is None and (workload.dataset is None or workload.prefix_len > 0):
             fit = await fit_prompts(http, base_url, model)
-        if workload.conversations is not None and not arrival.closed:
-            raise ValueError("conversations run on a closed loop (arrival.concurrency): each user holds a conversation")
         watched = slos if judge is None else judge
         guard = SloGuard(watched, arrival.requests, bounds=slos) if stop_on_slo_miss and arrival.requests else None
         run = _Run(workload, arrival, clock, should_stop, on_progress, guard if guard and guard.active else None, fit)

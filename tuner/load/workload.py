@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from tuner.errors import ConfigError
 from tuner.load.conversation import (
@@ -105,6 +105,20 @@ class Workload(BaseModel):
         if self.prefix_len and self.dataset is None and self.prefix_len >= _dist(self.input_len).upper:
             raise ValueError(f"prefix_len ({self.prefix_len}) must be shorter than the longest prompt")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A workload without conversations dumps as before they existed: its fingerprint, the stored job and the
+        # twin's seed (a digest of the dump) stay what they were.
+        # A conversation workload dumps only what it uses, so that its dump (the stored job) reads back.
+        data: dict[str, Any] = handler(self)
+        if self.conversations is None:
+            data.pop("conversations", None)
+        else:
+            for unused in ("input_len", "output_len", "prefix_len"):
+                data.pop(unused, None)
+            data["api"] = "chat"
+        return data
 
     def _input(self) -> _Dist:
         return _dist(self.input_len)
