@@ -41,7 +41,8 @@ def error_of(tmp_path: Path, **changes: Any) -> str:
     ("changes", "expected"),
     [
         ({"arrival": {"rate": 2, "requests": 10}}, "workload.conversations needs arrival.concurrency"),
-        ({"objective": "max_rate"}, "objective max_rate needs single requests"),
+        ({"objective": "max_rate"}, "objective max_rate searches a request rate; use objective: throughput"),
+        ({"objective": "goodput"}, "objective goodput searches a request rate"),
         ({"workload": {**CONVERSATIONS, "output_len": 64}}, "give output_len under conversations"),
         ({"workload": {"conversations": {"think_s": -1}}}, "workload.conversations.think_s"),
         ({"workload": {"conversations": {"turns": {"dist": "uniform", "low": 4, "high": 2}}}}, "high (2) must be"),

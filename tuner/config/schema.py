@@ -157,7 +157,10 @@ class Job(StrictModel):
         if self.arrival.concurrency is None:
             raise ValueError("workload.conversations needs arrival.concurrency (users, each holding a conversation)")
         if self.objective != "throughput":
-            raise ValueError("workload.conversations runs at the job's users: objective max_rate needs single requests")
+            raise ValueError(
+                f"workload.conversations runs at the job's users: objective {self.objective} searches a request rate; "
+                "use objective: throughput"
+            )
         return self
 
     @model_validator(mode="after")
