@@ -50,6 +50,9 @@ _ONLY_WHEN_SET = (
     "vllm_version",
     "twin_predicted_tok_s",
     "devices",
+    "ttft_p95_first_turn_s",
+    "ttft_p95_later_turns_s",
+    "prefix_cache_hit_rate",
 )
 
 
@@ -91,6 +94,11 @@ class TrialRecord(BaseModel):
     duplicate_of: int | None = None
     # The twin's output tok/s for this flag set before the trial ran (0: predicted not to start or to crash).
     twin_predicted_tok_s: float | None = None
+    # A conversation workload's TTFT p95 of first turns and of later ones (whose history the prefix cache can serve).
+    ttft_p95_first_turn_s: float | None = None
+    ttft_p95_later_turns_s: float | None = None
+    # Prefix-cache hits / queries in tokens during the scored run, as the server's /metrics counted them.
+    prefix_cache_hit_rate: float | None = None
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:

@@ -207,3 +207,14 @@ def test_a_study_tuner_tune_ran_against_emulator_processes_gives_back_their_prof
     for got, want in zip(steps(profile.coefficients), steps(TRUE), strict=True):
         assert 1 / 3 < got / want < 3, (profile.coefficients, TRUE)
     assert profile.coefficients.request_latency_s > 0
+
+
+def test_a_conversation_study_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its records replayed as independent requests would fit a prefill the prefix cache never ran: a wrong profile.
+    job = twin_job(tmp_path / "known.json", "sqlite:///x.db", workload={"conversations": {"turns": 3}})
+    url = _optuna_only(tmp_path, job)
+    code, text = run_cli(["calibrate", "--study", "plain", "--storage", url, "-o", "x.json"], capsys, monkeypatch)
+    assert code == 1, text
+    assert "study 'plain' ran a conversation workload" in text and text.count("\n") == 1

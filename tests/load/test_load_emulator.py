@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 from pathlib import Path
 
 import httpx
@@ -12,6 +13,7 @@ import pytest
 from tuner.clock import Clock
 from tuner.emulator import Emulator
 from tuner.load import Arrival, Workload, run_load
+from tuner.load.conversation import ConversationSpec
 from tuner.load.server_metrics import WANTED_SAMPLES, scrape_metrics
 from tuner.load.trace_replay import reusable_tokens
 
@@ -110,3 +112,27 @@ async def test_a_mooncake_trace_s_shared_blocks_are_the_emulator_s_prefix_cache_
     requests = Arrival(trace=trace).trace_requests()
     assert sum(reusable_tokens(requests, 512)) == 1536
     assert result.server is not None and result.server.prefix_cache_hit_rate == pytest.approx(1536 / 3300)
+
+
+async def test_a_conversations_later_turns_hit_the_emulators_prefix_cache() -> None:
+    wl = Workload(conversations=ConversationSpec(turns=4, input_len=64, output_len=32, system_len=100), seed=2)
+    rates = {}
+    for caching in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
+        emu = emulator(caching)
+        async with emu.serve_http(host="127.0.0.1", port=0) as url:
+            result = await run_load(
+                url, "llama-3.1-8b", wl, Arrival(concurrency=2, requests=16), clock=Clock(SCALE)
+            )  # fmt: skip
+        assert result.summary.requests_succeeded == 16
+        assert result.server is not None and result.turns is not None
+        # Two users share the 16 requests: who sends more depends on the answers' timing, not the turns' count.
+        assert result.turns.first_turns + result.turns.later_turns == 16 and result.turns.first_turns >= 4
+        # Each turn's prompt holds the one before: it grows by an answer and a message at every turn.
+        by_turn = [b for t in range(4) if (b := [r.prompt_tokens for r in result.records if r.turn == t])]
+        assert all(min(later) > max(earlier) for earlier, later in itertools.pairwise(by_turn))
+        rates[caching] = result.server.prefix_cache_hit_rate
+    # With the cache, a later turn finds its whole history (the previous prompt's full blocks) in it: well over
+    # half of all prompt tokens; without it, none.
+    hit = rates["--enable-prefix-caching"]
+    assert hit is not None and hit > 0.5
+    assert not rates["--no-enable-prefix-caching"]

@@ -100,6 +100,12 @@ def read_trials(
     job = stored.job
     arrival = _arrival(job, study)
     target, workload = _section(job, "target"), _section(job, "workload")
+    if workload.get("conversations"):
+        raise TunerError(
+            f"study {study!r} ran a conversation workload: its trials replay as independent requests, without the "
+            "users' think time and prefix-cache reuse, so they cannot be fitted; calibrate from a study of single "
+            "requests or with --url"
+        )
     model_name = str(target.get("model") or "")
     device = device or _study_device(stored.gpu, target.get("gpu"), study)
     model = model or _study_model(model_name)

@@ -49,9 +49,20 @@ def trial_line(t: FrozenTrial) -> str:
         f"{r.output_tok_s or 0:.1f} tok/s" + (f" at {rate:.2f} req/s" if rate else ""),
         f"{metric} {latency:.2f}s" if latency is not None else "",
         f"success {r.success_rate:.1%}" if r.success_rate is not None else "",
+        _turns(r),
         verdict,
     ]
     return f"{head} -> " + "  ".join(p for p in parts if p) + suffix
+
+
+def _turns(r: TrialRecord) -> str:
+    """A conversation workload's TTFT p95 of first and later turns, and how much of its prompts the cache served."""
+    first, later = r.ttft_p95_first_turn_s, r.ttft_p95_later_turns_s
+    if first is None and later is None:
+        return ""
+    text = "ttft_p95 by turn " + "/".join("-" if v is None else f"{v:.2f}s" for v in (first, later)) + " first/later"
+    hits = r.prefix_cache_hit_rate
+    return text + (f", prefix cache {hits:.0%}" if hits is not None else "")
 
 
 def _missed(r: TrialRecord) -> list[str]:

@@ -72,7 +72,11 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     options = job.sampler.model_dump(exclude={"name", "seed"}, exclude_none=True)
     sampler = sampler_name(job) + "".join(f", {k}: {str(v).lower()}" for k, v in options.items())
     console.print(f"SLOs: {', '.join(job.slos)}; budget: {job.budget.n_trials} trials; sampler: {sampler}")
-    console.print(f"workload: longest request {job.longest_request()} tokens; arrival: {job.arrival.describe()}")
+    shape = f"{job.workload.conversations.describe()}; " if job.workload.conversations is not None else ""
+    console.print(
+        f"workload: {shape}longest request {job.longest_request()} tokens; arrival: {job.arrival.describe()}",
+        markup=False,
+    )
     for line in trace_lines(job):
         console.print(line, markup=False)
     for name, dist in space.distributions.items():

@@ -157,6 +157,19 @@ class Job(StrictModel):
     _parsed: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
+    def _conversations(self) -> Job:
+        if self.workload.conversations is None:
+            return self
+        if self.arrival.concurrency is None:
+            raise ValueError("workload.conversations needs arrival.concurrency (users, each holding a conversation)")
+        if self.objective != "throughput":
+            raise ValueError(
+                f"workload.conversations runs at the job's users: objective {self.objective} searches a request rate; "
+                "use objective: throughput"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _latency_metric(self) -> Job:
         if self.latency_metric is not None:
             try:

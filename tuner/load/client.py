@@ -48,14 +48,16 @@ async def send_request(
     warmup: bool = False,
     chat: bool = False,
     expect_output: int | None = None,
+    reply: list[str] | None = None,
 ) -> RequestRecord:
     """POST `body` to `url` as a stream; times in the clock's (emulated) seconds, `start_s` relative to `origin`.
 
     `timeout_s` bounds the whole request (emulated seconds: converted to wall seconds for the transport).
     `expect_output`: the output length the body pinned; a reply the server counts shorter is `short_output`.
+    `reply`, when given, receives the streamed text piece by piece (a conversation's next turn carries it).
     """
     wall_timeout = clock.to_wall(timeout_s)
-    state = _StreamState(chat)
+    state = _StreamState(chat, reply)
     try:
         # Built before the clock starts: encoding the body is the client's work, not the server's latency.
         request = client.build_request("POST", url, json=body, timeout=httpx.Timeout(wall_timeout))
@@ -103,11 +105,13 @@ def _short(state: _StreamState, expect_output: int | None) -> str | None:
 
 class _StreamState:
     __slots__ = (
-        "chat", "done", "end", "events", "finish_reason", "first", "gaps", "headers", "last", "sent", "usage",
+        "chat", "done", "end", "events", "finish_reason", "first", "gaps", "headers", "last", "reply", "sent",
+        "usage",
     )  # fmt: skip
 
-    def __init__(self, chat: bool) -> None:
+    def __init__(self, chat: bool, reply: list[str] | None = None) -> None:
         self.chat = chat
+        self.reply = reply
         self.headers = False
         self.first: float | None = None
         self.last = 0.0
@@ -214,9 +218,13 @@ def _is_token(choice: object, chat: bool, state: _StreamState) -> bool:
         if not isinstance(delta, dict):
             return False
         content = delta.get("content")
+        if state.reply is not None and isinstance(content, str):
+            state.reply.append(content)
         # vLLM's first chat chunk carries only the role, with empty content: not a token.
         return isinstance(content, str) and (content != "" or ("role" not in delta and not choice.get("finish_reason")))
     text = choice.get("text")
+    if state.reply is not None and isinstance(text, str):
+        state.reply.append(text)
     return isinstance(text, str) and (text != "" or not choice.get("finish_reason"))
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "LoadResult",
     "RequestRecord",
     "ServerMetricsSummary",
+    "TurnFigures",
 ]
 
 FailureClass = Literal[
@@ -50,6 +51,8 @@ class RequestRecord(BaseModel):
     error_message: str | None = None
     warmup: bool = False
     usage_from_server: bool = True
+    turn: int | None = None
+    """Of a conversation workload: the turn within its conversation (0: the first); None for single requests."""
 
     @property
     def end_s(self) -> float:
@@ -88,6 +91,21 @@ class ServerMetricsSummary(BaseModel):
     error: str | None = None
 
 
+class TurnFigures(BaseModel):
+    """A conversation workload's TTFT by turn: a first turn's prompt is new to the server, a later turn's history
+    is the previous request's prompt and answer, which a prefix cache can serve. Seconds; None: none measured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    first_turns: int = 0
+    later_turns: int = 0
+    max_turn: int = 0
+    ttft_p50_first_s: float | None = None
+    ttft_p95_first_s: float | None = None
+    ttft_p50_later_s: float | None = None
+    ttft_p95_later_s: float | None = None
+
+
 class LoadResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -101,6 +119,8 @@ class LoadResult(BaseModel):
     slo_stop: str | None = None
     """Why the run stopped before its request count: an SLO was already missed for certain (None: it did not)."""
     workload_fingerprint: str = ""
+    turns: TurnFigures | None = None
+    """TTFT by turn, for a conversation workload."""
     peak_in_flight: int = 0
     origin_unix_s: float | None = None
     """The wall clock (Unix seconds) at the run's origin: request i began at origin_unix_s + start_s / the clock's

@@ -15,6 +15,7 @@ from tuner.clock import REAL_TIME, Clock
 from tuner.load.arrival import Arrival, send_offsets
 from tuner.load.client import send_request
 from tuner.load.connections import load_transport
+from tuner.load.conversation import Conversation, turn_figures
 from tuner.load.prompt_fit import PromptFit, fit_prompts
 from tuner.load.results import LoadResult, RequestRecord
 from tuner.load.server_metrics import MetricsScraper, diagnose
@@ -98,6 +99,7 @@ class _Run:
         self.clock = clock
         self.should_stop = should_stop
         self.on_progress = on_progress
+        self.fit = fit
         self.prompts: Iterator[PromptSpec] = _prompts(workload, arrival, fit)
         self.origin, self.origin_unix = _anchor(clock)
         self.measured_start: float | None = None
@@ -108,6 +110,7 @@ class _Run:
         self.peak_in_flight = 0
         self.failed = 0
         self.stopping = False
+        self.ended = asyncio.Event()  # set with `stopping`: wakes the users who are thinking
         self.stopped_early = False
         self.refused_streak = 0
         self.succeeded = 0
@@ -115,7 +118,8 @@ class _Run:
         self.guard = guard
         self.slo_stop: str | None = None
 
-    def next_job(self) -> _Job | None:
+    def next_job(self, spec: PromptSpec | None = None) -> _Job | None:
+        """The next request, `spec` or else the workload's (or trace's) next prompt; None once the run is over."""
         if self.stopping:
             return None
         if self.should_stop is not None and self.should_stop():
@@ -128,15 +132,15 @@ class _Run:
             if self.measured_start is None:
                 self.measured_start = now
             if a.requests is not None and self.measured_issued >= a.requests:
-                self.stopping = True
+                self.stop(early=False)
                 return None
             # a trace's duration is its slice's, already cut
             if a.duration_s is not None and a.trace is None and now - self.measured_start >= a.duration_s:
-                self.stopping = True
+                self.stop(early=False)
                 return None
-        spec = next(self.prompts, None)
+        spec = spec if spec is not None else next(self.prompts, None)
         if spec is None:  # a trace's slice is all sent
-            self.stopping = True
+            self.stop(early=False)
             return None
         if not warmup:
             self.measured_issued += 1
@@ -146,9 +150,18 @@ class _Run:
 
     def stop(self, *, early: bool) -> None:
         self.stopping = True
+        self.ended.set()
         self.stopped_early = self.stopped_early or early
 
-    async def execute(self, client: httpx.AsyncClient, url: str, model: str, timeout_s: float, job: _Job) -> None:
+    async def execute(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        model: str,
+        timeout_s: float,
+        job: _Job,
+        reply: list[str] | None = None,
+    ) -> RequestRecord:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
@@ -161,12 +174,28 @@ class _Run:
                 index=job.index,
                 origin=self.origin,
                 warmup=job.warmup,
-                chat=self.workload.api == "chat",
+                chat=self.workload.is_chat,
                 expect_output=job.spec.output_len,
+                reply=reply,
             )
         finally:
             self.in_flight -= 1
+        record.turn = job.spec.turn
         self._account(record)
+        return record
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep on the run's clock, cut short when the run ends (a user thinking then has nothing left to send):
+        at once when every request is sent, at the measured phase's end for a duration."""
+        a = self.arrival
+        if self.measured_start is not None:
+            if a.requests is not None and self.measured_issued >= a.requests:
+                self.stop(early=False)
+                return
+            if a.duration_s is not None:
+                seconds = min(seconds, max(0.0, self.measured_start + a.duration_s - self.clock.now()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ended.wait(), self.clock.to_wall(seconds))
 
     def _account(self, record: RequestRecord) -> None:
         self.records.append(record)
@@ -231,6 +260,8 @@ async def run_load(
     Synthetic prompts are written to the server's tokenizer (`prompt_fit`, asked of the server first when not
     given: see tuner.load.prompt_fit).
     """
+    if workload.conversations is not None and not arrival.closed:
+        raise ValueError("conversations run on a closed loop (arrival.concurrency): each user holds a conversation")
     own = client is None
     http = new_client() if client is None else client
     scraper: MetricsScraper | None = None
@@ -262,7 +293,7 @@ def _measured_count(arrival: Arrival) -> int | None:
 
 
 async def _drive(run: _Run, client: httpx.AsyncClient, url: str, model: str, timeout_s: float) -> None:
-    tasks: set[asyncio.Task[None]] = set()
+    tasks: set[asyncio.Task[RequestRecord]] = set()
 
     async def watch() -> None:
         while True:
@@ -274,15 +305,18 @@ async def _drive(run: _Run, client: httpx.AsyncClient, url: str, model: str, tim
                     t.cancel()
                 return
 
-    def spawn(job: _Job) -> asyncio.Task[None]:
-        task = asyncio.create_task(run.execute(client, url, model, timeout_s, job))
+    def spawn(job: _Job, reply: list[str] | None = None) -> asyncio.Task[RequestRecord]:
+        task = asyncio.create_task(run.execute(client, url, model, timeout_s, job, reply))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         return task
 
     watcher = asyncio.create_task(watch())
     try:
-        if run.arrival.concurrency is not None:
+        if run.workload.conversations is not None:
+            assert run.arrival.concurrency is not None
+            await _conversation_users(run, run.arrival.concurrency, spawn)
+        elif run.arrival.concurrency is not None:
             await _closed_loop(run, run.arrival.concurrency, spawn)
         else:
             await _open_loop(run, spawn)
@@ -295,19 +329,57 @@ async def _drive(run: _Run, client: httpx.AsyncClient, url: str, model: str, tim
         await asyncio.gather(watcher, *list(tasks), return_exceptions=True)
 
 
-async def _closed_loop(run: _Run, users: int, spawn: Callable[[_Job], asyncio.Task[None]]) -> None:
+Spawn = Callable[[_Job, list[str] | None], "asyncio.Task[RequestRecord]"]
+
+
+async def _closed_loop(run: _Run, users: int, spawn: Spawn) -> None:
     async def user() -> None:
         # Each user sends its next request when its last one ends: exactly `users` in flight, never a batch.
         while (job := run.next_job()) is not None:
             # wait(), not await: an abandoned request must end this user, not raise into it.
-            await asyncio.wait({spawn(job)})
+            await asyncio.wait({spawn(job, None)})
             if run.stopped_early:
                 return
 
     await asyncio.gather(*(user() for _ in range(users)))
 
 
-async def _open_loop(run: _Run, spawn: Callable[[_Job], asyncio.Task[None]]) -> None:
+async def _conversation_users(run: _Run, users: int, spawn: Spawn) -> None:
+    conversations = run.workload.conversation_source(run.fit)
+
+    async def user() -> None:
+        # A user holds its conversation to the end (or to a failed turn), then starts the next one.
+        while not run.stopping and await _converse(run, next(conversations), spawn):
+            pass
+
+    await asyncio.gather(*(user() for _ in range(users)))
+
+
+async def _converse(run: _Run, conversation: Conversation, spawn: Spawn) -> bool:
+    """One conversation, turn after turn: each sent once the previous answer is in and the think time has passed,
+    with every earlier message and answer. False when the run ended during it."""
+    history: list[dict[str, str]] = []
+    if conversation.system:
+        history.append({"role": "system", "content": conversation.system})
+    for i, turn in enumerate(conversation.turns):
+        if i:
+            await run.pause(turn.think_s)
+        messages = (*history, {"role": "user", "content": turn.message})
+        job = run.next_job(PromptSpec(turn.message, 0, turn.output_len, messages=messages, turn=i))
+        if job is None:
+            return False
+        reply: list[str] = []
+        task = spawn(job, reply)
+        await asyncio.wait({task})  # wait(), not await: an abandoned request ends the run, it does not raise here
+        if run.stopped_early:
+            return False
+        if task.cancelled() or task.exception() is not None or not task.result().ok:
+            return True  # a failed turn has no answer to carry on from: the user starts afresh
+        history = [*messages, {"role": "assistant", "content": "".join(reply)}]
+    return True
+
+
+async def _open_loop(run: _Run, spawn: Spawn) -> None:
     cap = run.arrival.max_in_flight
     slots = asyncio.Semaphore(cap) if cap is not None else None
     offsets = send_offsets(run.arrival)
@@ -325,12 +397,12 @@ async def _open_loop(run: _Run, spawn: Callable[[_Job], asyncio.Task[None]]) -> 
             if slots is not None:
                 slots.release()
             break
-        task = spawn(job)
+        task = spawn(job, None)
         if slots is not None:
             task.add_done_callback(_releaser(slots))
 
 
-def _releaser(slots: asyncio.Semaphore) -> Callable[[asyncio.Task[None]], None]:
+def _releaser(slots: asyncio.Semaphore) -> Callable[[asyncio.Task[RequestRecord]], None]:
     return lambda _task: slots.release()
 
 
@@ -355,6 +427,7 @@ def _result(run: _Run, slos: Sequence[Slo], scraper: MetricsScraper | None, max_
         stopped_early=run.stopped_early,
         slo_stop=run.slo_stop,
         workload_fingerprint=run.workload.fingerprint(),
+        turns=turn_figures(measured),
         peak_in_flight=run.peak_in_flight,
         origin_unix_s=run.origin_unix,
     )

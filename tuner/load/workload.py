@@ -9,17 +9,35 @@ sequence: the lengths alone (whatever the server), and the tokens given the fit.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from tuner.errors import ConfigError
+from tuner.load.conversation import (
+    Conversation,
+    ConversationSpec,
+    dataset_conversations,
+    load_sharegpt_conversations,
+    longest_dataset_tokens,
+    synthetic_conversations,
+)
+from tuner.load.lengths import Dist as _Dist
+from tuner.load.lengths import (
+    FixedLength,
+    LengthDist,
+    LogNormalLength,
+    NormalLength,
+    UniformLength,
+)
+from tuner.load.lengths import as_dist as _dist
 from tuner.load.prompt_fit import UNFITTED, PromptFit
 
 __all__ = [
@@ -40,80 +58,6 @@ _CHARS_PER_TOKEN = 4.0
 _CHARS_PER_TOKEN_BOUND = 3.0
 
 
-class FixedLength(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    dist: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1)
-
-    def sample(self, rng: random.Random) -> int:
-        return self.value
-
-    @property
-    def upper(self) -> int:
-        return self.value
-
-
-class UniformLength(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    dist: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> UniformLength:
-        if self.high < self.low:
-            raise ValueError(f"uniform length: high ({self.high}) must be >= low ({self.low})")
-        return self
-
-    def sample(self, rng: random.Random) -> int:
-        return rng.randint(self.low, self.high)
-
-    @property
-    def upper(self) -> int:
-        return self.high
-
-
-class NormalLength(BaseModel):
-    """Normal, clipped to [min, max] (max defaults to mean + 4 std)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    dist: Literal["normal"] = "normal"
-    mean: float = Field(gt=0)
-    std: float = Field(ge=0)
-    min: int = Field(default=1, ge=1)
-    max: int | None = Field(default=None, ge=1)
-
-    def sample(self, rng: random.Random) -> int:
-        return _clip(round(rng.gauss(self.mean, self.std)), self.min, self.upper)
-
-    @property
-    def upper(self) -> int:
-        return self.max if self.max is not None else max(self.min, math.ceil(self.mean + 4 * self.std))
-
-
-class LogNormalLength(BaseModel):
-    """Log-normal with the given median and sigma (of the log), clipped to [min, max] (default median·e^(4σ))."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    dist: Literal["lognormal"] = "lognormal"
-    median: float = Field(gt=0)
-    sigma: float = Field(ge=0)
-    min: int = Field(default=1, ge=1)
-    max: int | None = Field(default=None, ge=1)
-
-    def sample(self, rng: random.Random) -> int:
-        return _clip(round(rng.lognormvariate(math.log(self.median), self.sigma)), self.min, self.upper)
-
-    @property
-    def upper(self) -> int:
-        return self.max if self.max is not None else max(self.min, math.ceil(self.median * math.exp(4 * self.sigma)))
-
-
-def _clip(v: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, v))
-
-
-LengthDist = Annotated[FixedLength | UniformLength | NormalLength | LogNormalLength, Field(discriminator="dist")]
 ChatApi = Literal["completions", "chat"]
 
 
@@ -124,6 +68,9 @@ class PromptSpec:
     prompt: list[int] | str
     prompt_len: int
     output_len: int
+    messages: tuple[dict[str, str], ...] | None = None
+    """A conversation's turn: the whole conversation so far and the new message (the body's messages)."""
+    turn: int | None = None
 
 
 @dataclass(frozen=True)
@@ -145,13 +92,33 @@ class Workload(BaseModel):
     api: ChatApi = "completions"
     prefix_len: int = Field(default=0, ge=0)
     """Tokens at the start of every prompt that are shared by all requests (exercises prefix caching)."""
+    conversations: ConversationSpec | None = None
+    """Multi-turn conversations through the chat API (tuner.load.conversation); with `dataset`, a ShareGPT file's
+    human turns in order."""
     seed: int = 0
 
     @model_validator(mode="after")
     def _check(self) -> Workload:
+        if self.conversations is not None:
+            _check_conversations(self)
+            return self
         if self.prefix_len and self.dataset is None and self.prefix_len >= _dist(self.input_len).upper:
             raise ValueError(f"prefix_len ({self.prefix_len}) must be shorter than the longest prompt")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A workload without conversations dumps as before they existed: its fingerprint, the stored job and the
+        # twin's seed (a digest of the dump) stay what they were.
+        # A conversation workload dumps only what it uses, so that its dump (the stored job) reads back.
+        data: dict[str, Any] = handler(self)
+        if self.conversations is None:
+            data.pop("conversations", None)
+        else:
+            for unused in ("input_len", "output_len", "prefix_len"):
+                data.pop(unused, None)
+            data["api"] = "chat"
+        return data
 
     def _input(self) -> _Dist:
         return _dist(self.input_len)
@@ -159,8 +126,16 @@ class Workload(BaseModel):
     def _output(self) -> _Dist:
         return _dist(self.output_len)
 
+    @property
+    def is_chat(self) -> bool:
+        return self.api == "chat" or self.conversations is not None
+
     def max_request_tokens(self) -> int:
         """The longest prompt + output this workload can send (estimated from characters for text datasets)."""
+        if self.conversations is not None:
+            if self.dataset is not None:
+                return longest_dataset_tokens(load_sharegpt_conversations(self.dataset))
+            return self.conversations.longest_conversation_tokens()
         if self.dataset is not None:
             rows = load_dataset(self.dataset)
             return max(
@@ -174,6 +149,8 @@ class Workload(BaseModel):
     def request_tokens(self, n: int) -> list[int]:
         """Prompt + output tokens of the first `n` synthetic requests, as the seed draws them for every run (a chat
         template's few tokens not counted); not for a dataset, whose lengths are only estimated."""
+        if self.conversations is not None:
+            return [p.prompt_len + p.output_len for p in itertools.islice(self.prompts(), n)]
         rng = random.Random(self.seed)  # the same draws, in the same order, as prompts()
         lengths = []
         for _ in range(n):
@@ -194,6 +171,11 @@ class Workload(BaseModel):
     def prompts(self, fit: PromptFit | None = None) -> Iterator[PromptSpec]:
         """The endless, reproducible request sequence, written with `fit`'s ids and words (default: unfitted)."""
         fit = fit or UNFITTED
+        if self.conversations is not None:
+            # Made-up messages are in the fit's words, one token each; a dataset's text is estimated.
+            count = _estimate if self.dataset is not None else _count_words
+            yield from _turns_offline(self.conversation_source(fit), fit, count)
+            return
         rng = random.Random(self.seed)
         # Tokens from their own generator: the lengths are the same for every server, whatever its vocabulary.
         tokens = random.Random(f"tokens-{self.seed}")
@@ -217,6 +199,13 @@ class Workload(BaseModel):
             n_words = max(n_in - fit.chat_overhead, self.prefix_len + 1)
             words = prefix_words + [tokens.choice(fit.words) for _ in range(n_words - self.prefix_len)]
             yield PromptSpec(prompt=" ".join(words), prompt_len=n_words + fit.chat_overhead, output_len=n_out)
+
+    def conversation_source(self, fit: PromptFit | None = None) -> Iterator[Conversation]:
+        """The endless, reproducible sequence of conversations (a conversation workload only)."""
+        assert self.conversations is not None
+        if self.dataset is not None:
+            return dataset_conversations(self.conversations, load_sharegpt_conversations(self.dataset), self.seed)
+        return synthetic_conversations(self.conversations, fit or UNFITTED, self.seed)
 
     def _dataset_prompts(self, rng: random.Random, fit: PromptFit, tokens: random.Random) -> Iterator[PromptSpec]:
         assert self.dataset is not None
@@ -246,20 +235,60 @@ class Workload(BaseModel):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if spec.messages is not None:
+            return {**common, "messages": list(spec.messages)}
         if self.api == "completions":
             return {**common, "prompt": spec.prompt}
         return {**common, "messages": [{"role": "user", "content": spec.prompt}]}
 
     @property
     def path(self) -> str:
-        return "/v1/completions" if self.api == "completions" else "/v1/chat/completions"
+        return "/v1/chat/completions" if self.is_chat else "/v1/completions"
 
 
-_Dist = FixedLength | UniformLength | NormalLength | LogNormalLength
+def _check_conversations(w: Workload) -> None:
+    """The fields a conversation workload takes from `conversations` instead: one clear line for each clash."""
+    given = w.model_fields_set
+    if "api" in given and w.api != "chat":
+        raise ValueError("conversations are sent through the chat API: leave out api or give api: chat")
+    for name in ("input_len", "output_len", "prefix_len"):
+        if name in given:
+            where = "system_len" if name == "prefix_len" else name
+            raise ValueError(f"with conversations, give {where} under conversations, not workload.{name}")
+    if w.dataset is not None:
+        spec = w.conversations
+        assert spec is not None
+        for name in ("turns", "input_len", "output_len"):
+            if name in spec.model_fields_set:
+                raise ValueError(f"conversations.{name} comes from the dataset's conversations: leave it out")
 
 
-def _dist(v: int | _Dist) -> _Dist:
-    return FixedLength(value=v) if isinstance(v, int) else v
+def _turns_offline(
+    conversations: Iterator[Conversation], fit: PromptFit, count: Callable[[str], int]
+) -> Iterator[PromptSpec]:
+    """Every turn of every conversation in order, each with its history, the answers stood in for by `output_len`
+    words (their text is the server's): the requests of one user with no server to answer, for the twin and the
+    length checks. The runner sends the server's own answers instead."""
+    overhead = fit.chat_overhead or 4
+    words = random.Random("conversation-answers")
+    for conv in conversations:
+        history: list[dict[str, str]] = [{"role": "system", "content": conv.system}] if conv.system else []
+        tokens = count(conv.system or "") + overhead if conv.system else 0
+        for i, turn in enumerate(conv.turns):
+            messages = (*history, {"role": "user", "content": turn.message})
+            tokens += count(turn.message) + overhead
+            yield PromptSpec(turn.message, tokens, turn.output_len, messages=messages, turn=i)
+            answer = " ".join(words.choice(fit.words) for _ in range(turn.output_len))
+            history = [*messages, {"role": "assistant", "content": answer}]
+            tokens += turn.output_len + overhead
+
+
+def _count_words(text: str) -> int:
+    return len(text.split())
+
+
+def _estimate(text: str) -> int:
+    return max(1, round(len(text) / _CHARS_PER_TOKEN))
 
 
 _dataset_cache: dict[tuple[str, float, int], tuple[_DatasetRow, ...]] = {}

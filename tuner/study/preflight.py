@@ -241,7 +241,8 @@ def _wrong_length(job: Job, spec: PromptSpec, record: RequestRecord, fit: Prompt
 
 
 def _lengths_checked(job: Job, fit: PromptFit | None) -> bool:
-    return fit is not None and fit.exact and job.workload.dataset is None
+    # A conversation's prompt holds the server's own answers, whose length as text is the tokenizer's, not pinned.
+    return fit is not None and fit.exact and job.workload.dataset is None and job.workload.conversations is None
 
 
 def _unchecked_why(job: Job, fit: PromptFit | None) -> str:

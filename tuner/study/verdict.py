@@ -13,6 +13,7 @@ from typing import Any, Literal
 from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
 from tuner.flags import resolve
+from tuner.load.results import LoadResult
 from tuner.record import MEASURED, RECORD_VERSION, TrialRecord
 from tuner.scoring import LoadSummary, Slo, closest, figures, objective_latency
 from tuner.study.trial import TrialResult
@@ -113,7 +114,19 @@ class Scorer:
             verdict.update(_figures(summary))
             verdict["request_rate"] = m.rate if m is not None else None
             verdict["slo_stop"] = loaded.slo_stop if loaded is not None else None
+            if loaded is not None:
+                verdict.update(_reuse_figures(loaded))
         return known.model_copy(update=verdict)
+
+
+def _reuse_figures(loaded: LoadResult) -> dict[str, Any]:
+    """What a workload that reuses prompts shows: TTFT of first turns against later ones, the prefix-cache hit rate."""
+    turns, server = loaded.turns, loaded.server
+    return {
+        "ttft_p95_first_turn_s": turns.ttft_p95_first_s if turns is not None else None,
+        "ttft_p95_later_turns_s": turns.ttft_p95_later_s if turns is not None else None,
+        "prefix_cache_hit_rate": server.prefix_cache_hit_rate if server is not None else None,
+    }
 
 
 def _figures(summary: LoadSummary) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from tuner.load import RequestRecord
 from tuner.load.arrival import send_offsets
 from tuner.load.trace_replay import trace_prompts
 from tuner.scoring import LoadSummary, summarize
+from tuner.twin.conversations import ConversationUsers
 
 __all__ = ["Coefficients", "SimPoint", "simulate"]
 
@@ -238,6 +239,9 @@ class _Load:
             self.total, self.duration = len(sent), None
             self.prompts = trace_prompts(sent, block_tokens=a.block_tokens, seed=job.workload.seed)
             self.arrivals = send_offsets(a)
+        # A conversation workload's users, each holding its conversation (None: every request stands alone).
+        self.users = ConversationUsers(job.workload, a.concurrency or 1) if job.workload.conversations else None
+        self.user_of: dict[int, int] = {}
         self.records: list[RequestRecord] = []
         self.in_flight: dict[int, tuple[EngineRequest, _Sink, Any]] = {}
         self.sent = 0
@@ -250,14 +254,17 @@ class _Load:
         self.latency = request_latency_s * step_scale
         self.arriving: list[tuple[float, int, EngineRequest]] = []
 
-    def _send(self) -> None:
-        spec = next(self.prompts)
+    def _send(self, user: int | None = None) -> None:
+        spec = next(self.prompts) if self.users is None or user is None else self.users.next_turn(user)
         index = self.sent
+        if user is not None:
+            self.user_of[index] = user
         self.sent += 1
         ids = spec.prompt if isinstance(spec.prompt, list) else [next(self.unique) for _ in range(spec.prompt_len)]
         sink = _Sink(self.clock)
         if len(ids) + spec.output_len > self.resolved.max_model_len:
             self.records.append(self._record(index, sink, spec, ok=False, error="http_4xx"))
+            self._answered(index, ok=False)
             return
         r = self.resolved
         req = EngineRequest(f"r{index}", ids, spec.output_len, "length", sink, r.block_size, r.enable_prefix_caching)
@@ -278,14 +285,22 @@ class _Load:
         if self.engine.running or self.engine.waiting or not self.arriving:
             return True
         wake = self.arriving[0][0]
-        if self.arrivals is not None and self.sent < self.total and self.next_at > self.clock.t:
-            wake = min(wake, self.next_at)  # an open loop's next send comes first
+        timed = self.arrivals is not None or self.users is not None
+        if timed and self.sent < self.total and self.next_at > self.clock.t:
+            wake = min(wake, self.next_at)  # an open loop's next send, or a user's next turn, comes first
         self.clock.at[0] = wake
         return False
 
     def _admit(self) -> None:
         if self.duration is not None and self.clock.t > self.duration + 1e-9 and self.sent >= self.warmup:
             self.total = self.sent
+        if self.users is not None:
+            for user in self.users.due(self.clock.t):
+                if self.sent >= self.total:
+                    break
+                self._send(user)
+            self.next_at = self.users.next_wake()
+            return
         while self.sent < self.total and len(self.in_flight) < self.cap and self.next_at <= self.clock.t:
             self._send()
             if self.arrivals is not None:
@@ -327,10 +342,17 @@ class _Load:
             if sink.done:
                 self.records.append(self._record(index, sink, spec, ok=True))
                 del self.in_flight[index]
+                self._answered(index, ok=True)
             elif self.clock.t - sink.start > timeout:
                 self.engine.abort(req)
                 self.records.append(self._record(index, sink, spec, ok=False, error="timeout"))
                 del self.in_flight[index]
+                self._answered(index, ok=False)
+
+    def _answered(self, index: int, *, ok: bool) -> None:
+        """A conversation's turn is over: its user thinks, then sends the next (or starts afresh after a failure)."""
+        if self.users is not None:
+            self.users.finished(self.user_of.pop(index), ok, self.clock.t)
 
     def _record(self, index: int, sink: _Sink, spec: Any, *, ok: bool, error: str | None = None) -> RequestRecord:
         times = sink.times
@@ -347,6 +369,7 @@ class _Load:
             error_class=error,
             error_message=None if ok else error,
             warmup=index < self.warmup,
+            turn=getattr(spec, "turn", None),
         )
 
 
