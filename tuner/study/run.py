@@ -16,7 +16,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import Job
-from tuner.errors import ENGINE_GONE, ConfigError, EngineGone, TunerError
+from tuner.errors import ENGINE_GONE, ConfigError, EngineGone, StorageError, TunerError
 from tuner.launch import Launcher
 from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, StudyRecord, TrialRecord
 from tuner.store import flag_key, open_store, safe_url
@@ -37,10 +37,11 @@ from tuner.study.measure import Measure, measure_load
 from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler, sampler_name
 from tuner.study.storage import make_storage, study_attrs
+from tuner.study.surroundings import disk_full, wait_until
 from tuner.study.verdict import DIRECTIONS
 from tuner.twin.sampler import TwinSampler
 
-__all__ = ["REPEAT_CAP", "STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front", "retry_trial", "wait_until"]
+__all__ = ["REPEAT_CAP", "STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front", "retry_trial"]
 
 _SCHEMA_LOCK = "\x00tuner-schema"
 STOPPED_ATTR = "stopped"
@@ -271,6 +272,14 @@ class TuningRun:
                 return self.study.ask()
 
     def run(self) -> RunReport:
+        try:
+            return self._run()
+        except Exception as e:
+            if isinstance(e, StorageError) or not disk_full(e):
+                raise
+            raise self._disk_full(None) from None
+
+    def _run(self) -> RunReport:
         self._prepare()
         started = time.monotonic()
         ran, stopped_by = self._search(started)
@@ -322,6 +331,9 @@ class TuningRun:
                 self.study.tell(trial, state=TrialState.FAIL)
                 gone = e
             except BaseException as e:
+                if disk_full(e):
+                    # Nothing more can be written (a FAIL neither); SQLite rolled the write back whole.
+                    raise self._disk_full(trial.number) from None
                 # A refused workload is FAIL too: it says nothing about the flags, and spends no budget.
                 self.study.tell(trial, state=TrialState.FAIL)
                 if isinstance(e, WorkloadRejected):
@@ -336,6 +348,13 @@ class TuningRun:
         if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
             self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
         self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
+
+    def _disk_full(self, number: int | None) -> StorageError:
+        lost = f"trial {number}'s result was not stored (not its flags' doing); " if number is not None else ""
+        return StorageError(
+            f"the study database {safe_url(self.url)} is on a full disk (database or disk is full): {lost}every "
+            "trial stored before is intact; free space, then run the same command again"
+        )
 
     def _wait_for_engine(self, trial: optuna.Trial, gone: EngineGone) -> None:
         """Until the engine answers again (then the trial is run again), at most `target.engine_wait`."""
@@ -432,18 +451,6 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None =
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         RetryHeartbeatStaleTrialCallback(max_retry=max_retry)(study, again)
-
-
-def wait_until(answers: Callable[[], bool], bound_s: float, poll_s: float, stop: threading.Event) -> float | None:
-    """Seconds until `answers()` is true, asked every `poll_s`; None past `bound_s` or once `stop` is set."""
-    started = time.monotonic()
-    while not stop.is_set():
-        if answers():
-            return time.monotonic() - started
-        if time.monotonic() - started >= bound_s:
-            return None
-        stop.wait(poll_s)
-    return None
 
 
 def feasible_front(study: optuna.Study) -> list[FrozenTrial]:

@@ -1,0 +1,49 @@
+"""What a study meets around it, told from what the flags cause: a full disk under its database, an engine that
+answers again. Each is one line to a person; the trial is not blamed on its flags."""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+__all__ = ["disk_full", "wait_until"]
+
+_FULL = ("database or disk is full", "no space left on device")
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        # SQLAlchemy keeps the driver's error as `orig`; Optuna re-raises it `from` the SQLAlchemy one.
+        orig = getattr(e, "orig", None)
+        todo += [e.__cause__, e.__context__, orig if isinstance(orig, BaseException) else None]
+
+
+def disk_full(error: BaseException) -> bool:
+    """SQLite's SQLITE_FULL ("database or disk is full") or an OSError ENOSPC anywhere in the error's chain."""
+    for e in _chain(error):
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if any(text in str(e).lower() for text in _FULL):
+            return True
+    return False
+
+
+def wait_until(answers: Callable[[], bool], bound_s: float, poll_s: float, stop: threading.Event) -> float | None:
+    """Seconds until `answers()` is true, asked every `poll_s`; None past `bound_s` or once `stop` is set."""
+    started = time.monotonic()
+    while not stop.is_set():
+        if answers():
+            return time.monotonic() - started
+        if time.monotonic() - started >= bound_s:
+            return None
+        stop.wait(poll_s)
+    return None
