@@ -7,6 +7,7 @@ import errno
 import shutil
 import sqlite3
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import optuna
 import pytest
+import yaml
 from optuna.trial import TrialState
 from study_fakes import FakeLauncher, fake_measure, job
 
@@ -112,3 +114,61 @@ def test_a_full_disk_is_found_through_the_errors_that_wrap_it() -> None:
         assert disk_full(wrapped)
     assert disk_full(OSError(errno.ENOSPC, "No space left on device"))
     assert not disk_full(sqlite3.OperationalError("database is locked"))
+
+
+EMULATED = {
+    "study": {"name": "full"},
+    "target": {"launcher": "emulator", "model": "llama-3.1-8b", "gpu": "h100-80gb", "emulator": {"time_scale": 40}},
+    "space": {"max_num_seqs": {"choices": [4, 8, 16]}, "max_model_len": 4096},
+    "workload": {"input_len": 256, "output_len": 16},
+    "arrival": {"concurrency": 2, "requests": 4},
+    "slos": ["e2e_p95 <= 30s"],
+    "request_timeout": "600s",
+    "budget": {"n_trials": 1, "confirm": 0},
+}
+
+
+def tune(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str]:
+    """`tuner tune ARGS...` through the real entry point (its one-line errors), the output captured."""
+    from tuner.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(sys, "argv", ["tuner", "tune", *args])
+    capsys.readouterr()
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.mark.slow
+def test_tune_on_a_full_disk_says_one_line_without_a_traceback_and_resumes_with_room(
+    small_disk: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNER_STATE_DIR", str(tmp_path / "state"))
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(EMULATED))
+    url, log = f"sqlite:///{small_disk / 'study.db'}", small_disk / "tune.log"
+    code, out = tune(capsys, monkeypatch, str(job_file), "--storage", url)
+    assert code == 0, out
+    job_file.write_text(yaml.safe_dump({**EMULATED, "budget": {"n_trials": 3, "confirm": 0}}))
+    log.write_text("")
+    filler = fill(small_disk)
+    code, out = tune(capsys, monkeypatch, str(job_file), "--storage", url, "--log-file", str(log))
+    assert code == 1 and "Traceback" not in out and "failed in the tuner itself" not in out, out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "is on a full disk (database or disk is full)" in errors[0], out
+    assert out.count(f"the log file {log} cannot be written") <= 1
+    filler.unlink()
+    code, out = tune(capsys, monkeypatch, str(job_file), "--storage", url)
+    assert code == 0 and "Traceback" not in out, out
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        trials = optuna.load_study(study_name="full", storage=storage).get_trials()
+    finally:
+        storage.engine.dispose()
+    assert trials[0].state == TrialState.COMPLETE and trials[0].user_attrs["baseline"]
+    assert sum(t.state == TrialState.COMPLETE and t.user_attrs.get("duplicate_of") is None for t in trials) == 3

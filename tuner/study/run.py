@@ -37,7 +37,7 @@ from tuner.study.measure import Measure, measure_load
 from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler, sampler_name
 from tuner.study.storage import make_storage, study_attrs
-from tuner.study.surroundings import disk_full, wait_until
+from tuner.study.surroundings import disk_full, full_disk_error, wait_until
 from tuner.study.verdict import DIRECTIONS
 from tuner.twin.sampler import TwinSampler
 
@@ -128,6 +128,28 @@ class TuningRun:
         self.on_trial_end = on_trial_end or (lambda _t: None)
         self.poll_s = poll_s
         self.space = job.search_space()
+        try:
+            self._open(worker)
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            raise full_disk_error(self.url) from None
+        self.objective = RepeatingObjective(
+            job,
+            launcher,
+            store=self.store,
+            study_name=job.study.name,
+            measure=measure,
+            on_event=on_event,
+            poll_s=poll_s,
+            preflight=preflight,
+        )
+        self._stop = threading.Event()
+        self._only_repeats = False
+
+    def _open(self, worker: int | None) -> None:
+        """The project's tables and Optuna's study, created when new (a full disk is the caller's one line)."""
+        job = self.job
         self.store = open_store(self.url)
         try:
             sampler = self._worker_sampler(worker)
@@ -146,18 +168,6 @@ class TuningRun:
         except BaseException:
             self.store.close()
             raise
-        self.objective = RepeatingObjective(
-            job,
-            launcher,
-            store=self.store,
-            study_name=job.study.name,
-            measure=measure,
-            on_event=on_event,
-            poll_s=poll_s,
-            preflight=preflight,
-        )
-        self._stop = threading.Event()
-        self._only_repeats = False
 
     def _worker_sampler(self, worker: int | None) -> optuna.samplers.BaseSampler:
         """The job's sampler as this worker runs it: a seed of its own, and the twin's proposals reserved."""
@@ -277,7 +287,7 @@ class TuningRun:
         except Exception as e:
             if isinstance(e, StorageError) or not disk_full(e):
                 raise
-            raise self._disk_full(None) from None
+            raise full_disk_error(self.url) from None
 
     def _run(self) -> RunReport:
         self._prepare()
@@ -333,7 +343,7 @@ class TuningRun:
             except BaseException as e:
                 if disk_full(e):
                     # Nothing more can be written (a FAIL neither); SQLite rolled the write back whole.
-                    raise self._disk_full(trial.number) from None
+                    raise full_disk_error(self.url, trial.number) from None
                 # A refused workload is FAIL too: it says nothing about the flags, and spends no budget.
                 self.study.tell(trial, state=TrialState.FAIL)
                 if isinstance(e, WorkloadRejected):
@@ -348,13 +358,6 @@ class TuningRun:
         if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
             self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
         self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
-
-    def _disk_full(self, number: int | None) -> StorageError:
-        lost = f"trial {number}'s result was not stored (not its flags' doing); " if number is not None else ""
-        return StorageError(
-            f"the study database {safe_url(self.url)} is on a full disk (database or disk is full): {lost}every "
-            "trial stored before is intact; free space, then run the same command again"
-        )
 
     def _wait_for_engine(self, trial: optuna.Trial, gone: EngineGone) -> None:
         """Until the engine answers again (then the trial is run again), at most `target.engine_wait`."""

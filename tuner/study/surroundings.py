@@ -8,7 +8,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["disk_full", "wait_until"]
+from tuner.errors import StorageError
+from tuner.store import safe_url
+
+__all__ = ["disk_full", "full_disk_error", "wait_until"]
 
 _FULL = ("database or disk is full", "no space left on device")
 
@@ -35,6 +38,15 @@ def disk_full(error: BaseException) -> bool:
         if any(text in str(e).lower() for text in _FULL):
             return True
     return False
+
+
+def full_disk_error(url: str, number: int | None = None) -> StorageError:
+    """The one line a full disk under the study database gets (`number`: the trial whose result it cost)."""
+    lost = f"trial {number}'s result was not stored (not its flags' doing); " if number is not None else ""
+    return StorageError(
+        f"the study database {safe_url(url)} is on a full disk (database or disk is full): {lost}every trial "
+        "stored before is intact; free space, then run the same command again"
+    )
 
 
 def wait_until(answers: Callable[[], bool], bound_s: float, poll_s: float, stop: threading.Event) -> float | None:
