@@ -501,8 +501,13 @@ class DockerLauncher:
             self._settle(handle)
 
     def cleanup_leftovers(self, study: str | None) -> list[str]:
+        try:
+            containers = self.client().containers.list(all=True, filters={"label": f"{LABEL_LAUNCHER}=docker"})
+        except engine_errors() as e:
+            if self.engine_answers():
+                raise
+            raise self._gone(e) from None
         removed = []
-        containers = self.client().containers.list(all=True, filters={"label": f"{LABEL_LAUNCHER}=docker"})
         for container in containers:
             labels = container.labels or {}
             if labels.get(LABEL_STUDY, "") != (study or ""):
