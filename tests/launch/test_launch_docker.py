@@ -73,7 +73,7 @@ async def test_gpus_without_the_nvidia_runtime_is_a_clear_error(
         async with launcher.start(VllmFlags(max_model_len=8192), study=study):
             pytest.fail("started")
     assert "cannot give the container GPUs" in str(raised.value)
-    assert "gpus=None" in str(raised.value)
+    assert "`tuner launch --gpus none`" in str(raised.value)
     assert raised.value.reason == "cannot_launch"
     assert containers_of(docker_client, study) == []
 

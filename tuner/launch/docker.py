@@ -43,6 +43,8 @@ LABEL_STUDY = "tuner.study"
 LABEL_TRIAL = "tuner.trial"
 LABEL_OWNER = "tuner.owner"
 _PORT_TAKEN = ("port is already allocated", "address already in use")
+# Where a container without GPUs can be had: a job's docker target always asks for them (its GPUs are the study's).
+_NO_GPU_IMAGE = " (an image that needs no GPU, such as the emulator's, runs under `tuner launch --gpus none`)"
 _NO_GPU_RUNTIME = ("could not select device driver", "nvidia-container-cli", "unknown or invalid runtime")
 
 Gpus = str | Sequence[str] | None  # "all", device ids ("0", "1" or UUIDs), or None for no GPU
@@ -409,14 +411,13 @@ class DockerLauncher:
             if self.vendor == "amd" and any(s in text for s in _NO_AMD_DEVICES):
                 raise LaunchError(
                     f"Docker cannot give the container AMD GPUs ({', '.join(_AMD_DEVICES)}): {text}. Install the "
-                    "ROCm driver (amdgpu) on the host, or pass gpus=None for an image that needs no GPU",
+                    f"ROCm driver (amdgpu) on the host{_NO_GPU_IMAGE}",
                     CANNOT_LAUNCH,
                 ) from None
             if any(s in text for s in _NO_GPU_RUNTIME):
                 raise LaunchError(
                     f"Docker cannot give the container GPUs (gpus={self.gpus!r}): {text}. Install the NVIDIA "
-                    "container toolkit, or pass gpus=None (--gpus none) for an image that needs no GPU, such as "
-                    "the emulator image",
+                    f"container toolkit{_NO_GPU_IMAGE}",
                     CANNOT_LAUNCH,
                 ) from None
             if any(s in text for s in _PORT_TAKEN):
