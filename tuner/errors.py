@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class TunerError(Exception):
     """Base of every error `tuner` reports to a person as one clear message."""
@@ -41,3 +43,18 @@ class StorageError(TunerError):
 
 class StudyNotFound(StorageError):
     """No study of that name in the storage."""
+
+
+ENGINE_GONE = "engine_gone"
+
+
+class EngineGone(LaunchError):
+    """The container engine stopped answering under a trial: the trial says nothing about its flags.
+
+    `engine` names it for a person ("the Docker engine at unix:///var/run/docker.sock"); `answers()` says whether
+    it answers again (the study waits on it, then runs the trial again)."""
+
+    def __init__(self, message: str, engine: str, answers: Callable[[], bool]) -> None:
+        super().__init__(message, ENGINE_GONE)
+        self.engine = engine
+        self.answers = answers

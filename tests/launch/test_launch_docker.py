@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from launch_contract import MODEL, containers_of, emulator_image_ref, new_marker
 
-from tuner.errors import LaunchError
+from tuner.errors import EngineGone, LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import DockerLauncher
 from tuner.launch.docker import ROCM_IMAGE, _device_requests, gpu_create_kwargs, gpu_environment
@@ -73,6 +73,36 @@ async def test_gpus_without_the_nvidia_runtime_is_a_clear_error(
         async with launcher.start(VllmFlags(max_model_len=8192), study=study):
             pytest.fail("started")
     assert "cannot give the container GPUs" in str(raised.value)
-    assert "gpus=None" in str(raised.value)
+    assert "`tuner launch --gpus none`" in str(raised.value)
     assert raised.value.reason == "cannot_launch"
     assert containers_of(docker_client, study) == []
+
+
+class _GoneEngine:
+    """A Docker client whose engine went away: every call is refused, as requests refuses a dead socket."""
+
+    def __init__(self) -> None:
+        self.containers = self
+        self.images = self
+
+    def _refused(self, *args: Any, **kwargs: Any) -> Any:
+        import requests
+
+        raise requests.exceptions.ConnectionError("('Connection aborted.', ConnectionRefusedError(111))")
+
+    ping = list = get = create = _refused
+
+
+async def test_an_engine_that_stopped_answering_is_engine_gone_not_a_failed_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/no-engine.sock")
+    launcher = DockerLauncher(MODEL, client=_GoneEngine(), gpus=None)
+    with pytest.raises(EngineGone) as e:
+        launcher.cleanup_leftovers("study")
+    assert str(e.value).startswith("the Docker engine at unix:///tmp/no-engine.sock stopped answering (")
+    assert e.value.reason == "engine_gone" and not e.value.answers()
+    for study in ("study", None):  # the leftovers' sweep or the image's check: either meets the engine first
+        with pytest.raises(EngineGone):
+            async with launcher.start(VllmFlags(), study=study):
+                pass

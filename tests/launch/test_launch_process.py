@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -14,10 +15,12 @@ import httpx
 import pytest
 from launch_contract import assert_nothing_left, new_marker, processes_with
 
+import tuner.launch.process as process
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
-from tuner.launch import GpuIdleWaiter, ProcessLauncher
+from tuner.launch import EmulatorLauncher, GpuIdleWaiter, ProcessLauncher
 from tuner.launch.owner import owner_alive, owner_token, process_start_ticks
+from tuner.launch.process import port_taken
 from tuner.launch.redact import MASK, Redactor
 from tuner.launch.registry import ProcessRecord, ProcessRegistry
 
@@ -235,3 +238,40 @@ async def test_sigterm_ignoring_server_is_killed(tmp_path: Path) -> None:
     assert "last log line: up" in str(raised.value)
     assert time.monotonic() - started < 300  # killed, not waited out
     assert processes_with(marker) == []
+
+
+async def test_a_port_taken_before_the_server_binds_it_is_replaced_by_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)  # another program listens there: the emulator's bind fails with EADDRINUSE
+    held = taken.getsockname()[1]
+    picks: list[int] = []
+
+    def pick(host: str = "127.0.0.1") -> int:
+        picks.append(held if not picks else free_port(host))
+        return picks[-1]
+
+    free_port = process.free_port
+    monkeypatch.setattr(process, "free_port", pick)
+    launcher = EmulatorLauncher("llama-3.1-8b", "h100-80gb", time_scale=100, state_dir=tmp_path)
+    try:
+        async with launcher.start(VllmFlags()) as server:
+            assert server.base_url.endswith(f":{picks[-1]}") and picks[-1] != held
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(server.base_url + "/health")).status_code == 200
+    finally:
+        taken.close()
+    assert picks[0] == held and len(picks) == 2
+
+
+async def test_a_server_that_fails_for_another_reason_is_not_started_again_on_another_port(tmp_path: Path) -> None:
+    launcher = ProcessLauncher(
+        [sys.executable, "-c", "import sys; print('ERROR no such model'); sys.exit(3)"], state_dir=tmp_path
+    )
+    with pytest.raises(LaunchError) as e:
+        async with launcher.start(VllmFlags()):
+            pass
+    assert "no such model" in str(e.value)
+    assert not port_taken(e.value)

@@ -21,6 +21,7 @@ from tuner.study.preflight import (
     PROBES,
     PreflightResult,
     WorkloadRejected,
+    api_key_advice,
     check_workload,
     judge_probes,
     workload_fault,
@@ -93,7 +94,71 @@ def test_token_ids_outside_the_vocabulary_stop_with_what_was_sent_what_came_back
 def test_an_api_key_the_server_wants_is_named() -> None:
     with pytest.raises(WorkloadRejected) as e:
         check(lambda r: httpx.Response(401, json={"error": "Unauthorized"}))
-    assert "HTTP 401" in str(e.value) and "VLLM_API_KEY" in str(e.value)
+    assert "HTTP 401" in str(e.value) and "the server wants an API key" in str(e.value)
+    assert "the load sends no API key" in str(e.value)
+
+
+def _target(launcher: str, **section: Any) -> dict[str, Any]:
+    gpu = "l4" if launcher == "emulator" else {"name": "l4", "memory_gib": 24}
+    return {"launcher": launcher, "model": "llama-3.1-8b", "gpu": gpu, launcher: section}
+
+
+def test_a_key_in_the_process_command_is_named_there_and_dropping_it_is_the_fix() -> None:
+    command = ["tuner", "emulate", "{model}", "--api-key", "s3cret"]
+    advice = api_key_advice(job(target=_target("process", command=command)), {})
+    assert "--api-key is in target.process.command: drop it from the command" in advice
+    assert "the load sends no API key" in advice
+    # Nothing said about where the key did not come from: the environment held none.
+    assert "environment" not in advice and "s3cret" not in advice
+
+
+def test_a_key_in_the_command_written_with_an_equals_sign_is_found_too() -> None:
+    advice = api_key_advice(job(target=_target("process", command=["vllm", "serve", "--api-key=k"])), {})
+    assert "--api-key is in target.process.command" in advice
+
+
+def test_a_key_the_process_server_inherits_from_the_environment_says_unset_it() -> None:
+    advice = api_key_advice(job(target=_target("process", env=["VLLM_API_KEY"])), {"VLLM_API_KEY": "k"})
+    assert "VLLM_API_KEY is set in the environment `tuner tune` runs in, which the server inherits" in advice
+    assert "unset it there" in advice and "command" not in advice
+
+
+def test_a_key_the_process_options_set_is_named_there() -> None:
+    section = {"options": {"env": {"VLLM_API_KEY": "k"}}}
+    advice = api_key_advice(job(target=_target("process", **section)), {})
+    assert "target.process.options.env sets VLLM_API_KEY: remove it there" in advice
+
+
+def test_a_key_passed_to_the_container_by_name_is_named_in_the_docker_env() -> None:
+    advice = api_key_advice(job(target=_target("docker", env=["HF_TOKEN", "VLLM_API_KEY"])), {"VLLM_API_KEY": "k"})
+    assert "target.docker.env passes VLLM_API_KEY to the container: remove VLLM_API_KEY from that list" in advice
+
+
+def test_a_docker_env_name_unset_in_the_environment_passed_nothing_and_is_not_blamed() -> None:
+    # The container only gets the names the tuner's environment sets: the container environment is not inherited.
+    advice = api_key_advice(job(target=_target("docker", env=["VLLM_API_KEY"])), {"HOME": "/root"})
+    assert "nothing in target.docker sets one" in advice and "image or configuration" in advice
+
+
+def test_a_key_the_job_does_not_show_points_at_the_servers_own_configuration() -> None:
+    advice = api_key_advice(job(), {"VLLM_API_KEY": "k"})  # the emulator neither inherits nor reads it
+    assert "nothing in target.emulator sets one" in advice and "start it without a key" in advice
+
+
+def test_a_model_the_server_does_not_serve_names_the_settings_the_launcher_has() -> None:
+    with pytest.raises(WorkloadRejected) as e:
+        check(lambda r: vllm_error(404, "The model `tiny` does not exist."))
+    assert str(e.value).endswith("check target.model")
+    assert "options.served_model_name" not in str(e.value)  # the emulator section has no options
+    given = _target("emulator", extra_args=["--served-model-name", "x"])
+    with pytest.raises(WorkloadRejected) as e:
+        check(lambda r: vllm_error(404, "The model `tiny` does not exist."), target=given)
+    assert str(e.value).endswith("check target.model, --served-model-name in target.emulator.extra_args")
+    command = ["vllm", "serve", "{model}", "--served-model-name", "x"]
+    with pytest.raises(WorkloadRejected) as e:
+        check(lambda r: vllm_error(404, "The model `tiny` does not exist."), target=_target("process", command=command))
+    assert "target.process.options.served_model_name" in str(e.value)
+    assert "--served-model-name in target.process.command or extra_args" in str(e.value)
 
 
 def test_a_chat_request_to_a_model_without_a_chat_template_is_the_jobs() -> None:
@@ -169,7 +234,7 @@ def test_a_load_refused_alike_in_every_request_is_the_workloads() -> None:
     flags = j.search_space().baseline()
     fault = workload_fault(j, flags, failed("http_4xx", "HTTP 404: The model `nope` does not exist."))
     assert fault is not None and "every one of the trial's 4 requests" in str(fault)
-    assert "served_model_name" in str(fault)
+    assert "check target.model" in str(fault)
     ok = RequestRecord(index=9, start_s=0, ok=True, completion_tokens=32)
     assert workload_fault(j, flags, [*failed("http_4xx", "HTTP 400: bad"), ok]) is None
     assert workload_fault(j, flags, failed("timeout", "no complete reply within 30s")) is None

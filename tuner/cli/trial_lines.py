@@ -5,6 +5,7 @@ Shared by `tuner tune`'s one-worker run (tuner/cli/tune.py) and its `--parallel`
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from pathlib import Path
 from typing import IO, Any
@@ -114,16 +115,26 @@ class TextLog:
     """The plain --log-file: one timestamped line per event and per finished trial."""
 
     def __init__(self, path: Path | None) -> None:
+        self.path = path
         self._f: IO[str] | None = path.open("a", encoding="utf-8") if path else None
 
     def __call__(self, line: str) -> None:
-        if self._f is not None:
+        if self._f is None:
+            return
+        try:
             self._f.write(f"{dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} {line}\n")
             self._f.flush()
+        except OSError as e:
+            # A full disk: the study goes on, its lines on the terminal alone (said once).
+            self.close()
+            self._f = None
+            why = e.strerror or e
+            console.print(f"the log file {self.path} cannot be written ({why}); lines go to the terminal only")
 
     def close(self) -> None:
         if self._f is not None:
-            self._f.close()
+            with contextlib.suppress(OSError):  # what was not flushed had no room: already said
+                self._f.close()
 
 
 def count_done(study: optuna.Study) -> int:

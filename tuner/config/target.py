@@ -137,6 +137,11 @@ class TargetSection(StrictModel):
         "{name, memory_gib, bandwidth_gbps?, bf16_tflops?}",
     )
     startup_timeout: Duration = Field(default=1200.0, description="how long a server may take to become ready")
+    engine_wait: Duration = Field(
+        default=300.0,
+        description="how long a study waits for a container engine that stopped answering under a trial (Docker "
+        "restarted); the trial runs again when it answers, the study stops past this",
+    )
     profile: Path | None = Field(
         default=None,
         description="a device profile `tuner calibrate` wrote (JSON; relative to the job file): the twin's step "

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import LaunchError
+from tuner.errors import EngineGone, LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch.base import Server
 from tuner.launch.emulator import emulator_args
@@ -43,6 +43,8 @@ LABEL_STUDY = "tuner.study"
 LABEL_TRIAL = "tuner.trial"
 LABEL_OWNER = "tuner.owner"
 _PORT_TAKEN = ("port is already allocated", "address already in use")
+# Where a container without GPUs can be had: a job's docker target always asks for them (its GPUs are the study's).
+_NO_GPU_IMAGE = " (an image that needs no GPU, such as the emulator's, runs under `tuner launch --gpus none`)"
 _NO_GPU_RUNTIME = ("could not select device driver", "nvidia-container-cli", "unknown or invalid runtime")
 
 Gpus = str | Sequence[str] | None  # "all", device ids ("0", "1" or UUIDs), or None for no GPU
@@ -51,6 +53,12 @@ Gpus = str | Sequence[str] | None  # "all", device ids ("0", "1" or UUIDs), or N
 def docker_sdk() -> Any:
     """The `docker` package, imported when first needed (the repository's docker/ directory shadows it for mypy)."""
     return importlib.import_module("docker")
+
+
+def engine_errors() -> tuple[type[BaseException], ...]:
+    """What the SDK raises when the engine does not answer: requests' connection errors (requests has no stubs) and
+    the SDK's own; whether the engine is gone is then asked of the engine itself (`DockerLauncher.engine_answers`)."""
+    return importlib.import_module("requests").exceptions.RequestException, docker_sdk().errors.DockerException
 
 
 # AMD GPUs (ROCm): vLLM's ROCm image and the devices, group and seccomp profile its docs' `docker run` gives. The
@@ -109,6 +117,7 @@ class ContainerHandle:
         self._ready_offset: int | None = None
         self._stopped_by_us = False
         self._lock = threading.Lock()
+        self.orphaned = False  # not removed: the engine did not answer
 
     @property
     def stopped_by_us(self) -> bool:
@@ -147,7 +156,7 @@ class ContainerHandle:
         self._ready_offset = len(self.logs())
 
     def _stop_sync(self, grace_s: float) -> None:
-        with contextlib.suppress(docker_sdk().errors.NotFound, docker_sdk().errors.APIError):
+        with contextlib.suppress(*engine_errors()):  # NotFound and APIError too: both are DockerException
             if self.exit_code() is None:
                 self._stopped_by_us = True
                 # SIGTERM, then SIGKILL after the grace (Docker's own stop).
@@ -157,12 +166,16 @@ class ContainerHandle:
         with self._lock:
             if self._final_logs is not None:
                 return
-            logs = self.logs()
-            code = None
-            with contextlib.suppress(docker_sdk().errors.NotFound, docker_sdk().errors.APIError):
-                code = self.exit_code()
-            with contextlib.suppress(docker_sdk().errors.NotFound):
-                self.container.remove(force=True)
+            logs, code = "", None
+            try:
+                logs = self.logs()
+                with contextlib.suppress(docker_sdk().errors.NotFound, docker_sdk().errors.APIError):
+                    code = self.exit_code()
+                with contextlib.suppress(docker_sdk().errors.NotFound):
+                    self.container.remove(force=True)
+            except engine_errors():
+                # The engine went away: the container (or what the engine kept of it) is removed once it is back.
+                self.orphaned = True
             self._final_exit = code
             self._final_logs = logs
 
@@ -224,6 +237,7 @@ class DockerLauncher:
         self.shm_size = shm_size
         self._client = client
         self.gpu_idle = gpu_idle if gpu_idle is not None else GpuIdleWaiter()
+        self._orphans: list[Any] = []  # containers left when the engine went away: removed once it is back
 
     @classmethod
     def for_emulator(
@@ -253,6 +267,33 @@ class DockerLauncher:
             except docker_sdk().errors.DockerException as e:
                 raise LaunchError(f"cannot reach the Docker engine: {e}", UNKNOWN) from None
         return self._client
+
+    def engine_answers(self) -> bool:
+        """The engine answers a ping (a restarted engine does again; a stopped or unreachable one does not)."""
+        unreachable: tuple[type[BaseException], ...] = (LaunchError, *engine_errors())
+        try:
+            return bool(self.client().ping())
+        except unreachable:
+            return False
+
+    def engine(self) -> str:
+        return f"the Docker engine at {os.environ.get('DOCKER_HOST') or 'unix:///var/run/docker.sock'}"
+
+    def _gone(self, error: BaseException) -> EngineGone:
+        said = str(getattr(error, "explanation", None) or error).strip().splitlines()
+        cause = f" ({said[0][:200]})" if said else ""
+        return EngineGone(f"{self.engine()} stopped answering{cause}", self.engine(), self.engine_answers)
+
+    def _remove_orphans(self) -> None:
+        """What an engine that went away kept of this launcher's containers (stopped ones, after a restart)."""
+        for container in list(self._orphans):
+            with contextlib.suppress(docker_sdk().errors.NotFound):
+                container.remove(force=True)
+            self._orphans.remove(container)
+
+    def _settle(self, handle: ContainerHandle) -> None:
+        if handle.orphaned:
+            self._orphans.append(handle.container)
 
     def close(self) -> None:
         if self._client is not None:
@@ -370,14 +411,13 @@ class DockerLauncher:
             if self.vendor == "amd" and any(s in text for s in _NO_AMD_DEVICES):
                 raise LaunchError(
                     f"Docker cannot give the container AMD GPUs ({', '.join(_AMD_DEVICES)}): {text}. Install the "
-                    "ROCm driver (amdgpu) on the host, or pass gpus=None for an image that needs no GPU",
+                    f"ROCm driver (amdgpu) on the host{_NO_GPU_IMAGE}",
                     CANNOT_LAUNCH,
                 ) from None
             if any(s in text for s in _NO_GPU_RUNTIME):
                 raise LaunchError(
                     f"Docker cannot give the container GPUs (gpus={self.gpus!r}): {text}. Install the NVIDIA "
-                    "container toolkit, or pass gpus=None (--gpus none) for an image that needs no GPU, such as "
-                    "the emulator image",
+                    f"container toolkit{_NO_GPU_IMAGE}",
                     CANNOT_LAUNCH,
                 ) from None
             if any(s in text for s in _PORT_TAKEN):
@@ -401,6 +441,7 @@ class DockerLauncher:
                 await asyncio.shield(asyncio.ensure_future(asyncio.to_thread(self._start_container, handle)))
             except _PortTaken:
                 handle.remove()
+                self._settle(handle)
                 if attempt == 2:
                     raise LaunchError(
                         f"no free host port for the container after {attempt + 1} tries", UNKNOWN
@@ -408,6 +449,7 @@ class DockerLauncher:
                 continue
             except BaseException:
                 handle.remove()
+                self._settle(handle)
                 raise
             return handle, port
         raise AssertionError("unreachable")
@@ -416,6 +458,19 @@ class DockerLauncher:
     async def start(
         self, flags: VllmFlags, *, study: str | None = None, trial: int | None = None
     ) -> AsyncIterator[Server]:
+        """As every launcher's; whatever the SDK raised, an engine that no longer answers is `EngineGone`."""
+        try:
+            async with self._start(flags, study, trial) as server:
+                yield server
+        except Exception as e:
+            if isinstance(e, EngineGone) or await asyncio.to_thread(self.engine_answers):
+                raise
+            log.debug("the Docker engine stopped answering", exc_info=True)  # the details, for a log only
+            raise self._gone(e) from None
+
+    @asynccontextmanager
+    async def _start(self, flags: VllmFlags, study: str | None, trial: int | None) -> AsyncIterator[Server]:
+        await asyncio.to_thread(self._remove_orphans)
         if study is not None:
             # Owner-aware, so safe beside live sibling workers: only a dead run's servers go (and are logged).
             await asyncio.to_thread(self.cleanup_leftovers, study)
@@ -444,10 +499,16 @@ class DockerLauncher:
             )  # fmt: skip
         finally:
             await handle.stop(self.stop_grace_s)
+            self._settle(handle)
 
     def cleanup_leftovers(self, study: str | None) -> list[str]:
+        try:
+            containers = self.client().containers.list(all=True, filters={"label": f"{LABEL_LAUNCHER}=docker"})
+        except engine_errors() as e:
+            if self.engine_answers():
+                raise
+            raise self._gone(e) from None
         removed = []
-        containers = self.client().containers.list(all=True, filters={"label": f"{LABEL_LAUNCHER}=docker"})
         for container in containers:
             labels = container.labels or {}
             if labels.get(LABEL_STUDY, "") != (study or ""):

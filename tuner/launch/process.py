@@ -36,6 +36,12 @@ log = logging.getLogger(__name__)
 DEFAULT_COMMAND = ("vllm", "serve", "{model}")
 LOG_HEAD_BYTES = 1 << 20  # the start-up part of a log: the facts and the failure are there
 LOG_TAIL_BYTES = 4 << 20  # the end of a long run's access log
+PORT_TRIES = 3  # a port taken between the pick and the bind is picked again, this many times in all
+
+
+def port_taken(error: LaunchError) -> bool:
+    """The server exited because its port was taken (vLLM's and uvicorn's `[Errno 98] ... address already in use`)."""
+    return "address already in use" in (str(error) + "\n" + error.log_tail).lower()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -259,29 +265,43 @@ class ProcessLauncher:
             # Owner-aware, so safe beside live sibling workers: only a dead run's servers go (and are logged).
             await asyncio.to_thread(self.cleanup_leftovers, study)
         await self.gpu_idle.wait()
-        port = free_port(self.host)
-        argv = self.argv(flags, port)
         environment = self._environment()
         redact = Redactor.for_env(self.secret_env, environment)
-        handle = ProcessHandle.spawn(
-            argv, env=environment, cwd=self.cwd, registry=self.registry, study=study, trial=trial
-        )
-        what = f"the {self.name} server"
-        try:
-            host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-            base_url = f"http://{host}:{port}"
-
-            async def exit_code() -> int | None:
-                return handle.exit_code()
-
-            server = await ready_server(
-                handle, base_url, exit_code=exit_code, timeout_s=self.startup_timeout_s, what=what, redact=redact,
-                launcher=self.name, time_scale=self.time_scale, default_model=self.served_model_name or self.model,
+        for tries in range(1, PORT_TRIES + 1):
+            handle = ProcessHandle.spawn(
+                self.argv(flags, port := free_port(self.host)),
+                env=environment, cwd=self.cwd, registry=self.registry, study=study, trial=trial,
             )  # fmt: skip
+            try:
+                server = await self._ready(handle, port, redact)
+            except LaunchError as e:
+                await handle.stop(self.stop_grace_s)
+                if tries == PORT_TRIES or not port_taken(e):
+                    raise
+                # Another program bound the port between our pick and the server's bind: not the flags' doing.
+                log.warning("port %d was taken before the server bound it; starting it on another port", port)
+                continue
+            except BaseException:
+                await handle.stop(self.stop_grace_s)
+                raise
+            break
+        try:
             await self._place_on_cores(handle, server)
             yield server
         finally:
             await handle.stop(self.stop_grace_s)
+
+    async def _ready(self, handle: ProcessHandle, port: int, redact: Redactor) -> Server:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+        async def exit_code() -> int | None:
+            return handle.exit_code()
+
+        return await ready_server(
+            handle, f"http://{host}:{port}", exit_code=exit_code, timeout_s=self.startup_timeout_s,
+            what=f"the {self.name} server", redact=redact, launcher=self.name, time_scale=self.time_scale,
+            default_model=self.served_model_name or self.model,
+        )  # fmt: skip
 
     async def _place_on_cores(self, handle: ProcessHandle, server: Server) -> None:
         """The ready server's processes onto the plan's cores (its worker's OpenMP threads bound themselves)."""

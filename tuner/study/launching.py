@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.config import Job
-from tuner.errors import LaunchError
+from tuner.errors import EngineGone, LaunchError
 from tuner.feasibility import Prediction
 from tuner.flags import VllmFlags
 from tuner.launch import Launcher
@@ -73,8 +73,8 @@ def launch_and_measure(attempt: Attempt, flags: VllmFlags, prediction: Predictio
             measurement, facts, log_tail, crash = asyncio.run(_one_start(attempt, flags))
         except LaunchError as e:
             server_seconds += time.monotonic() - started
-            if e.reason in FATAL_REASONS:
-                raise
+            if e.reason in FATAL_REASONS or isinstance(e, EngineGone):
+                raise  # EngineGone: the run records the trial as interrupted and waits for the engine
             if is_transient(e) and attempts < 2:
                 attempt.on_event(f"trial {attempt.number}: {e.reason} (transient), retrying once")
                 continue

@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 
 from tuner.catalog.nvml import machine_devices
 from tuner.config import Job
+from tuner.errors import EngineGone
 from tuner.feasibility import FeasibilityModel, Prediction
 from tuner.flags import VllmFlags
 from tuner.launch import Launcher
@@ -109,6 +110,11 @@ class Objective:
             result, known = self._evaluate(trial, flags, known)
         except KeyboardInterrupt:
             self._record_interrupted(trial, flags, baseline)
+            raise
+        except EngineGone as e:
+            # Not the flags' doing and not infeasible: the run waits for the engine and runs the flags again.
+            self._record_interrupted(trial, flags, baseline, reason=e.reason, message=str(e))
+            self.claims.release(trial, key)
             raise
         except WorkloadRejected as e:
             self._record_rejected(trial, flags, baseline, e)
@@ -229,11 +235,20 @@ class Objective:
         records: Sequence[RequestRecord] = loaded.records if loaded else ()
         self.store.save_requests(self.study_name, trial.number, records, step=m.scored_step if m else 0)
 
-    def _record_interrupted(self, trial: TrialLike, flags: VllmFlags, baseline: bool) -> None:
-        _write(trial, {"outcome": INTERRUPTED, "reason": "interrupted", "feasible": False})
+    def _record_interrupted(
+        self, trial: TrialLike, flags: VllmFlags, baseline: bool, reason: str = "interrupted", message: str = ""
+    ) -> None:
+        attrs: dict[str, object] = {"outcome": INTERRUPTED, "reason": reason, "feasible": False}
+        _write(trial, attrs | ({"message": message} if message else {}))
         if self.store is not None and isinstance(trial, optuna.Trial):
             self.store.save_trial(
-                self.study_name, trial.number, flags=flags.as_dict(), baseline=baseline, outcome=INTERRUPTED
+                self.study_name,
+                trial.number,
+                flags=flags.as_dict(),
+                baseline=baseline,
+                outcome=INTERRUPTED,
+                reason=reason,
+                message=message or None,
             )
 
     def _record_rejected(self, trial: TrialLike, flags: VllmFlags, baseline: bool, error: WorkloadRejected) -> None:

@@ -15,8 +15,9 @@ tunes) is never called the workload's: the sampler keeps learning from it.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -41,6 +42,7 @@ __all__ = [
     "Preflight",
     "PreflightResult",
     "WorkloadRejected",
+    "api_key_advice",
     "check_workload",
     "judge_probes",
     "workload_fault",
@@ -186,10 +188,7 @@ def _refusal(job: Job, flags: VllmFlags, record: RequestRecord) -> str | None:
 def _advice(job: Job, record: RequestRecord, message: str) -> str:
     kind = job.target.launcher
     if _status(record) in (401, 403):
-        return (
-            "the server wants an API key (VLLM_API_KEY in its environment, or --api-key) and the load sends none: "
-            f"leave VLLM_API_KEY out of target.{kind}.env and out of the environment `tuner tune` runs in"
-        )
+        return api_key_advice(job, os.environ)
     if "chat template" in message:
         return (
             "workload.api: chat needs a chat template and this model has none: use workload.api: completions, or a "
@@ -201,11 +200,61 @@ def _advice(job: Job, record: RequestRecord, message: str) -> str:
             "use workload.api: chat, or a dataset (workload.dataset)"
         )
     if _status(record) == 404 or "does not exist" in message:
-        return (
-            f"the server does not serve the model the load asks for: check target.model and "
-            f"target.{kind}.options.served_model_name"
-        )
+        return f"the server does not serve the model the load asks for: check {_model_names(job)}"
     return "change the workload (workload.*) or the target so that the server accepts these requests"
+
+
+_KEY_ENV = "VLLM_API_KEY"
+# The load sends no Authorization header and no job setting gives it one: the only fix is a server without a key.
+_NO_KEY_IN_LOAD = "the load sends no API key (no job setting passes one to it)"
+
+
+def api_key_advice(job: Job, environment: Mapping[str, str]) -> str:
+    """Where the key the server wants came from, as far as the job and `environment` show, and how to drop it."""
+    kind = job.target.launcher
+    found = _api_key_sources(job, environment)
+    if not found:
+        return (
+            f"the server wants an API key and {_NO_KEY_IN_LOAD}; nothing in target.{kind} sets one (no --api-key, "
+            f"no {_KEY_ENV} passed), so the server's own image or configuration does: start it without a key"
+        )
+    where = "; ".join(f"{source}: {fix}" for source, fix in found)
+    return f"the server wants an API key and {_NO_KEY_IN_LOAD}; {where}"
+
+
+def _api_key_sources(job: Job, environment: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(where a key the server was given came from, how to drop it), in the order the job shows them."""
+    kind, found = job.target.launcher, []
+    if kind == "process":
+        p = job.target.process
+        if any(part.split("=", 1)[0] == "--api-key" for part in p.command):
+            found.append(("--api-key is in target.process.command", "drop it from the command"))
+        if _KEY_ENV in p.options.get("env", {}):
+            found.append((f"target.process.options.env sets {_KEY_ENV}", "remove it there"))
+        elif _KEY_ENV in environment:
+            found.append(
+                (
+                    f"{_KEY_ENV} is set in the environment `tuner tune` runs in, which the server inherits",
+                    "unset it there (listing it in target.process.env only hides its value)",
+                )
+            )
+    elif kind == "docker" and _KEY_ENV in job.target.docker.env and _KEY_ENV in environment:
+        found.append((f"target.docker.env passes {_KEY_ENV} to the container", f"remove {_KEY_ENV} from that list"))
+    return found
+
+
+def _model_names(job: Job) -> str:
+    """The job's settings that name the model the server serves, for the launcher it uses."""
+    kind = job.target.launcher
+    section = job.target.section(kind)
+    names = ["target.model"]
+    if kind != "emulator":  # the emulator serves target.model itself: it has no model_id nor options
+        names += [f"target.{kind}.model_id", f"target.{kind}.options.served_model_name"]
+    args = [*getattr(section, "extra_args", []), *(job.target.process.command if kind == "process" else [])]
+    if any(a.split("=", 1)[0] == "--served-model-name" for a in args):
+        where = "command or extra_args" if kind == "process" else "extra_args"
+        names.append(f"--served-model-name in target.{kind}.{where}")
+    return ", ".join(names)
 
 
 def _length_is_the_jobs(job: Job, flags: VllmFlags) -> bool:

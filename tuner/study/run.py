@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -16,7 +17,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import Job
-from tuner.errors import ConfigError, TunerError
+from tuner.errors import ENGINE_GONE, ConfigError, EngineGone, StorageError, TunerError
 from tuner.launch import Launcher
 from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, StudyRecord, TrialRecord
 from tuner.store import flag_key, open_store, safe_url
@@ -39,10 +40,11 @@ from tuner.study.measure import Measure, measure_load
 from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler, sampler_name
 from tuner.study.storage import make_storage, study_attrs
+from tuner.study.surroundings import disk_full, full_disk_error, wait_until
 from tuner.study.verdict import DIRECTIONS
 from tuner.twin.sampler import TwinSampler
 
-__all__ = ["REPEAT_CAP", "STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front"]
+__all__ = ["REPEAT_CAP", "STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front", "retry_trial"]
 
 _SCHEMA_LOCK = "\x00tuner-schema"
 STOPPED_ATTR = "stopped"
@@ -50,6 +52,7 @@ STOPPED_ATTR = "stopped"
 "trial"}; None again once a trial of a later run measures."""
 
 
+_WHY_IT_FAILED = ("outcome", "reason", "message", "feasible")
 REPEAT_CAP = 2
 """A run ends once the study's finished trials, repeats included, reach this many times its budget: a sampler that
 proposes only flag sets already tried (a small discrete space, every point of it seen) would otherwise never end."""
@@ -128,6 +131,28 @@ class TuningRun:
         self.on_trial_end = on_trial_end or (lambda _t: None)
         self.poll_s = poll_s
         self.space = job.search_space()
+        try:
+            self._open(worker)
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            raise full_disk_error(self.url) from None
+        self.objective = RepeatingObjective(
+            job,
+            launcher,
+            store=self.store,
+            study_name=job.study.name,
+            measure=measure,
+            on_event=on_event,
+            poll_s=poll_s,
+            preflight=preflight,
+        )
+        self._stop = threading.Event()
+        self._only_repeats = False
+
+    def _open(self, worker: int | None) -> None:
+        """The project's tables and Optuna's study, created when new (a full disk is the caller's one line)."""
+        job = self.job
         self.store = open_store(self.url)
         # Every storage call of the run waits out a database that went away, for the job's bound, saying so once.
         self.waiting = StorageWait(safe_url(self.url), job.study.storage_wait_s, self.on_event)
@@ -151,18 +176,6 @@ class TuningRun:
         except BaseException:
             self.store.close()
             raise
-        self.objective = RepeatingObjective(
-            job,
-            launcher,
-            store=self.store,
-            study_name=job.study.name,
-            measure=measure,
-            on_event=on_event,
-            poll_s=poll_s,
-            preflight=preflight,
-        )
-        self._stop = threading.Event()
-        self._only_repeats = False
 
     def _worker_sampler(self, worker: int | None) -> optuna.samplers.BaseSampler:
         """The job's sampler as this worker runs it: a seed of its own, and the twin's proposals reserved."""
@@ -225,19 +238,17 @@ class TuningRun:
 
     def _retry_interrupted(self) -> None:
         trials = self.study.get_trials(deepcopy=False)
-        retried = {t.system_attrs.get("failed_trial") for t in trials if "failed_trial" in t.system_attrs}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            retry = RetryHeartbeatStaleTrialCallback(max_retry=1)
-            for t in trials:
-                if (
-                    t.state == TrialState.FAIL
-                    and TrialRecord.from_attrs(t.user_attrs).outcome == INTERRUPTED
-                    and t.number not in retried
-                ):
-                    # The callback itself refuses a second retry of a trial that was already a retry.
-                    retry(self.study, t)
-                    self.on_event(f"trial {t.number} was interrupted; it will be run again")
+        # Every trial a retry was made of: a retry of a retry keeps its first trial's `failed_trial`.
+        retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
+        retried |= {t.system_attrs.get("failed_trial") for t in trials if "failed_trial" in t.system_attrs}
+        for t in trials:
+            record = TrialRecord.from_attrs(t.user_attrs)
+            if t.state != TrialState.FAIL or record.outcome != INTERRUPTED or t.number in retried:
+                continue
+            # A trial the engine interrupted is run again however often that happened; one a person interrupted
+            # once (the callback refuses a second retry of a trial that was already a retry).
+            retry_trial(self.study, t, max_retry=None if record.reason == ENGINE_GONE else 1)
+            self.on_event(f"trial {t.number} was interrupted; it will be run again")
 
     def _requeue_refused_baseline(self) -> None:
         """A baseline whose server refused the workload measured nothing: the next run (the job fixed) runs it."""
@@ -285,6 +296,14 @@ class TuningRun:
                 return self.study.ask()
 
     def run(self) -> RunReport:
+        try:
+            return self._run()
+        except Exception as e:
+            if isinstance(e, StorageError) or not disk_full(e):
+                raise
+            raise full_disk_error(self.url) from None
+
+    def _run(self) -> RunReport:
         self._prepare()
         started = time.monotonic()
         ran, stopped_by = self._search(started)
@@ -326,6 +345,7 @@ class TuningRun:
 
     def _run_one(self, trial: optuna.Trial) -> None:
         self.on_trial_start(trial.number)
+        gone: EngineGone | None = None
         with Heartbeat(self.storage, trial._trial_id):
             try:
                 values = self.objective(trial)
@@ -341,7 +361,14 @@ class TuningRun:
                 ) from None
             except StorageGone:
                 raise  # nothing measured to keep, and no database to tell
+            except EngineGone as e:
+                # Recorded as interrupted (FAIL: no sampler learns from it, no budget is spent); run again below.
+                self.study.tell(trial, state=TrialState.FAIL)
+                gone = e
             except BaseException as e:
+                if disk_full(e):
+                    # Nothing more can be written (a FAIL neither); SQLite rolled the write back whole.
+                    raise full_disk_error(self.url, trial.number) from None
                 # A refused workload is FAIL too: it says nothing about the flags, and spends no budget.
                 self.study.tell(trial, state=TrialState.FAIL)
                 if isinstance(e, WorkloadRejected):
@@ -349,6 +376,9 @@ class TuningRun:
                 if not isinstance(e, KeyboardInterrupt | TunerError):
                     self.on_event(f"trial {trial.number} failed in the tuner itself: {type(e).__name__}: {e}")
                 raise
+        if gone is not None:
+            self._wait_for_engine(trial, gone)
+            return
         self._tell(trial, list(values))
         if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
             self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
@@ -368,6 +398,24 @@ class TuningRun:
             f"trial {trial.number} was taken for dead by another worker while this one could not reach the "
             f"database; its result is stored as trial {number}"
         )
+
+    def _wait_for_engine(self, trial: optuna.Trial, gone: EngineGone) -> None:
+        """Until the engine answers again (then the trial is run again), at most `target.engine_wait`."""
+        bound = self.job.target.engine_wait
+        self.on_event(
+            f"trial {trial.number} interrupted: {gone}; it is not the flags' doing: waiting up to {bound:g} s "
+            f"(target.engine_wait) for {gone.engine} to answer, then it runs again"
+        )
+        waited = wait_until(gone.answers, bound, self.poll_s, self._stop)
+        if self._stop.is_set():
+            return  # kept as interrupted: the next run runs it again
+        if waited is None:
+            raise TunerError(
+                f"{gone.engine} did not answer within {bound:g} s (target.engine_wait); trial {trial.number} is "
+                "kept as interrupted and runs again when the same command is run"
+            )
+        self.on_event(f"{gone.engine} answers again after {waited:.0f} s; trial {trial.number} runs again")
+        retry_trial(self.study, self.study._storage.get_trial(trial._trial_id))
 
     def _keep_intervals(self, trial: optuna.Trial) -> None:
         """A measured start's within-run intervals, from the requests the objective stored (none for a sampler's
@@ -436,6 +484,16 @@ class TuningRun:
         lines = closing_lines(c, starts_spent=count, server_seconds=seconds, budget=self.job.budget.confirm)
         self.study.set_user_attr(CONFIRM_ATTR, summary_attr(c, lines, starts_spent=count, server_seconds=seconds))
         return lines
+
+
+def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None = None) -> None:
+    """The trial's flag set queued again (Optuna's retry: `failed_trial`, `retry_history` in its system attrs),
+    with what it was queued with (baseline, a confirmation's target) but not why it failed."""
+    again = copy.copy(trial)
+    again.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in _WHY_IT_FAILED}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        RetryHeartbeatStaleTrialCallback(max_retry=max_retry)(study, again)
 
 
 def feasible_front(study: optuna.Study) -> list[FrozenTrial]:
