@@ -14,6 +14,7 @@ import pytest
 from morning_demo import RunCli
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import create_trial
+from rich.console import Console
 
 from tuner.record import MEASURED, TrialRecord
 from tuner.report.overview import status
@@ -170,3 +171,28 @@ def test_the_record_keeps_a_starts_trial_and_its_intervals_and_a_sampler_repeat_
     plain = TrialRecord(flags={"max_num_seqs": 8}).to_attrs()
     assert "repeat_of" not in plain and "ci_run" not in plain  # written only when set, as 0.1.0 wrote nothing
     assert TrialRecord.from_attrs({"ci_run": {"output_tok_s": [1, "x", 3]}}).intervals() == {}
+
+
+def test_verify_shows_each_run_and_the_record_with_their_intervals(url: str) -> None:
+    from tuner.cli.verify import _ranking, _table
+    from tuner.intervals import Interval
+    from tuner.verify import Verification, VerifyRun
+
+    view = study_view(optuna.load_study(study_name=STUDY, storage=url))
+    t = view.trial(1)
+    assert t is not None and t.throughput_ci is not None
+    runs = [
+        VerifyRun(v, 2.0, 1.0, (), figures={"output_tok_s": Interval(v, v - 8.0, v + 8.0)})
+        for v in (400.0, 410.0, 404.0)
+    ]
+    v = Verification(t.throughput_ci[0], "e2e_p95", 0.1, runs)
+    console = Console(width=80, record=True)
+    console.print(_table(view, t, v))
+    console.print(_ranking(view, [(t, v, None)], t))
+    text = console.export_text()
+    assert "410 ± 8" in text  # a run with its bootstrap over its requests
+    recorded = next(line for line in text.splitlines() if line.startswith("│ recorded"))
+    assert f"{t.throughput_text} ×3" in recorded  # the record pooled over the flag set's three starts
+    ranked = next(line for line in text.splitlines() if line.startswith("│ #1"))
+    assert ranked.count("±") == 2  # the record's interval and the runs'
+    assert max(len(line) for line in text.splitlines()) <= 80
