@@ -53,7 +53,8 @@ def show_cmd(
     log_lines: Annotated[int, typer.Option("--log-lines", help="Lines of the server log tail to show.")] = 30,
 ) -> None:
     """Everything stored for one trial: flags, prediction, start-up facts, load summary with all percentiles,
-    failure classes, server metrics, diagnosis, log tail.
+    each figure with its 95% interval (the run's over its requests; over the flag set's starts where the study
+    started it more than once), failure classes, server metrics, diagnosis, log tail.
 
     Example: [bold]tuner show night 7[/bold]
     """

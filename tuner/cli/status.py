@@ -22,7 +22,7 @@ def status_cmd(
     study: StudyArg = None, storage: StorageOpt = None, job: JobOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Progress of a study: budget, running trials, best so far, failures by reason, skips and the server time
-    they saved.
+    they saved; the confirmation's extra starts of flags already tried are counted apart from the budget's trials.
 
     Example: [bold]tuner status night --storage sqlite:///night.db[/bold]
     """
