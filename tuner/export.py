@@ -25,6 +25,7 @@ import yaml
 
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
+from tuner.intervals import format_with_ci
 from tuner.scoring import Figure, figures
 from tuner.vllm_pin import PINNED_VLLM
 
@@ -90,6 +91,10 @@ class Provenance:
     vllm_version: str | None = None  # what the measured server's /version said
     notes: tuple[str, ...] = ()  # what a reader must know about these figures (e.g. a pinned image of another version)
     verify_command: str | None = None  # the `tuner verify` line that launches these flags again and confirms them
+    # The figures' 95% intervals (value, low, high) by the record's names (`output_tok_s`, `ttft_p95_s`,
+    # `success_rate`): over the flag set's `starts` where the study started it more than once, else its run's own
+    intervals: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    starts: int = 1
     exported_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,6 +118,8 @@ class Provenance:
             "vllm_version": self.vllm_version,
             "notes": list(self.notes),
             "verify_command": self.verify_command,
+            "intervals": {k: list(v) for k, v in self.intervals.items()},
+            "starts": self.starts,
             "exported_at": self.exported_at.isoformat(timespec="seconds"),
         }
         return d
@@ -121,6 +128,14 @@ class Provenance:
         """ "latency P95" for an e2e_p95 objective, "latency P99" for a ttft_p99; "latency" when not known."""
         figure = Figure.named(self.latency_metric or "")
         return f"latency {figure.stat.upper()}" if figure is not None else "latency"
+
+    def _figure(self, name: str, unit: str, bare: str) -> str:
+        """`1,371 ± 40 output tok/s` where the interval of that figure is kept (its figure: over the starts, where
+        pooled), else the figure as it was shown."""
+        ci = self.intervals.get(name)
+        if ci is None:
+            return bare if unit in ("s", "fraction") else f"{bare} {unit}"
+        return format_with_ci(ci[0], ci[1], ci[2], unit)
 
     def comment_lines(self) -> list[str]:
         """Short lines, without the comment marker; each a single line whatever the stored strings hold."""
@@ -133,17 +148,22 @@ class Provenance:
             lines.append("measured on: " + ", ".join(f"{k} {v}" for k, v in where))
         measured = []
         if self.output_tok_s is not None:
-            measured.append(f"{self.output_tok_s:,.1f} output tok/s")
+            measured.append(self._figure("output_tok_s", "output tok/s", f"{self.output_tok_s:,.1f}"))
         if self.objective_latency_s is not None:
-            measured.append(f"{self._objective_label()} {self.objective_latency_s:.3f} s")
+            objective = self.objective_latency_s
+            shown = self._figure(f"{self.latency_metric}_s", "s", f"{objective:.3f} s")
+            measured.append(f"{self._objective_label()} {shown}")
         for f in figures():
             value = self.latencies.get(f.name)
             if f.headline and value is not None:
-                measured.append(f"{f.label} {value:.3f} s")
+                measured.append(f"{f.label} {self._figure(f.attr, 's', f'{value:.3f} s')}")
         if self.success_rate is not None:
-            measured.append(f"success {self.success_rate:.1%}")
+            rate = self.success_rate
+            measured.append(f"success {self._figure('success_rate', 'fraction', f'{rate:.1%}')}")
         if measured:
-            lines.append("measured: " + ", ".join(measured))
+            starts = f" (± 95% CI over {self.starts} starts)" if self.starts > 1 else ""
+            starts = starts or (" (± 95% CI within the run)" if self.intervals else "")
+            lines.append("measured" + starts + ": " + ", ".join(measured))
         if self.slos:
             lines.append("SLOs: " + ", ".join(self.slos))
         if self.workload_hash:

@@ -47,6 +47,8 @@ _ONLY_WHEN_SET = (
     "warnings",
     "message",
     "duplicate_of",
+    "repeat_of",
+    "ci_run",
     "vllm_version",
     "twin_predicted_tok_s",
     "devices",
@@ -92,6 +94,12 @@ class TrialRecord(BaseModel):
     attempts: int | None = None
     latency_metric: str | None = None
     duplicate_of: int | None = None
+    # A confirmation start (tuner.study.confirm): the first trial of the flag set it started again. Such a trial is
+    # also `duplicate_of` it (the search's budget skips it) but, unlike a sampler's repeat, measured on its own.
+    repeat_of: int | None = None
+    # The run's figures with their within-run 95% intervals, from its per-request records: {"level": 0.95,
+    # "output_tok_s": [value, low, high], "success_rate": [...], "ttft_p95_s": [...], ...} (`intervals` reads it).
+    ci_run: dict[str, Any] | None = None
     # The twin's output tok/s for this flag set before the trial ran (0: predicted not to start or to crash).
     twin_predicted_tok_s: float | None = None
     # A conversation workload's TTFT p95 of first turns and of later ones (whose history the prefix cache can serve).
@@ -129,6 +137,20 @@ class TrialRecord(BaseModel):
     def is_duplicate(self) -> bool:
         return self.duplicate_of is not None
 
+    @property
+    def is_repeat(self) -> bool:
+        """A confirmation start: measured on its own, but not a flag set of the search's own."""
+        return self.repeat_of is not None
+
+    def intervals(self) -> dict[str, tuple[float, float, float]]:
+        """The run's figures with their within-run intervals (`ci_run`), (value, low, high) by name; the entries
+        that do not read as three numbers are left out."""
+        out: dict[str, tuple[float, float, float]] = {}
+        for name, v in (self.ci_run or {}).items():
+            if isinstance(v, list) and len(v) == 3 and all(_number(x) is not None for x in v):
+                out[name] = (float(v[0]), float(v[1]), float(v[2]))
+        return out
+
 
 def _type_name(annotation: Any) -> str:
     return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
@@ -156,6 +178,7 @@ _READERS: dict[str, Any] = {
     "bool": bool,
     "bool | None": bool,
     "dict[str, Any]": lambda v: dict(v) if isinstance(v, dict) else None,
+    "dict[str, Any] | None": lambda v: dict(v) if isinstance(v, dict) else None,
     "list[str]": _texts,
     "list[str] | None": lambda v: [str(x) for x in v] if isinstance(v, list) else None,
     "list[float] | None": lambda v: [float(x) for x in v if _number(x) is not None] if isinstance(v, list) else None,

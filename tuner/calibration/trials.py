@@ -62,12 +62,18 @@ class StudyTrials:
     device: GpuProfile
     used: list[StoredTrial]
     skipped: dict[str, int]  # why: how many
-    total: int  # every trial of the study
+    total: int  # the search's trials (the confirmation's starts are counted apart)
+    confirmation_starts: int = 0  # flag sets the study started again to confirm them: left out, not trials
 
     def summary(self) -> str:
-        """'4 of 9 trials measured in full (2 not measured (...), 3 repeats of another trial left out)'."""
+        """'4 of 9 trials measured in full (2 not measured (...), 3 repeats of another trial left out)', and the
+        confirmation's starts apart."""
         why = ", ".join(f"{n} {reason}" for reason, n in self.skipped.items() if n)
-        return f"{len(self.used)} of {self.total} trials measured in full" + (f" ({why} left out)" if why else "")
+        text = f"{len(self.used)} of {self.total} trials measured in full" + (f" ({why} left out)" if why else "")
+        if self.confirmation_starts:
+            n = self.confirmation_starts
+            text += f"; {n} confirmation start{'s' if n != 1 else ''} of flags already fitted left out"
+        return text
 
     def require(self, least: int = MIN_TRIALS) -> None:
         """ConfigError, one line, when too few trials qualify for a fit."""
@@ -115,6 +121,7 @@ def read_trials(
     closed = arrival.concurrency if job.get("objective", "throughput") == "throughput" else None
     skipped: Counter[str] = Counter()
     used: list[StoredTrial] = []
+    confirming = 0
     store = open_store(url, migrate=False)
     try:
         if current_revision(store.engine) is None:
@@ -123,6 +130,10 @@ def read_trials(
                 "(a study not run by `tuner tune`?)"
             )
         for number, state, record in stored.trials:
+            if record.is_repeat:
+                # Its flags are fitted once, by their first trial: a second start would weigh them twice.
+                confirming += 1
+                continue
             why = _left_out(state, record)
             records = store.request_records(study, number) if why is None else []
             if why is None and all(r.warmup for r in records):
@@ -138,7 +149,8 @@ def read_trials(
     finally:
         store.close()
     order = (NOT_FINISHED, REPEAT, NOT_MEASURED, STOPPED, NO_RECORDS, FAILED_REQUESTS)
-    return StudyTrials(study, model_name, device, used, {k: skipped[k] for k in order}, len(stored.trials))
+    total = len(stored.trials) - confirming
+    return StudyTrials(study, model_name, device, used, {k: skipped[k] for k in order}, total, confirming)
 
 
 def _read_study(s: optuna.Study) -> _Stored:

@@ -48,6 +48,7 @@ __all__ = [
     "opened",
     "print_json",
     "quiet_optuna",
+    "request_records",
     "show_front",
     "stored_job",
     "target_url",
@@ -138,6 +139,19 @@ def trial_detail(url: str, study: str, number: int) -> tuple[Any | None, list[An
             return None, []
         steps = store.request_steps(study, number) if detail is not None else []
         return detail, steps
+    finally:
+        store.close()
+
+
+def request_records(url: str, study: str, number: int) -> list[Any]:
+    """A trial's per-request records of its scored load step; [] where the storage holds none."""
+    store = open_store(url)
+    if store is None:
+        return []
+    try:
+        return list(store.request_records(study, number))
+    except StorageError:
+        return []
     finally:
         store.close()
 

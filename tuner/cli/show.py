@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import replace
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli import app
-from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, console_for_output, open_view, print_json, trial_detail
+from tuner.cli.common import (
+    JobOpt,
+    JsonOpt,
+    StorageOpt,
+    console_for_output,
+    open_view,
+    print_json,
+    request_records,
+    trial_detail,
+)
 from tuner.errors import ConfigError, TunerError
+from tuner.intervals import Interval, run_intervals
+from tuner.report import StudyView
 from tuner.report.tables import flags_table, fmt, kv_table, steps_table, summary_table
+from tuner.report.uncertainty import FigureCI, figure_text, trial_intervals
 from tuner.scoring import figures
 
 __all__ = ["show_cmd"]
@@ -39,7 +53,8 @@ def show_cmd(
     log_lines: Annotated[int, typer.Option("--log-lines", help="Lines of the server log tail to show.")] = 30,
 ) -> None:
     """Everything stored for one trial: flags, prediction, start-up facts, load summary with all percentiles,
-    failure classes, server metrics, diagnosis, log tail.
+    each figure with its 95% interval (the run's over its requests; over the flag set's starts where the study
+    started it more than once), failure classes, server metrics, diagnosis, log tail.
 
     Example: [bold]tuner show night 7[/bold]
     """
@@ -54,6 +69,7 @@ def show_cmd(
     d = detail.__dict__ if detail is not None else {}
     if as_json:
         doc = {"trial": t.as_dict(), "detail": {k: v for k, v in d.items()} or None, "request_steps": steps}
+        doc["intervals"] = [_interval_doc(ci) for ci in _intervals(view, t.number, url, detail)]
         print_json(doc)
         return
     con = console_for_output()
@@ -85,14 +101,7 @@ def show_cmd(
     if summary:
         con.print(summary_table(summary))
         if summary.get("failures"):
-            examples = summary.get("failure_examples") or {}
-            table = Table(title="failures by class")
-            table.add_column("class")
-            table.add_column("count", justify="right")
-            table.add_column("example")
-            for cls, n in summary["failures"].items():
-                table.add_row(escape(cls), str(n), escape(str(examples.get(cls, ""))[:120]))
-            con.print(table)
+            con.print(_failures_table(summary))
     elif t.measured:
         con.print(
             f"load: {fmt(t.throughput)} tok/s, latency P95 {fmt(t.objective_latency_s, '.3f', ' s')}, "
@@ -100,6 +109,7 @@ def show_cmd(
             + f"success {fmt(t.success_rate, '.1%')}, "
             + f"goodput {fmt(t.goodput, '.2f', ' req/s')} ({fmt(t.good_share, '.1%')} good)"
         )
+    _print_intervals(con, view, t.number, url, detail)
     if d.get("capacity_steps"):
         con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
     if d.get("server_metrics"):
@@ -117,3 +127,51 @@ def show_cmd(
         con.print(tail, markup=False, highlight=False, soft_wrap=True)
     if detail is None:
         con.print("(no detail stored for this trial beyond Optuna's record)")
+
+
+def _failures_table(summary: dict[str, Any]) -> Table:
+    examples = summary.get("failure_examples") or {}
+    table = Table(title="failures by class")
+    table.add_column("class")
+    table.add_column("count", justify="right")
+    table.add_column("example")
+    for cls, n in summary["failures"].items():
+        table.add_row(escape(cls), str(n), escape(str(examples.get(cls, ""))[:120]))
+    return table
+
+
+def _intervals(view: StudyView, number: int, url: str, detail: Any) -> list[FigureCI]:
+    """The trial's figures with their intervals; a trial whose record kept none (an older study) has them computed
+    from its per-request records, where the storage holds them."""
+    t = view.trial(number)
+    if t is not None and t.measured and not t.run_intervals and detail is not None:
+        duration = float((detail.load_summary or {}).get("duration_s") or 0.0)
+        records = request_records(url, view.name, number)
+        if records and duration > 0:
+            kept = {k: (ci.value, ci.low, ci.high) for k, ci in run_intervals(records, duration, seed=number).items()}
+            trials = [replace(x, run_intervals=kept) if x.number == number else x for x in view.trials]
+            view = replace(view, trials=trials)
+    return trial_intervals(view, number)
+
+
+def _interval_doc(ci: FigureCI) -> dict[str, Any]:
+    def triple(i: Interval | None) -> list[float] | None:
+        return None if i is None else [i.value, i.low, i.high]
+
+    return {"figure": ci.name, "run": triple(ci.run), "over_starts": triple(ci.starts), "starts": ci.n_starts}
+
+
+def _print_intervals(con: Console, view: StudyView, number: int, url: str, detail: Any) -> None:
+    cis = _intervals(view, number, url, detail)
+    if not any(ci.run is not None and ci.run.high > ci.run.low for ci in cis) and not any(ci.starts for ci in cis):
+        return
+    n = max(ci.n_starts for ci in cis)
+    table = Table(title="figures, ± their 95% intervals")
+    table.add_column("figure")
+    table.add_column("this run (over its requests)", justify="right")
+    if n > 1:
+        table.add_column(f"its flags over {n} starts", justify="right")
+    for ci in cis:
+        cells = [ci.label, figure_text(ci.run, ci.unit)]
+        table.add_row(*cells, *([figure_text(ci.starts, ci.unit)] if n > 1 else []))
+    con.print(table)

@@ -22,7 +22,7 @@ def status_cmd(
     study: StudyArg = None, storage: StorageOpt = None, job: JobOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Progress of a study: budget, running trials, best so far, failures by reason, skips and the server time
-    they saved.
+    they saved; the confirmation's extra starts of flags already tried are counted apart from the budget's trials.
 
     Example: [bold]tuner status night --storage sqlite:///night.db[/bold]
     """
@@ -49,6 +49,11 @@ def status_cmd(
     else:
         con.print(f"trials   {st.finished} finished")
     con.print(f"measured {st.measured}, feasible {st.feasible}, server time {st.server_minutes:.1f} min")
+    if st.confirmation_starts:
+        con.print(
+            f"confirmation: {st.confirmation_starts} extra start{'s' if st.confirmation_starts != 1 else ''} of "
+            f"flags already tried ({st.confirmation_measured} measured, {st.confirmation_minutes:.1f} server-min)"
+        )
     if st.best is not None:
         base = view.baseline
         r = ratios(st.best, base)

@@ -77,8 +77,10 @@ def trials_cmd(
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")] = False,
     wide: WideOpt = False,
 ) -> None:
-    """One row a trial: flags, throughput, P95 TTFT and e2e, success rate, the share of good requests (each met
-    every latency SLO on its own: DistServe's goodput), verdict or reason, bottleneck.
+    """One row a trial: flags, throughput with its 95% interval, P95 TTFT and e2e, success rate, the share of good
+    requests (each met every latency SLO on its own: DistServe's goodput), verdict or reason, bottleneck. A flag set
+    the confirmation started again is one row, its throughput pooled over its starts; --json and --csv list every
+    start, a confirmation start with the trial it repeats (`repeat_of`).
 
     Example: [bold]tuner trials night --sort throughput --feasible --limit 10[/bold]
     """
@@ -92,6 +94,9 @@ def trials_cmd(
         rows = [t for t in rows if t.feasible]
     if outcome:
         rows = [t for t in rows if t.outcome in outcome or t.state.lower() in outcome]
+    if not (as_json or as_csv):
+        # A confirmation start is its flag set's: the row of its first trial holds it (tok/s pooled, its starts).
+        rows = [t for t in rows if t.repeat_of is None]
     if limit is not None:
         rows = rows[: max(limit, 0)]
     if as_json:
@@ -103,11 +108,13 @@ def trials_cmd(
         fields += ["objective_latency_s", "latency_p95_s", "output_tok_s", "request_rate"]
         fields += [*(f.attr for f in figures()), "success_rate"]
         fields += ["goodput", "good_share", "diagnosis", "reason", "server_seconds", "flags"]
+        fields += ["output_tok_s_ci", "starts", "repeat_of"]  # after tuner 0.1's columns: scripts read by place
         w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for t in rows:
             d = t.as_dict()
             d["flags"] = json.dumps(t.flags, sort_keys=True)
+            d["output_tok_s_ci"] = json.dumps(list(t.throughput_ci)) if t.throughput_ci else None
             w.writerow(d)
         typer.echo(buf.getvalue(), nl=False)
         return
@@ -117,6 +124,13 @@ def trials_cmd(
         con.print(flag_lines([(_trial_key(t), flags_text(t.flags)) for t in rows]))
     if any(t.baseline for t in rows):
         con.print("ᵇ baseline: vLLM's defaults on this GPU and model")
+    if any(t.throughput_ci for t in rows):
+        con.print("tok/s ± its 95% interval; ×N: pooled over the flag set's N starts")
+    for t in rows:
+        again = [x.number for x in view.starts_of(t.number) if x.repeat_of is not None]
+        if again:
+            numbers = ", ".join(f"#{n}" for n in again)
+            con.print(f"#{t.number}: started again by {numbers} to confirm it ({t.starts} measured starts)")
 
 
 def _trial_key(t: TrialView) -> str:
@@ -132,7 +146,9 @@ def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Tabl
     if not wide:
         cols = ("#", "tok/s", *labels, "success", _GOOD, "verdict")
     numeric = ("#", "tok/s", *labels, "success", _GOOD)
-    table = Table(title=f"{escape(view.name)}: {len(rows)} of {len(view.trials)} trials")
+    confirming = len(view.confirmation_starts)
+    folded = f" (+{confirming} confirmation start{'s' if confirming != 1 else ''})" if confirming else ""
+    table = Table(title=f"{escape(view.name)}: {len(rows)} of {len(view.search_trials)} trials{folded}")
     for col in cols:
         table.add_column(col, justify="right" if col in numeric else "left", no_wrap=col in numeric)
     for t in rows:
@@ -140,11 +156,11 @@ def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Tabl
         cells = {
             "#": f"{t.number}{'ᵇ' if t.baseline else ''}",
             "flags": escape(flags_text(t.flags)),
-            "tok/s": fmt(t.throughput if t.measured else t.output_tok_s),
+            "tok/s": t.throughput_text if t.measured else fmt(t.output_tok_s),
             **{f.label: fmt(t.latency(f.name), ".3f", " s") for f in shown},
             "success": fmt(t.success_rate, ".1%"),
             _GOOD: fmt(t.good_share, ".1%"),
-            "verdict": f"[{style}]{escape(t.verdict)}[/{style}]",
+            "verdict": f"[{style}]{escape(t.verdict)}[/{style}]" + (f" ×{t.starts}" if t.starts > 1 else ""),
             "bottleneck": escape(t.diagnosis or "—"),
         }
         table.add_row(*(cells[c] for c in cols))

@@ -136,7 +136,8 @@ def _verify_one(
             build_launcher(job),
             flags,
             runs=runs,
-            recorded_tok_s=t.output_tok_s or t.throughput,
+            # A flag set the study started more than once is recorded by its figure pooled over those starts
+            recorded_tok_s=t.throughput_ci[0] if t.starts > 1 and t.throughput_ci else t.output_tok_s or t.throughput,
             latency_metric=view.latency_metric,
             tolerance=tolerance,
             study=view.name,
@@ -161,7 +162,7 @@ def _ranking(
         table.add_column(col, justify="left" if col in ("trial", "verdict") else "right")
     for t, v, why in results:
         mark = " ★" if winner is not None and t.number == winner.number else ""
-        recorded = f"{t.output_tok_s or t.throughput or 0:,.1f}"
+        recorded = _recorded(t)
         if v is None:
             table.add_row(f"#{t.number}", recorded, "-", "-", "-", f"[red]{escape(why or '')}[/red]")
             continue
@@ -169,16 +170,36 @@ def _ranking(
         style = "green" if v.confirmed else "red"
         verdict = "confirmed" if v.confirmed else v.verdict().removeprefix("not confirmed: ")
         table.add_row(
-            f"#{t.number}{mark}", recorded, f"{v.median_tok_s:,.1f}", change, f"{v.spread:.1%}",
+            f"#{t.number}{mark}", recorded, _median(v), change, f"{v.spread:.1%}",
             f"[{style}]{escape(verdict)}[/{style}]",
         )  # fmt: skip
     return table
 
 
+def _recorded(t: TrialView) -> str:
+    """The study's figure with its interval (pooled over its starts where it confirmed the flag set)."""
+    if t.throughput_ci is None:
+        return f"{t.output_tok_s or t.throughput or 0:,.1f}"
+    return t.throughput_text + (f" ×{t.starts}" if t.starts > 1 else "")
+
+
+def _median(v: Verification) -> str:
+    interval = v.interval
+    if interval is None or len(v.runs) < 2:
+        return f"{v.median_tok_s:,.1f}"
+    return format_with_ci(v.median_tok_s, interval.low, interval.high, "")
+
+
+def _run_tok_s(run: VerifyRun) -> str:
+    """A run's tok/s with its within-run interval (a bootstrap over its requests)."""
+    ci = run.figures.get("output_tok_s")
+    return f"{run.output_tok_s:,.1f}" if ci is None else format_with_ci(run.output_tok_s, ci.low, ci.high, "")
+
+
 def _run_text(run: VerifyRun, metric: str) -> str:
     latency = f"{run.latency_p95_s:.2f}s" if math.isfinite(run.latency_p95_s) else "-"
     verdict = "meets the SLOs" if run.meets else "misses " + ", ".join(run.missed)
-    return f"{run.output_tok_s:,.1f} tok/s  {metric} {latency}  success {run.success_rate:.1%}  {verdict}"
+    return f"{_run_tok_s(run)} tok/s  {metric} {latency}  success {run.success_rate:.1%}  {verdict}"
 
 
 def _table(view: StudyView, t: TrialView, v: Verification) -> Table:
@@ -188,7 +209,7 @@ def _table(view: StudyView, t: TrialView, v: Verification) -> Table:
     for i, r in enumerate(v.runs, start=1):
         lat = f"{r.latency_p95_s:.2f}" if math.isfinite(r.latency_p95_s) else "-"
         slos = "[green]met[/green]" if r.meets else "[red]" + escape(", ".join(r.missed)) + "[/red]"
-        table.add_row(str(i), f"{r.output_tok_s:,.1f}", lat, f"{r.success_rate:.1%}", slos)
+        table.add_row(str(i), _run_tok_s(r), lat, f"{r.success_rate:.1%}", slos)
     table.add_row("median", f"{v.median_tok_s:,.1f}", f"{v.median_latency_s:.2f}", "", "", style="bold")
     interval = v.interval
     if interval is not None and len(v.runs) > 1:
@@ -197,7 +218,7 @@ def _table(view: StudyView, t: TrialView, v: Verification) -> Table:
     if t.throughput is not None:
         lat = f"{t.objective_latency_s:.2f}" if t.objective_latency_s is not None else "-"
         ok = f"{t.success_rate:.1%}" if t.success_rate is not None else ""
-        table.add_row("recorded", f"{t.output_tok_s or t.throughput:,.1f}", lat, ok, "", style="dim")
+        table.add_row("recorded", _recorded(t), lat, ok, "", style="dim")
     return table
 
 
@@ -209,6 +230,9 @@ def _as_dict(view: StudyView, t: TrialView, v: Verification) -> dict[str, Any]:
         "confirmed": v.confirmed,
         "verdict": v.verdict(),
         "recorded_tok_s": v.recorded_tok_s,
+        # The record's interval: pooled over the flag set's starts where the study confirmed it, else its run's
+        "recorded_tok_s_ci": list(t.throughput_ci) if t.throughput_ci is not None else None,
+        "recorded_starts": t.starts,
         "median_tok_s": v.median_tok_s,
         "change": v.change,
         "reproduced": v.reproduced,

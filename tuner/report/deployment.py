@@ -10,6 +10,7 @@ from tuner.export import DEFAULT_IMAGE, DeployOptions, Provenance
 from tuner.launch.docker import DEFAULT_IMAGE as LAUNCHER_IMAGE
 from tuner.launch.docker import image_for
 from tuner.record import StoredLauncherOptions
+from tuner.report.uncertainty import trial_intervals
 from tuner.report.views import StudyView, TrialView
 
 __all__ = ["IMAGE_REPOSITORY", "ROCM_REPOSITORY", "deploy_options", "export_image", "provenance"]
@@ -63,7 +64,19 @@ def provenance(view: StudyView, t: TrialView) -> Provenance:
         tuner_version=__version__,
         vllm_version=t.vllm_version,
         notes=tuple(note for note in (export_image(view, t)[1],) if note),
+        **_intervals(view, t),
     )
+
+
+def _intervals(view: StudyView, t: TrialView) -> dict[str, Any]:
+    """The provenance's intervals: the flag set's over its starts where it was started more than once (the figure
+    shown is then that pooled figure's interval), else its run's own."""
+    cis = trial_intervals(view, t.number)
+    over = {ci.name: ci.starts for ci in cis if ci.starts is not None}
+    if over:
+        return {"intervals": {k: (i.value, i.low, i.high) for k, i in over.items()}, "starts": cis[0].n_starts}
+    run = {ci.name: ci.run for ci in cis if ci.run is not None and ci.run.high > ci.run.low}
+    return {"intervals": {k: (i.value, i.low, i.high) for k, i in run.items()}, "starts": 1}
 
 
 def _launcher_options(view: StudyView) -> list[StoredLauncherOptions]:

@@ -55,6 +55,11 @@ class StudyStatus:
     twin: list[tuple[int, float, float | None]] = field(default_factory=list)
     twin_fallback: str | None = None  # where the twin handed over to TPE (StudyView.twin_fallback)
     twin_verdicts: dict[int, str] = field(default_factory=dict)  # trial -> the SLO verdict the twin got wrong
+    # The confirmation's starts of flag sets the search had tried (tuner.study.confirm), apart from its trials:
+    # finished, of them measured, and their server time
+    confirmation_starts: int = 0
+    confirmation_measured: int = 0
+    confirmation_minutes: float = 0.0
 
     @property
     def skipped_total(self) -> int:
@@ -81,11 +86,15 @@ class StudyStatus:
                 for n, p, m in self.twin
             ],
             "twin_fallback": self.twin_fallback,
+            "confirmation_starts": self.confirmation_starts,
+            "confirmation_measured": self.confirmation_measured,
+            "confirmation_minutes": self.confirmation_minutes,
         }
 
 
 def _finished(view: StudyView) -> list[TrialView]:
-    return [t for t in view.trials if t.state not in ("RUNNING", "WAITING")]
+    """The search's finished trials (the confirmation's starts are counted apart)."""
+    return [t for t in view.search_trials if t.state not in ("RUNNING", "WAITING")]
 
 
 def _state(view: StudyView) -> str:
@@ -111,7 +120,7 @@ def listing(view: StudyView) -> StudyListing:
     starts = [t.started for t in view.trials if t.started]
     return StudyListing(
         name=view.name,
-        trials=len(view.trials),
+        trials=len(view.search_trials),
         finished=len(_finished(view)),
         running=sum(t.state == "RUNNING" for t in view.trials),
         feasible=sum(t.feasible for t in view.trials),
@@ -126,6 +135,7 @@ def listing(view: StudyView) -> StudyListing:
 
 def status(view: StudyView) -> StudyStatus:
     finished = _finished(view)
+    confirming = [t for t in view.confirmation_starts if t.state not in ("RUNNING", "WAITING")]
     failures = Counter(t.reason or t.outcome or t.state.lower() for t in finished if t.outcome in _FAILED)
     failures.update(t.state.lower() for t in finished if t.outcome is None and t.state != "COMPLETE")
     skipped = Counter(t.reason or "infeasible" for t in finished if t.outcome == "skipped_infeasible")
@@ -136,7 +146,7 @@ def status(view: StudyView) -> StudyStatus:
         name=view.name,
         budget=view.budget,
         finished=len(finished),
-        running=[t for t in view.trials if t.state == "RUNNING"],
+        running=[t for t in view.trials if t.state == "RUNNING"],  # a confirmation start's server runs too
         measured=sum(t.measured for t in finished),
         feasible=sum(t.feasible for t in finished),
         best=_best(view),
@@ -153,6 +163,9 @@ def status(view: StudyView) -> StudyStatus:
         ],
         twin_fallback=view.twin_fallback,
         twin_verdicts={t.number: t.twin_verdict_missed for t in finished if t.twin_verdict_missed is not None},
+        confirmation_starts=len(confirming),
+        confirmation_measured=sum(t.measured for t in confirming),
+        confirmation_minutes=sum(t.server_seconds for t in view.confirmation_starts) / 60,
     )
 
 

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError
-from tuner.intervals import format_with_ci
+from tuner.intervals import Interval, format_with_ci, learn_noise, pool
 from tuner.record import MEASURED, StoredJob, StudyRecord, TrialRecord
 from tuner.scoring import OBJECTIVE_FALLBACK, Slo, figures, parse_slo
 
@@ -60,6 +60,10 @@ class TrialView:
     # start of the flag set where it ran (the study's `confirm`), else the run's own over its requests (`ci_run`)
     throughput_ci: tuple[float, float, float] | None = None
     starts: int = 1
+    # A confirmation start: the first trial of the flag set it started again (its figures pool into that one's row)
+    repeat_of: int | None = None
+    # The run's own figures with their within-run intervals, by the record's names (`output_tok_s`, `ttft_p95_s`)
+    run_intervals: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
 
     @property
     def throughput_text(self) -> str:
@@ -84,7 +88,9 @@ class TrialView:
             return "running"
         if self.state == "WAITING":
             return "waiting"
-        if self.duplicate_of is not None:
+        if self.repeat_of is not None and self.measured:
+            return f"#{self.repeat_of} started again"
+        if self.duplicate_of is not None and self.repeat_of is None:
             return f"duplicate of #{self.duplicate_of}"
         if self.measured:
             if self.feasible:
@@ -112,6 +118,7 @@ class TrialView:
                 d["latency_p95_s"] = self.objective_latency_s
         d["constraints"] = dict(zip(self.constraint_names, self.constraints, strict=True))
         del d["constraint_names"]
+        d["run_intervals"] = {k: list(v) for k, v in self.run_intervals.items()}
         d["violated"] = list(self.violated)
         d["notes"] = list(self.notes)
         d["verdict"] = self.verdict
@@ -181,13 +188,47 @@ class StudyView:
     def trial(self, number: int) -> TrialView | None:
         return next((t for t in self.trials if t.number == number), None)
 
+    @property
+    def search_trials(self) -> list[TrialView]:
+        """The search's own trials: every trial but the confirmation's starts of a flag set again."""
+        return [t for t in self.trials if t.repeat_of is None]
+
+    @property
+    def confirmation_starts(self) -> list[TrialView]:
+        """The confirmation's starts (`tuner.study.confirm`): flag sets the search had tried, started again."""
+        return [t for t in self.trials if t.repeat_of is not None]
+
+    def starts_of(self, number: int) -> list[TrialView]:
+        """Every trial that measured trial `number`'s flag set: its first trial, then its confirmation starts."""
+        t = self.trial(number)
+        first = number if t is None or t.repeat_of is None else t.repeat_of
+        return [x for x in self.trials if x.number == first or x.repeat_of == first]
+
 
 def study_view(study: optuna.Study) -> StudyView:
     attrs = dict(study.user_attrs)
     record = StudyRecord.from_attrs(attrs)
-    slos, pooled = record.slos, _pooled(record.confirm)
-    trials = [_with_interval(trial_view(t, slos), t, pooled) for t in study.get_trials(deepcopy=False)]
+    views = [trial_view(t, record.slos) for t in study.get_trials(deepcopy=False)]
+    pooled = _pooled_starts(views) | _pooled(record.confirm)
+    trials = [_with_interval(t, pooled) for t in views]
     return StudyView(name=study.study_name, attrs=attrs, trials=trials)
+
+
+def _pooled_starts(views: Sequence[TrialView]) -> dict[int, tuple[tuple[float, float, float], int]]:
+    """Per flag set started again: its tok/s pooled over its starts, as the confirmation pools it (for a study
+    whose confirmation has not written its `confirm` attribute yet, which then takes over)."""
+    groups: dict[int, list[Interval]] = {}
+    for t in views:
+        if t.measured and t.output_tok_s is not None and (t.duplicate_of is None or t.repeat_of is not None):
+            run = t.run_intervals.get("output_tok_s") or (t.output_tok_s,) * 3
+            groups.setdefault(t.repeat_of if t.repeat_of is not None else t.number, []).append(Interval(*run))
+    noise = learn_noise([[i.value for i in g] for g in groups.values()])
+    out = {}
+    for first, starts in groups.items():
+        if len(starts) > 1 and any(i.value > 0 for i in starts):
+            ci = pool(starts, noise).interval
+            out[first] = ((ci.value, ci.low, ci.high), len(starts))
+    return out
 
 
 def _pooled(confirm: Any) -> dict[int, tuple[tuple[float, float, float], int]]:
@@ -201,12 +242,11 @@ def _pooled(confirm: Any) -> dict[int, tuple[tuple[float, float, float], int]]:
     return out
 
 
-def _with_interval(view: TrialView, trial: FrozenTrial, pooled: Mapping[int, Any]) -> TrialView:
+def _with_interval(view: TrialView, pooled: Mapping[int, Any]) -> TrialView:
     if view.number in pooled and pooled[view.number][1] > 1:
         ci, starts = pooled[view.number]
         return replace(view, throughput_ci=ci, starts=starts)
-    run = trial.user_attrs.get("ci_run")
-    ci = _triple(run.get("output_tok_s")) if isinstance(run, dict) and view.measured else None
+    ci = view.run_intervals.get("output_tok_s") if view.measured else None
     return view if ci is None else replace(view, throughput_ci=ci)
 
 
@@ -262,6 +302,8 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         constraint_names=names,
         violated=violated if outcome == MEASURED else (),
         duplicate_of=r.duplicate_of,
+        repeat_of=r.repeat_of,
+        run_intervals=r.intervals(),
         notes=(*r.repairs, *r.warnings),
         server_seconds=r.server_seconds or 0.0,
         latency_metric=r.latency_metric,

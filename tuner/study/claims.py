@@ -82,6 +82,9 @@ class Claims:
                 "repairs": own.repairs,
                 "warnings": own.warnings,
                 "duplicate_of": owner,
+                # Not a confirmation start, and no run of its own: the owner's intervals are the owner's.
+                "repeat_of": None,
+                "ci_run": None,
                 "server_seconds": 0.0,
                 "attempts": 0,
             }
