@@ -90,6 +90,15 @@ class TrialRecord(BaseModel):
     duplicate_of: int | None = None
     # The twin's output tok/s for this flag set before the trial ran (0: predicted not to start or to crash).
     twin_predicted_tok_s: float | None = None
+    # The whole box (`target.gpus`, tuner.box): replicas of this shape, their output tok/s and request rate (what
+    # the study maximises; `output_tok_s` and `request_rate` above are the one replica measured), per GPU, and cost.
+    replicas: int | None = None
+    box_gpus: int | None = None
+    box_output_tok_s: float | None = None
+    box_request_rate: float | None = None
+    tok_s_per_gpu: float | None = None
+    usd_per_m_tokens: float | None = None
+    gpu_hours_per_m_requests: float | None = None
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:
