@@ -179,6 +179,7 @@ class StoredTarget(_Lenient):
     model_config = ConfigDict(extra="allow")
 
     launcher: str | None = None
+    gpu_hour_usd: float | None = None  # the job's price of a GPU-hour (`tuner plan` defaults to it)
     docker: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
     process: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
 
@@ -258,3 +259,13 @@ class StudyRecord(BaseModel):
     @property
     def stored_job(self) -> StoredJob:
         return StoredJob.of({"job": self.job})
+
+    @property
+    def gpu_hour_usd(self) -> float | None:
+        """The price of a GPU-hour the study ran with: the job's, else the catalog's for its card (None: neither)."""
+        given = self.stored_job.target.gpu_hour_usd
+        listed = (self.gpu_profile or {}).get("usd_per_hour")
+        for price in (given, listed):
+            if isinstance(price, int | float) and not isinstance(price, bool) and price > 0:
+                return float(price)
+        return None

@@ -11,6 +11,7 @@ from rich.table import Table
 from tuner.cli import app
 from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, console_for_output, open_view, print_json, trial_detail
 from tuner.errors import ConfigError, TunerError
+from tuner.report import TrialView
 from tuner.report.tables import flags_table, fmt, kv_table, steps_table, summary_table
 from tuner.scoring import figures
 
@@ -99,6 +100,8 @@ def show_cmd(
             + "".join(f"{f.label} {fmt(t.latency(f.name), '.3f', ' s')}, " for f in figures() if f.headline)
             + f"success {fmt(t.success_rate, '.1%')}"
         )
+    if t.measured and t.replicas is not None:
+        con.print(box_line(t))
     if d.get("capacity_steps"):
         con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
     if d.get("server_metrics"):
@@ -116,3 +119,16 @@ def show_cmd(
         con.print(tail, markup=False, highlight=False, soft_wrap=True)
     if detail is None:
         con.print("(no detail stored for this trial beyond Optuna's record)")
+
+
+def box_line(t: TrialView) -> str:
+    """The trial on the whole box: its replicas, throughput, per GPU, and what a million tokens and requests cost."""
+    rate = f", {t.box_request_rate:,.2f} req/s" if t.box_request_rate is not None else ""
+    usd = (
+        f"${t.usd_per_m_tokens:,.2f} per million output tokens"
+        if t.usd_per_m_tokens is not None
+        else "no price (target.gpu_hour_usd)"
+    )
+    hours = f", {t.gpu_hours_per_m_requests:,.1f} GPU-h per million requests" if t.gpu_hours_per_m_requests else ""
+    shape = f"{t.replicas} replica{'s' if t.replicas != 1 else ''} on {t.box_gpus} GPU{'s' if t.box_gpus != 1 else ''}"
+    return f"box: {shape}: {fmt(t.throughput)} tok/s ({fmt(t.tok_s_per_gpu)} per GPU){rate}; {usd}{hours}"

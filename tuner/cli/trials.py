@@ -98,7 +98,9 @@ def trials_cmd(
         fields = ["number", "state", "baseline", "outcome", "verdict", "feasible", "throughput"]
         fields += ["objective_latency_s", "latency_p95_s", "output_tok_s", "request_rate"]
         fields += [*(f.attr for f in figures()), "success_rate"]
-        fields += ["goodput", "diagnosis", "reason", "server_seconds", "flags"]
+        fields += ["goodput", "diagnosis", "reason", "server_seconds"]
+        fields += ["replicas", "box_gpus", "box_request_rate", "tok_s_per_gpu", "usd_per_m_tokens"]
+        fields += ["gpu_hours_per_m_requests", "flags"]
         w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for t in rows:

@@ -59,6 +59,13 @@ class TrialView:
     # start of the flag set where it ran (the study's `confirm`), else the run's own over its requests (`ci_run`)
     throughput_ci: tuple[float, float, float] | None = None
     starts: int = 1
+    # The whole box (`target.gpus`): `throughput` is the box's, `output_tok_s` and `request_rate` one replica's.
+    replicas: int | None = None
+    box_gpus: int | None = None
+    box_request_rate: float | None = None
+    tok_s_per_gpu: float | None = None
+    usd_per_m_tokens: float | None = None
+    gpu_hours_per_m_requests: float | None = None
 
     @property
     def throughput_text(self) -> str:
@@ -265,6 +272,12 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         latency_metric=r.latency_metric,
         started=trial.datetime_start,
         completed=trial.datetime_complete,
+        replicas=r.replicas,
+        box_gpus=r.box_gpus,
+        box_request_rate=r.box_request_rate,
+        tok_s_per_gpu=r.tok_s_per_gpu,
+        usd_per_m_tokens=r.usd_per_m_tokens,
+        gpu_hours_per_m_requests=r.gpu_hours_per_m_requests,
     )
 
 
