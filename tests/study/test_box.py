@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import yaml
-from optuna.distributions import FloatDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FixedTrial, create_trial
 from study_fakes import JOB, FakeLauncher, FakeServer, job
 
@@ -24,8 +25,10 @@ from tuner.flags import VllmFlags
 from tuner.launch import StartupFacts
 from tuner.load import Arrival
 from tuner.record import StudyRecord
-from tuner.report.views import trial_view
+from tuner.report.views import study_view, trial_view
+from tuner.scoring import Slo
 from tuner.study import Measurement, Objective, measure_load
+from tuner.study.confirm import CI_RUN_ATTR, Confirmation
 from tuner.twin.simulate import simulate
 
 SPACE: dict[str, Any] = {
@@ -195,3 +198,41 @@ def test_the_twin_predicts_one_replica_under_its_share_as_the_study_measures_it(
     crowded = simulate(box_job(1, arrival={"concurrency": 8, "requests": 16}), flags)
     assert box.started and box.peak_running == alone.peak_running == 4 and crowded.peak_running == 8
     assert [r.e2e_s for r in box.records] == [r.e2e_s for r in alone.records]
+
+
+def _measured_shape(number: int, tp: int, replica_tok_s: float, n: int) -> Any:
+    run = {"output_tok_s": [replica_tok_s, replica_tok_s * 0.99, replica_tok_s * 1.01], "e2e_p95_s": [1.0, 0.9, 1.1]}
+    t = create_trial(
+        params={"tensor_parallel_size": tp},
+        distributions={"tensor_parallel_size": CategoricalDistribution([1, 2, 4])},
+        values=[replica_tok_s * n, 1.0],
+        user_attrs={
+            "flags": {"tensor_parallel_size": tp},
+            "outcome": "measured",
+            "output_tok_s": replica_tok_s,
+            "replicas": n,
+            "feasible": True,
+            "constraint_names": ["startup", "slo:e2e_p95<=2s"],
+            "constraints": [0.0, 0.0],
+            CI_RUN_ATTR: run,
+        },
+    )
+    t.number = number
+    return t
+
+
+def test_the_confirmation_and_the_views_compare_shapes_on_the_box() -> None:
+    # TP 1: four replicas of 300 tok/s (1200 on the box); TP 2: two of 500 (1000): the narrower shape leads.
+    trials = [_measured_shape(0, 1, 300.0, 4), _measured_shape(1, 2, 500.0, 2)]
+    leader = Confirmation.of(trials, [Slo(metric="e2e_p95", op="<=", threshold=2.0)]).leader
+    assert leader is not None and leader.number == 0 and leader.throughput is not None
+    assert leader.throughput.value == pytest.approx(1200.0)
+    view = study_view_of(trials)
+    assert [t.throughput_ci[0] if t.throughput_ci else None for t in view] == [pytest.approx(1200.0), 1000.0]
+
+
+def study_view_of(trials: list[Any]) -> list[Any]:
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for t in trials:
+        study.add_trial(t)
+    return study_view(study).trials

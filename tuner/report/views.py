@@ -213,6 +213,9 @@ def _with_interval(view: TrialView, trial: FrozenTrial, pooled: Mapping[int, Any
         return replace(view, throughput_ci=ci, starts=starts)
     run = trial.user_attrs.get("ci_run")
     ci = _triple(run.get("output_tok_s")) if isinstance(run, dict) and view.measured else None
+    if ci is not None and view.replicas and view.replicas > 1:
+        # The run's interval is the replica's; the trial's throughput is the box's (`target.gpus`).
+        ci = (ci[0] * view.replicas, ci[1] * view.replicas, ci[2] * view.replicas)
     return view if ci is None else replace(view, throughput_ci=ci)
 
 
