@@ -7,6 +7,7 @@ import io
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -14,7 +15,7 @@ import pytest
 import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FixedTrial, create_trial
-from study_fakes import JOB, FakeLauncher, FakeServer, job
+from study_fakes import JOB, FakeLauncher, FakeServer, job, records_for
 
 from tuner.box import box_figures, replica_arrival, replicas, shape_refusal
 from tuner.cli.show import box_line
@@ -25,6 +26,7 @@ from tuner.flags import VllmFlags
 from tuner.launch import StartupFacts
 from tuner.load import Arrival
 from tuner.record import StudyRecord
+from tuner.report.rescore import rescore
 from tuner.report.views import study_view, trial_view
 from tuner.scoring import Slo
 from tuner.study import Measurement, Objective, measure_load
@@ -236,3 +238,25 @@ def study_view_of(trials: list[Any]) -> list[Any]:
     for t in trials:
         study.add_trial(t)
     return study_view(study).trials
+
+
+class _Stored:
+    """One trial's stored requests, as `tuner rescore` reads them (no summary, no capacity steps)."""
+
+    def trial_detail(self, study: str, number: int) -> Any:
+        return SimpleNamespace(capacity_steps=None, scored_step=0, load_summary=None)
+
+    def request_records(self, study: str, number: int, step: int | None = None) -> list[Any]:
+        return records_for(VllmFlags(max_num_seqs=16))
+
+    def request_steps(self, study: str, number: int) -> list[int]:
+        return [0]
+
+
+def test_rescore_keeps_the_box_figure() -> None:
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.add_trial(_measured_shape(0, 2, 500.0, 2))
+    (rescored,) = rescore(study_view(study), _Stored(), [Slo(metric="e2e_p95", op="<=", threshold=2.0)]).trials
+    assert rescored.summary is not None and rescored.after.replicas == 2
+    assert rescored.after.throughput == pytest.approx(2 * rescored.summary.output_throughput)
+    assert rescored.after.output_tok_s == pytest.approx(rescored.summary.output_throughput)
