@@ -19,7 +19,7 @@ from study_fakes import JOB, FakeLauncher, FakeServer, job, records_for
 
 from tuner.box import box_figures, replica_arrival, replicas, shape_refusal
 from tuner.cli.show import box_line
-from tuner.config import Job, load_job
+from tuner.config import Job, load_job, schema
 from tuner.emulator import Emulator
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
@@ -260,3 +260,13 @@ def test_rescore_keeps_the_box_figure() -> None:
     assert rescored.summary is not None and rescored.after.replicas == 2
     assert rescored.after.throughput == pytest.approx(2 * rescored.summary.output_throughput)
     assert rescored.after.output_tok_s == pytest.approx(rescored.summary.output_throughput)
+
+
+def test_a_real_box_defaults_to_the_gpus_the_tuner_was_given_else_the_machines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schema, "machine_devices", lambda: [object()] * 8)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    docker = {**JOB["target"], "launcher": "docker"}
+    assert job(target=docker).box_gpus() == 8
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    assert job(target=docker).box_gpus() == 3
+    assert job(target={**docker, "gpus": 2}).box_gpus() == 2

@@ -4,6 +4,7 @@ and device profile parsed once. The target and its launcher kinds are in tuner.c
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -182,12 +183,14 @@ class Job(StrictModel):
             self._parsed["gpu"] = (json.dumps("auto"), profile)
 
     def box_gpus(self) -> int:
-        """The GPUs the deployment has (`target.gpus`): 1 for the emulator unless given, else the machine's count."""
+        """The GPUs the deployment has (`target.gpus`): 1 for the emulator unless given, else the GPUs the tuner was
+        given (`CUDA_VISIBLE_DEVICES`, as `--parallel` reads it) or, without one, those NVML or amd-smi count."""
         if self.target.gpus is not None:
             return self.target.gpus
         if self.target.launcher == "emulator":
             return 1
-        return self._resolved("box_gpus", "machine", lambda: len(machine_devices()) or 1)
+        given = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        return len(given) or self._resolved("box_gpus", "machine", lambda: len(machine_devices()) or 1)
 
     def gpu_hour_usd(self) -> float | None:
         """The price of one GPU-hour: the job's, else the catalog's for its card (None: unknown)."""
