@@ -270,3 +270,20 @@ def test_a_real_box_defaults_to_the_gpus_the_tuner_was_given_else_the_machines(m
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
     assert job(target=docker).box_gpus() == 3
     assert job(target={**docker, "gpus": 2}).box_gpus() == 2
+
+
+def test_max_rate_on_the_box_is_replicas_times_the_replicas_rate() -> None:
+    seen: list[Measurement] = []
+    j = box_job(
+        4,
+        objective="max_rate",
+        arrival={"rate": 1.0, "requests": 8},
+        capacity_search={"requests_per_step": 8, "max_steps": 2},
+        slos=["success_rate >= 0.9"],
+    )
+    trial = FixedTrial({"tensor_parallel_size": 2})
+    values = Objective(j, FakeLauncher(), measure=_emulated(seen))(trial)
+    a = trial.user_attrs
+    assert seen[0].replicas == 2 and a["outcome"] == "measured" and a["request_rate"] > 0
+    assert a["box_request_rate"] == pytest.approx(2 * a["request_rate"])
+    assert values[0] == pytest.approx(2 * a["output_tok_s"])
