@@ -19,6 +19,7 @@ from study_fakes import JOB, FakeLauncher, FakeServer, job, records_for
 
 from tuner.box import box_figures, replica_arrival, replicas, shape_refusal
 from tuner.cli.show import box_line
+from tuner.cli.tune import box_text
 from tuner.config import Job, load_job, schema
 from tuner.emulator import Emulator
 from tuner.errors import ConfigError
@@ -287,3 +288,12 @@ def test_max_rate_on_the_box_is_replicas_times_the_replicas_rate() -> None:
     assert seen[0].replicas == 2 and a["outcome"] == "measured" and a["request_rate"] > 0
     assert a["box_request_rate"] == pytest.approx(2 * a["request_rate"])
     assert values[0] == pytest.approx(2 * a["output_tok_s"])
+
+
+def test_the_dry_run_says_the_box_its_share_and_its_price() -> None:
+    box = job(target={**JOB["target"], "gpus": 8, "gpu_hour_usd": 2.5}, arrival={"concurrency": 64, "requests": 10})
+    assert box_text(box, 2) == (
+        "box: 8 GPUs (target.gpus): a shape runs as 8 // (tensor x pipeline parallel) replicas, scored together; "
+        "the baseline's 4 each get closed loop, 16 users; $2.5 a GPU-hour"
+    )
+    assert box_text(job(), 1) is None  # one GPU and no price: nothing changes, nothing said
