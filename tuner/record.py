@@ -107,6 +107,15 @@ class TrialRecord(BaseModel):
     ttft_p95_later_turns_s: float | None = None
     # Prefix-cache hits / queries in tokens during the scored run, as the server's /metrics counted them.
     prefix_cache_hit_rate: float | None = None
+    # The whole box (`target.gpus`, tuner.box): replicas of this shape, their output tok/s and request rate (what
+    # the study maximises; `output_tok_s` and `request_rate` above are the one replica measured), per GPU, and cost.
+    replicas: int | None = None
+    box_gpus: int | None = None
+    box_output_tok_s: float | None = None
+    box_request_rate: float | None = None
+    tok_s_per_gpu: float | None = None
+    usd_per_m_tokens: float | None = None
+    gpu_hours_per_m_requests: float | None = None
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:
@@ -202,6 +211,7 @@ class StoredTarget(_Lenient):
     model_config = ConfigDict(extra="allow")
 
     launcher: str | None = None
+    gpu_hour_usd: float | None = None  # the job's price of a GPU-hour (`tuner plan` defaults to it)
     docker: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
     process: StoredLauncherOptions = Field(default_factory=StoredLauncherOptions)
 
@@ -281,3 +291,13 @@ class StudyRecord(BaseModel):
     @property
     def stored_job(self) -> StoredJob:
         return StoredJob.of({"job": self.job})
+
+    @property
+    def gpu_hour_usd(self) -> float | None:
+        """The price of a GPU-hour the study ran with: the job's, else the catalog's for its card (None: neither)."""
+        given = self.stored_job.target.gpu_hour_usd
+        listed = (self.gpu_profile or {}).get("usd_per_hour")
+        for price in (given, listed):
+            if isinstance(price, int | float) and not isinstance(price, bool) and price > 0:
+                return float(price)
+        return None

@@ -140,3 +140,19 @@ def test_export_plan_mistakes_are_one_line(max_rate_job: Path, args: list[str], 
     done = plan(max_rate_job, *args, command="export")
     assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_price_defaults_to_the_jobs_gpu_hour_usd(max_rate_job: Path, tmp_path: Path) -> None:
+    # A copy of the study whose stored job names a price, as `target.gpu_hour_usd: 2.5` writes it.
+    job = tmp_path / max_rate_job.name
+    job.write_text(max_rate_job.read_text())
+    job.with_suffix(".db").write_bytes(max_rate_job.with_suffix(".db").read_bytes())
+    study = optuna.load_study(study_name="emulator-demo-max-rate", storage=f"sqlite:///{job.with_suffix('.db')}")
+    stored = dict(study.user_attrs["job"])
+    study.set_user_attr("job", {**stored, "target": {**stored["target"], "gpu_hour_usd": 2.5}})
+    done = plan(job, "--rate", "40", "--json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["cost_per_hour"] == pytest.approx(2.5 * got["gpus"])
+    given = json.loads(plan(job, "--rate", "40", "--price-per-gpu-hour", "3", "--json").stdout)
+    assert given["cost_per_hour"] == pytest.approx(3 * given["gpus"])  # the command line's price wins

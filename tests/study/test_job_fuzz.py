@@ -146,7 +146,7 @@ CASES = [
     Case("api grpc", DEMO, edit(("workload.api", "grpc")), ("workload.api: Input should be 'completions' or 'chat'",)),
     Case("slo unit", DEMO, edit(("slos", ["e2e_p95 <= 20 parsecs"])), ("slos[0]: SLO 'e2e_p95 <= 20 parsecs'",)),
     Case("slos a string", DEMO, edit(("slos", "e2e_p95 <= 5s")), ("slos: Input should be a valid list",)),
-    Case("objective", DEMO, edit(("objective", "fastest")), ("objective: Input should be 'throughput' or",)),
+    Case("objective", DEMO, edit(("objective", "fastest")), ("objective: Input should be 'throughput', 'max_rate'",)),
     Case("sampler", DEMO, edit(("sampler.name", "cmaes")), ("sampler.name: Input should be 'tpe'",)),
     Case("population", DEMO, edit(("sampler.population_size", 1)), ("sampler.population_size:",)),
     Case("margin", DEMO, edit(("feasibility.margin", 2)), ("feasibility.margin: Input should be less than",)),

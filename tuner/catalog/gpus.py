@@ -37,6 +37,9 @@ class GpuProfile:
     vendor: str = "nvidia"  # or "amd": the ROCm image and devices
     count: int | None = None  # GPUs of this kind in the machine when measured or given: the most TP can use
     source: str = ""  # where the figures come from: a datasheet, NVML, or the job file
+    # One GPU-hour on demand, in USD, with its source and date in `source`: set only where a named cloud's public
+    # list price can be cited (none is yet; `target.gpu_hour_usd` gives the price a study and `tuner plan` use).
+    usd_per_hour: float | None = None
 
     @property
     def memory_bytes(self) -> int:

@@ -42,7 +42,12 @@ def plan_cmd(
     headroom: Annotated[float, typer.Option("--headroom", help="Fraction of measured capacity to plan on.")] = 0.7,
     price: Annotated[
         float | None,
-        typer.Option("--price-per-gpu-hour", help="Price of one GPU-hour: adds the cost lines.", show_default=False),
+        typer.Option(
+            "--price-per-gpu-hour",
+            help="Price of one GPU-hour: adds the cost lines (default: the job's target.gpu_hour_usd, else the "
+            "catalog's price for the card).",
+            show_default=False,
+        ),
     ] = None,
     trial: Annotated[int | None, typer.Option("--trial", help="Plan this trial.", show_default=False)] = None,
     best: Annotated[
@@ -89,6 +94,8 @@ def plan_cmd(
     t = measured_trial(view, trial, best)
     detail, _ = trial_detail(url, view.name, t.number)
     measured = _measured(view, t, job) if measure else None
+    if price is None:
+        price = view.record.gpu_hour_usd
     inputs = PlanInputs(rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price, measured=measured)
     plan = inputs.plan(view, t, detail)
     queue = queue_at_capacity(detail, t.flags)

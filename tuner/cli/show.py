@@ -23,7 +23,7 @@ from tuner.cli.common import (
 )
 from tuner.errors import ConfigError, TunerError
 from tuner.intervals import Interval, run_intervals
-from tuner.report import StudyView
+from tuner.report import StudyView, TrialView
 from tuner.report.tables import flags_table, fmt, kv_table, steps_table, summary_table
 from tuner.report.uncertainty import FigureCI, figure_text, trial_intervals
 from tuner.scoring import figures
@@ -110,6 +110,8 @@ def show_cmd(
             + f"goodput {fmt(t.goodput, '.2f', ' req/s')} ({fmt(t.good_share, '.1%')} good)"
         )
     _print_intervals(con, view, t.number, url, detail)
+    if t.measured and t.replicas is not None:
+        con.print(box_line(t))
     if d.get("capacity_steps"):
         con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
     if d.get("server_metrics"):
@@ -175,3 +177,16 @@ def _print_intervals(con: Console, view: StudyView, number: int, url: str, detai
         cells = [ci.label, figure_text(ci.run, ci.unit)]
         table.add_row(*cells, *([figure_text(ci.starts, ci.unit)] if n > 1 else []))
     con.print(table)
+
+
+def box_line(t: TrialView) -> str:
+    """The trial on the whole box: its replicas, throughput, per GPU, and what a million tokens and requests cost."""
+    rate = f", {t.box_request_rate:,.2f} req/s" if t.box_request_rate is not None else ""
+    usd = (
+        f"${t.usd_per_m_tokens:,.2f} per million output tokens"
+        if t.usd_per_m_tokens is not None
+        else "no price (target.gpu_hour_usd)"
+    )
+    hours = f", {t.gpu_hours_per_m_requests:,.1f} GPU-h per million requests" if t.gpu_hours_per_m_requests else ""
+    shape = f"{t.replicas} replica{'s' if t.replicas != 1 else ''} on {t.box_gpus} GPU{'s' if t.box_gpus != 1 else ''}"
+    return f"box: {shape}: {fmt(t.throughput)} tok/s ({fmt(t.tok_s_per_gpu)} per GPU){rate}; {usd}{hours}"

@@ -109,6 +109,8 @@ def trials_cmd(
         fields += [*(f.attr for f in figures()), "success_rate"]
         fields += ["goodput", "good_share", "diagnosis", "reason", "server_seconds", "flags"]
         fields += ["output_tok_s_ci", "starts", "repeat_of"]  # after tuner 0.1's columns: scripts read by place
+        fields += ["replicas", "box_gpus", "box_request_rate", "tok_s_per_gpu", "usd_per_m_tokens"]
+        fields += ["gpu_hours_per_m_requests"]
         w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for t in rows:

@@ -15,6 +15,7 @@ import typer
 from optuna.trial import FrozenTrial, TrialState
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from tuner.box import replica_arrival, replicas
 from tuner.cli import app
 from tuner.cli.trial_lines import TextLog, best_text, console, count_done, pareto_table, short_flags, trial_line
 from tuner.config import Job, job_schema, load_job
@@ -59,6 +60,20 @@ def trace_lines(job: Job) -> list[str]:
     return [*([f"note: {note}"] if note else []), *slice_shape(a.trace_requests(), a.block_tokens).lines()]
 
 
+def box_text(job: Job, baseline_world_size: int) -> str | None:
+    """The box the study fills (`target.gpus`) and its price, said where they change what a trial is."""
+    gpus, price = job.box_gpus(), job.gpu_hour_usd()
+    cost = f"; ${price:g} a GPU-hour" if price is not None else ""
+    if gpus == 1:
+        return f"box: 1 GPU{cost}" if cost else None
+    n = replicas(gpus, baseline_world_size)
+    share = replica_arrival(job.arrival, max(n, 1)).describe()
+    return (
+        f"box: {gpus} GPUs (target.gpus): a shape runs as {gpus} // (tensor x pipeline parallel) replicas, scored "
+        f"together; the baseline's {n} each get {share}{cost}"
+    )
+
+
 def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     """Check the job, show the space, the baseline and what the feasibility filter predicts, launch nothing."""
     from tuner.study.samplers import sampler_name
@@ -79,6 +94,9 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     )
     for line in trace_lines(job):
         console.print(line, markup=False)
+    box = box_text(job, space.baseline().world_size)
+    if box:
+        console.print(box)
     for name, dist in space.distributions.items():
         console.print(f"  {name}: {dist}")
     for name, value in space.fixed.items():

@@ -4,6 +4,7 @@ and device profile parsed once. The target and its launcher kinds are in tuner.c
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from pydantic import Field, PrivateAttr, model_validator
 from tuner.catalog import load_model
 from tuner.catalog.gpus import GpuProfile, resolve_gpu
 from tuner.catalog.models import ModelProfile
+from tuner.catalog.nvml import machine_devices
 from tuner.config.fields import Duration, SloText, StrictModel
 from tuner.config.target import TargetSection
 from tuner.errors import ConfigError
@@ -212,6 +214,22 @@ class Job(StrictModel):
         machines run (the cluster's workers read their own GPUs)."""
         if self.target.gpu == "auto":
             self._parsed["gpu"] = (json.dumps("auto"), profile)
+
+    def box_gpus(self) -> int:
+        """The GPUs the deployment has (`target.gpus`): 1 for the emulator unless given, else the GPUs the tuner was
+        given (`CUDA_VISIBLE_DEVICES`, as `--parallel` reads it) or, without one, those NVML or amd-smi count."""
+        if self.target.gpus is not None:
+            return self.target.gpus
+        if self.target.launcher == "emulator":
+            return 1
+        given = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        return len(given) or self._resolved("box_gpus", "machine", lambda: len(machine_devices()) or 1)
+
+    def gpu_hour_usd(self) -> float | None:
+        """The price of one GPU-hour: the job's, else the catalog's for its card (None: unknown)."""
+        if self.target.gpu_hour_usd is not None:
+            return self.target.gpu_hour_usd
+        return self.gpu_profile().usd_per_hour
 
     def model_profile(self) -> ModelProfile:
         # A model directory's config.json is read once, not at every trial.

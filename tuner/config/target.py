@@ -136,6 +136,19 @@ class TargetSection(StrictModel):
         "catalog name (a10g, l4, l40s, h100-80gb, ...), cpu (vLLM's CPU build), or the GPU's figures "
         "{name, memory_gib, bandwidth_gbps?, bf16_tflops?}",
     )
+    gpus: int | None = Field(
+        default=None,
+        ge=1,
+        description="the GPUs of the deployment the study fills with replicas of each trial's shape (8: a TP-2 "
+        "shape is 4 replicas, each measured under 1/4 of the load); default: 1 for the emulator, else the GPUs the "
+        "machine has",
+    )
+    gpu_hour_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="the price of one GPU-hour in USD, for $ per million tokens; default: the catalog's "
+        "on-demand price for the card where it has one",
+    )
     startup_timeout: Duration = Field(default=1200.0, description="how long a server may take to become ready")
     engine_wait: Duration = Field(
         default=300.0,

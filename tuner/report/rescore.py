@@ -144,7 +144,7 @@ class _Rescorer:
         s = run.summary
         after = dataclasses.replace(
             t,
-            throughput=float(s.output_throughput),
+            throughput=float(s.output_throughput) * (t.replicas or 1),  # the box's, as the study scored it
             objective_latency_s=objective_latency(s, self.latency_metric, self.worst_latency),
             output_tok_s=float(s.output_throughput),
             request_rate=run.rate if run.rate is not None else float(s.request_throughput),

@@ -64,6 +64,13 @@ class TrialView:
     repeat_of: int | None = None
     # The run's own figures with their within-run intervals, by the record's names (`output_tok_s`, `ttft_p95_s`)
     run_intervals: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    # The whole box (`target.gpus`): `throughput` is the box's, `output_tok_s` and `request_rate` one replica's.
+    replicas: int | None = None
+    box_gpus: int | None = None
+    box_request_rate: float | None = None
+    tok_s_per_gpu: float | None = None
+    usd_per_m_tokens: float | None = None
+    gpu_hours_per_m_requests: float | None = None
 
     @property
     def throughput_text(self) -> str:
@@ -247,6 +254,9 @@ def _with_interval(view: TrialView, pooled: Mapping[int, Any]) -> TrialView:
         ci, starts = pooled[view.number]
         return replace(view, throughput_ci=ci, starts=starts)
     ci = view.run_intervals.get("output_tok_s") if view.measured else None
+    if ci is not None and view.replicas and view.replicas > 1:
+        # The run's interval is the replica's; the trial's throughput is the box's (`target.gpus`).
+        ci = (ci[0] * view.replicas, ci[1] * view.replicas, ci[2] * view.replicas)
     return view if ci is None else replace(view, throughput_ci=ci)
 
 
@@ -309,6 +319,12 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         latency_metric=r.latency_metric,
         started=trial.datetime_start,
         completed=trial.datetime_complete,
+        replicas=r.replicas,
+        box_gpus=r.box_gpus,
+        box_request_rate=r.box_request_rate,
+        tok_s_per_gpu=r.tok_s_per_gpu,
+        usd_per_m_tokens=r.usd_per_m_tokens,
+        gpu_hours_per_m_requests=r.gpu_hours_per_m_requests,
     )
 
 

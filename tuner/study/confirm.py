@@ -139,6 +139,11 @@ def _start(t: FrozenTrial, record: TrialRecord) -> Start:
         value = getattr(record, name, None)
         if name not in figures and value is not None:
             figures[name] = Interval(float(value), float(value), float(value))  # a trial from before the intervals
+    box = record.replicas or 1
+    if box > 1 and THROUGHPUT in figures:
+        # Flag sets of different shapes are compared on the box (`target.gpus`), as the study compared them.
+        f = figures[THROUGHPUT]
+        figures[THROUGHPUT] = Interval(f.value * box, f.low * box, f.high * box)
     meets = {
         name.removeprefix("slo:"): value <= 0
         for name, value in zip(record.constraint_names or [], record.constraints or [], strict=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from tuner.box import replica_arrival, replicas
 from tuner.clock import Clock
 from tuner.config import Job
 from tuner.flags import VllmFlags, resolve
@@ -24,6 +25,8 @@ class Measurement:
     steps: list[CapacityStep] = field(default_factory=list)
     scored_step: int = 0
     rate: float | None = None
+    # The servers of this shape the box holds; the load above was one replica's share (`tuner.box`).
+    replicas: int = 1
 
 
 Measure = Callable[[Server, Job, VllmFlags], Awaitable[Measurement]]
@@ -42,19 +45,21 @@ async def _measure(server: Server, job: Job, flags: VllmFlags) -> Measurement:
     clock = Clock(server.time_scale)
     seqs = resolve(flags, job.gpu_profile(), job.model_profile()).max_num_seqs
     slos = job.parsed_slos()
+    # One replica of the box's, under its share of the job's load: what a load balancer in front would give it.
+    n = max(1, replicas(job.box_gpus(), flags.world_size))
     if job.objective == "throughput":
         result = await run_load(
             server.base_url,
             server.model,
             job.workload,
-            job.arrival,
+            replica_arrival(job.arrival, n),
             slos=slos,
             clock=clock,
             request_timeout_s=job.request_timeout,
             max_num_seqs=seqs,
             stop_on_slo_miss=job.stop_early,
         )
-        return Measurement(result, rate=result.summary.request_throughput)
+        return Measurement(result, rate=result.summary.request_throughput, replicas=n)
     search = await find_max_rate(
         server.base_url,
         server.model,
@@ -72,4 +77,4 @@ async def _measure(server: Server, job: Job, flags: VllmFlags) -> Measurement:
     scored = 0
     if search.best_rate is not None:
         scored = next((i for i, s in enumerate(search.steps) if s.rate == search.best_rate and s.meets_slos), 0)
-    return Measurement(search.best, list(search.steps), scored, search.best_rate)
+    return Measurement(search.best, list(search.steps), scored, search.best_rate, replicas=n)

@@ -11,6 +11,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
+from tuner.box import shape_refusal
 from tuner.catalog.nvml import machine_devices
 from tuner.config import Job
 from tuner.errors import EngineGone
@@ -79,7 +80,13 @@ class Objective:
         self.read_devices = read_devices
         self.on_event = on_event or (lambda _msg: None)
         self.scorer = Scorer(
-            job.judged_slos(), self.latency_metric, float(job.request_timeout), job.gpu_profile(), job.model_profile()
+            job.judged_slos(),
+            self.latency_metric,
+            float(job.request_timeout),
+            job.gpu_profile(),
+            job.model_profile(),
+            box_gpus=job.box_gpus(),
+            gpu_hour_usd=job.gpu_hour_usd(),
         )
         self.claims = Claims(store, self.study_name, self.on_event, poll_s)
         # The real load is preceded by the real probes; a load of one's own (a test's fake) has no server to probe
@@ -130,6 +137,10 @@ class Objective:
 
     def _evaluate(self, trial: TrialLike, flags: VllmFlags, known: TrialRecord) -> tuple[TrialResult, TrialRecord]:
         self._calibrate(trial)
+        refusal = shape_refusal(self.job.box_gpus(), flags.world_size)
+        if refusal is not None:
+            self.on_event(f"trial {trial.number}: {refusal}")
+            return TrialResult(SKIPPED_INFEASIBLE, flags, "shape_does_not_fit", refusal), known
         # Memory other processes hold only takes from a start: flags that cannot start on idle GPUs borrow none.
         prediction = self.feasibility.predict(flags, memory_in_use_gib=0.0)
         if not self._may_start(trial, prediction):

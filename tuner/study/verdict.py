@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tuner.box import box_figures
 from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
 from tuner.flags import resolve
@@ -30,6 +31,7 @@ _STARTUP_VIOLATION = {
     "insufficient_free_memory": 12.0,
     "no_kv_memory": 12.0,
     "cuda_oom": 11.0,
+    "shape_does_not_fit": 13.0,  # more GPUs than the box has (target.gpus): never launched
     "kv_cache_too_small": 10.0,  # + the missing fraction of max_model_len
     "crashed_under_load": 10.5,
     "start_timeout": 10.0,
@@ -48,6 +50,8 @@ class Scorer:
     worst_latency: float
     gpu: GpuProfile
     model: ModelProfile
+    box_gpus: int = 1
+    gpu_hour_usd: float | None = None
 
     def scored_summary(self, result: TrialResult) -> tuple[LoadSummary | None, list[float] | None]:
         """The summary the trial is scored on, and (for a capacity search that met no SLOs) its step's violations."""
@@ -73,7 +77,8 @@ class Scorer:
                     slo_c = {f"slo:{s}": float(v) for s, v in zip(self.slos, violations, strict=True)}
                 else:
                     slo_c = {f"slo:{s}": float(s.violation(summary)) for s in self.slos}
-                return (float(summary.output_throughput), latency), {STARTUP_CONSTRAINT: 0.0, **slo_c}
+                box_tok_s = float(summary.output_throughput) * _replicas(result)
+                return (box_tok_s, latency), {STARTUP_CONSTRAINT: 0.0, **slo_c}
             # A load phase that produced nothing: as bad as a crash, and counted as one.
             return worst, {STARTUP_CONSTRAINT: _STARTUP_VIOLATION["unknown"], **zero_slos}
         return worst, {STARTUP_CONSTRAINT: self._startup_violation(result), **zero_slos}
@@ -116,7 +121,30 @@ class Scorer:
             verdict["slo_stop"] = loaded.slo_stop if loaded is not None else None
             if loaded is not None:
                 verdict.update(_reuse_figures(loaded))
+            verdict.update(self._box(result, summary, verdict["request_rate"]))
         return known.model_copy(update=verdict)
+
+    def _box(self, result: TrialResult, summary: LoadSummary, rate: float | None) -> dict[str, Any]:
+        box = box_figures(
+            float(summary.output_throughput),
+            rate,
+            n_replicas=_replicas(result),
+            box_gpus=self.box_gpus,
+            gpu_hour_usd=self.gpu_hour_usd,
+        )
+        return {
+            "replicas": box.replicas,
+            "box_gpus": box.gpus,
+            "box_output_tok_s": box.output_tok_s,
+            "box_request_rate": box.request_rate,
+            "tok_s_per_gpu": box.tok_s_per_gpu,
+            "usd_per_m_tokens": box.usd_per_m_tokens,
+            "gpu_hours_per_m_requests": box.gpu_hours_per_m_requests,
+        }
+
+
+def _replicas(result: TrialResult) -> int:
+    return result.measurement.replicas if result.measurement is not None else 1
 
 
 def _reuse_figures(loaded: LoadResult) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tuner.box import replica_arrival, replicas
 from tuner.capacity import KV_CACHE_TOO_SMALL, StartupPlan, plan_startup, runtime_need_bytes
 from tuner.clock import Clock
 from tuner.config import Job
@@ -165,7 +166,11 @@ def _oom_threshold(job: Job, flags: ResolvedFlags, plan: StartupPlan) -> int:
 
 
 def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficients()) -> SimPoint:
-    """`flags` started and loaded with the job's workload and arrival, in virtual time."""
+    """`flags` started and loaded with the job's workload and arrival, in virtual time: one replica of the box's
+    under its share of the arrival (`tuner.box`), as the study measures it."""
+    n = replicas(job.box_gpus(), flags.world_size)
+    if n > 1:
+        job = job.model_copy(update={"arrival": replica_arrival(job.arrival, n)})
     model, gpu = job.model_profile(), job.gpu_profile()
     resolved = resolve(flags, gpu, model)
     memory_in_use = job.target.emulator.memory_in_use_gib if job.target.launcher == "emulator" else 0.0
