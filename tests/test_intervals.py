@@ -20,6 +20,7 @@ from tuner.intervals import (
     run_intervals,
     separable,
     slo_verdict,
+    spotless,
     t_quantile,
     wilson,
 )
@@ -184,3 +185,10 @@ def test_slo_verdict_is_marginal_within_the_interval(ci: Interval, op: str, thre
 )
 def test_format_with_ci(args: tuple[float, float, float, str], text: str) -> None:
     assert format_with_ci(*args) == text
+
+
+def test_spotless_is_every_run_without_a_failure_and_only_for_the_success_rate() -> None:
+    assert spotless("success_rate", [1.0, 1.0])
+    assert not spotless("success_rate", [1.0, 0.99])
+    assert not spotless("success_rate", [])
+    assert not spotless("output_tok_s", [1.0])

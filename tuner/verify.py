@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from tuner.config import Job
 from tuner.flags import VllmFlags
-from tuner.intervals import Interval, Noise, figure_of, format_with_ci, pool, run_intervals, slo_verdict
+from tuner.intervals import Interval, Noise, figure_of, format_with_ci, pool, run_intervals, slo_verdict, spotless
 from tuner.launch import Launcher, Server
 from tuner.scoring import LoadSummary, Slo
 from tuner.study.measure import Measure, measure_load
@@ -116,7 +116,7 @@ class Verification:
         figures = [
             r.figures[key] for r in self.runs if key is not None and key in r.figures and r.figures[key].value > 0
         ]
-        if not figures:
+        if not figures or (key is not None and spotless(key, [f.value for f in figures])):
             return False
         return slo_verdict(pool(figures, Noise()).interval, slo.op, slo.threshold) == "marginal"
 

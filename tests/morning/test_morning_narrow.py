@@ -136,4 +136,5 @@ def test_tune_end_of_run_front_fits_80_columns(demo_url: str) -> None:
     for number in (9, 6, 4, 7):
         flags = next(s.flags for s in SPECS if s.number == number)
         assert f"#{number} {flags_text(flags)}" in text
-    assert "3,400.0" in text and "+70%" in text and "#0 baseline: seqs=1024" in text
+    # The same table as `tuner pareto`: the leader's figure and its ratio to the baseline, the baseline's verdict.
+    assert "3,400" in text and "×1.70" in text and "#0 baseline, ok: seqs=1024" in text

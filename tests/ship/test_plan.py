@@ -13,6 +13,7 @@ import optuna
 import pytest
 import yaml
 
+from tuner.report import choose, pareto_front, study_view
 from tuner.store import open_store
 
 pytestmark = pytest.mark.slow
@@ -29,11 +30,12 @@ def plan(job: Path, *args: str, command: str = "plan") -> subprocess.CompletedPr
 
 
 def winner(job: Path) -> tuple[optuna.trial.FrozenTrial, str]:
+    """The trial `tuner plan` sizes from: the front's throughput pick, as `tuner pareto` reads the study (a flag set
+    the confirmation started again at its pooled figure, its starts not points of their own)."""
     url = f"sqlite:///{job.with_suffix('.db')}"
     study = optuna.load_study(study_name="emulator-demo-max-rate", storage=url)
-    # a confirmation start (duplicate_of its flag set's first trial) is a repeat, not a flag set of the front
-    feasible = [t for t in study.trials if t.user_attrs.get("feasible") and t.user_attrs.get("duplicate_of") is None]
-    return max(feasible, key=lambda t: t.values[0]), url
+    pick = choose(pareto_front(study_view(study).trials), "throughput")
+    return study.trials[pick.number], url
 
 
 def test_replicas_follow_from_the_winners_measured_rate(max_rate_job: Path) -> None:

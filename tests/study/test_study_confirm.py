@@ -305,3 +305,22 @@ def test_two_workers_share_one_confirmation_budget(tmp_path: Path) -> None:
     repeats = [t for t in trials if t.user_attrs.get(REPEAT_OF) is not None]
     assert len(repeats) == 3 and all(t.state == TrialState.COMPLETE for t in repeats)
     assert sum(len(launcher.launches) for launcher in launchers) == 5 + 3
+
+
+RATE = Slo(metric="success_rate", op=">=", threshold=0.99)
+
+
+def with_success(t: FrozenTrial, rate: tuple[float, float, float]) -> FrozenTrial:
+    t.user_attrs[CI_RUN_ATTR]["success_rate"] = list(rate)
+    t.user_attrs["success_rate"] = rate[0]
+    return t
+
+
+def test_no_failed_request_is_a_met_success_rate_not_a_marginal_one() -> None:
+    # 96 of 96: Wilson's interval reaches 96.2%, below the 0.99 bound, yet nothing measured points at a miss.
+    trials = [with_success(start(0, 8, 500.0, (1.0, 0.9, 1.1), baseline=True), (1.0, 0.962, 1.0))]
+    c = Confirmation.of(trials, [RATE])
+    assert c.flag_sets[0].slos[str(RATE)] == "met"
+    # One failure in 96 (98.96%): the bound is inside its interval, and repeats decide.
+    trials = [with_success(start(0, 8, 500.0, (1.0, 0.9, 1.1), baseline=True), (0.9896, 0.943, 0.998))]
+    assert Confirmation.of(trials, [RATE]).flag_sets[0].slos[str(RATE)] == "marginal"

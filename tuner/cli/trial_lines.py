@@ -72,42 +72,19 @@ def _missed(r: TrialRecord) -> list[str]:
 
 
 def pareto_table(study: optuna.Study) -> Table:
-    """The end-of-run front in 80 columns: the figures in the table, each point's flags a line under it (in a cell
-    beside the figures an 80-column terminal cut them); `tuner pareto --wide` has every column."""
-    from tuner.report.tables import flag_lines
-    from tuner.study import feasible_front
+    """The end-of-run front in 80 columns, as `tuner pareto` shows it (a flag set started again by the confirmation
+    at its pooled figure): the figures in the table, each point's flags a line under it; `tuner pareto --wide` has
+    every column."""
+    from tuner.report import pareto_front, study_view
+    from tuner.report.tables import front_flags, front_table
 
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    records = {t.number: TrialRecord.from_attrs(t.user_attrs) for t in trials}
-    baseline = next((t for t in trials if records[t.number].baseline), None)
-    b = records[baseline.number] if baseline is not None else None
-    base_tput = (b.output_tok_s or 0.0) if b is not None else 0.0
-    metric = next((r.latency_metric for r in records.values() if r.latency_metric), "P95")
-    table = Table(title=f"Feasible Pareto front of {study.study_name} (output tok/s vs {metric})")
-    for col in ("trial", "tok/s", f"{metric} s", "success", "vs baseline"):
-        table.add_column(col, justify="right", no_wrap=col != "vs baseline")
-    flags: list[tuple[str, str]] = []
-    for t in feasible_front(study):
-        r = records[t.number]
-        assert t.values is not None
-        gain = f"{(t.values[0] / base_tput - 1):+.0%}" if base_tput else "baseline did not run"
-        table.add_row(
-            f"#{t.number}" + (" (baseline)" if r.baseline else ""),
-            f"{t.values[0]:,.1f}",
-            f"{t.values[1]:.2f}",
-            f"{r.success_rate or 0:.1%}",
-            gain,
-        )
-        flags.append((f"#{t.number}", short_flags(r.flags)))
-    if baseline is not None and b is not None:
-        tput = f"{base_tput:,.1f}" if b.outcome == MEASURED else f"{b.outcome}: {b.reason}"
-        table.caption = f"baseline #{baseline.number} (vLLM's defaults): {tput}; feasible: {bool(b.feasible)}"
-        if not any(key == f"#{baseline.number}" for key, _ in flags):
-            flags.append((f"#{baseline.number}", "baseline: " + (short_flags(b.flags) or "(vLLM defaults)")))
+    view = study_view(study)
+    front = pareto_front(view.trials)
+    title = f"Feasible Pareto front of {study.study_name} (output tok/s vs {view.latency_metric})"
     # One Table (the type callers print) holding the table and its flag lines.
     both = Table.grid()
-    both.add_row(table)
-    both.add_row(flag_lines(flags))
+    both.add_row(front_table(front, view.baseline, title))
+    both.add_row(front_flags(front, view.baseline))
     return both
 
 

@@ -252,7 +252,9 @@ def _pooled(confirm: Any) -> dict[int, tuple[tuple[float, float, float], int]]:
 def _with_interval(view: TrialView, pooled: Mapping[int, Any]) -> TrialView:
     if view.number in pooled and pooled[view.number][1] > 1:
         ci, starts = pooled[view.number]
-        return replace(view, throughput_ci=ci, starts=starts)
+        # The flag set's figure is its starts' pooled one: the front, the picks and the ratio to the baseline then
+        # rest on every start measured, not on whichever came first.
+        return replace(view, throughput=ci[0], throughput_ci=ci, starts=starts)
     ci = view.run_intervals.get("output_tok_s") if view.measured else None
     if ci is not None and view.replicas and view.replicas > 1:
         # The run's interval is the replica's; the trial's throughput is the box's (`target.gpus`).

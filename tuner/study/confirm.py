@@ -31,6 +31,7 @@ from tuner.intervals import (
     run_intervals,
     separable,
     slo_verdict,
+    spotless,
 )
 from tuner.load import RequestRecord
 from tuner.record import MEASURED, TrialRecord
@@ -213,6 +214,8 @@ class Confirmation:
         or it has `MAX_STARTS` of them. One start never decides a marginal verdict."""
         key = _slo_key(slo)
         figures = [s.figures[key] for s in g.starts if key is not None and key in s.figures]
+        if key is not None and spotless(key, [f.value for f in figures]):
+            return ("met" if _meets(1.0, slo) else "missed"), ""
         if key is not None and figures and any(f.value > 0 for f in figures):
             pooled = pool(figures, self.noise[key])
             verdict = slo_verdict(pooled.interval, slo.op, slo.threshold)
