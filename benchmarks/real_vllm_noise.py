@@ -75,11 +75,14 @@ async def one_start(job: Job, loads: int) -> dict[str, Any]:
         plan = server.cpu_plan.describe() if server.cpu_plan is not None else "none"
         for i in range(loads):
             scrape = i % 2 == 0
+            # Each load its own prompts: the same ones again would be served from vLLM's prefix cache (on by
+            # default), which made a later load on one server read up to 1.5x the first (measured 2026-12-05).
+            workload = job.workload.model_copy(update={"seed": job.workload.seed + i})
             with client_cores(server):
                 result = await run_load(
                     server.base_url,
                     server.model,
-                    job.workload,
+                    workload,
                     job.arrival,
                     slos=job.parsed_slos(),
                     request_timeout_s=job.request_timeout,
