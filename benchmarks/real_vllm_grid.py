@@ -1,26 +1,29 @@
-"""Real vLLM (the pinned CPU build, the tiny local model): a grid of flag sets measured once, kept as a fixture, and
-the samplers' paths replayed against it.
+"""Real vLLM (the pinned CPU build, the tiny local model): a grid of flag sets, each started `--rounds` times, kept
+as a fixture, and the samplers' paths replayed against it.
 
-`measure` runs the real study (`TuningRun`, the process launcher, the load phase) with the grid sampler over the
-space below: the baseline (vLLM's CPU defaults) and every grid point, each launched once. It writes the fixture:
-the vLLM version each server reported, the workload, arrival and SLOs, the machine's load average before and after,
-and per flag set its outcome, output tok/s, latency P95s, KV tokens and server seconds.
+`measure` runs the real study (`TuningRun`, the process launcher, the load phase) with the grid sampler over a
+grid's space (`GRIDS`): the baseline (vLLM's CPU defaults) and every grid point, once a round, each round a study of
+its own in a new order. It writes the fixture: the vLLM version each server reported, the workload, arrival and
+SLOs, the machine's load average before and after, and per flag set every start's outcome, output tok/s, latency
+P95s, KV tokens, server seconds and place in its round, with their medians.
 
 `calibrate` starts a real server with the baseline's flags and runs `tuner calibrate` against it (a probe of the
-workload's kind): the profile (benchmarks/fixtures/real_vllm_cpu_profile.json, with the vLLM version it probed)
-with which the twin imitates this CPU target.
+grid's workload kind): the profile (named after the fixture, with the vLLM version it probed) with which the twin
+imitates this CPU target.
 
 `replay` runs each sampler the job may name, the twin among them (`target.profile` the calibrated one), through
 Optuna's ask-and-tell with the job's own sampler (`tuner.study.samplers.make_sampler`, the baseline enqueued first
-as the study does), answering every proposal from the fixture with the record the study would have written (so the
-twin refits to it): trials to 97% and 99% of the grid's best, and to the noise band (within the factor the same
-flags measured apart between two starts, from `repeat`). A repeat of a flag set is answered from the fixture and not
-counted (as the study answers it from the first trial). For the twin: each trial's prediction against the
-measurement, and the Spearman correlation of its predicted ranking of the grid with the measured one.
+as the study does), answering every proposal from the fixture with the record the study would have written (the
+median of its starts; judged by the fixture's `replay_slos`; so the twin refits to it): trials to 97% and 99% of
+the grid's best, and to the noise band (within the spread between starts of the same flags). A repeat of a flag set
+is answered from the fixture and not counted (as the study answers it from the first trial). It prints each flag
+set's starts and the signal against the noise, and for the twin each trial's prediction against the measurement,
+the Spearman correlation of its predicted ranking with the measured one, and its figures (TTFT under load among
+them) against the measured medians.
 
     eval "$(scripts/real-vllm)"
-    VLLM_CPU_KVCACHE_SPACE=1 .venv/bin/python benchmarks/real_vllm_grid.py measure   # ~1 min a flag set
-    VLLM_CPU_KVCACHE_SPACE=1 .venv/bin/python benchmarks/real_vllm_grid.py calibrate # ~1 min
+    VLLM_CPU_KVCACHE_SPACE=1 .venv/bin/python benchmarks/real_vllm_grid.py measure --rounds 3  # ~40 s a start
+    VLLM_CPU_KVCACHE_SPACE=1 .venv/bin/python benchmarks/real_vllm_grid.py calibrate           # ~1 min
     .venv/bin/python benchmarks/real_vllm_grid.py replay --seeds 5
 """
 
