@@ -126,20 +126,24 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=3, help="starts per setting")
     parser.add_argument("--loads", type=int, default=4, help="loads per start, alternately with and without scrape")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--settings", default=",".join(SETTINGS), help="cpu_affinity settings, e.g. off")
     args = parser.parse_args()
+    settings = [s for s in args.settings.split(",") if s]
+    if not set(settings) <= set(SETTINGS):
+        parser.error(f"--settings: choose from {', '.join(SETTINGS)}")
     setattr(tuner.launch.process, "free_port", _own_port)  # noqa: B010  (the grid benchmark's own ports)
     results: dict[str, Any] = {"load_average_before": [round(x, 2) for x in os.getloadavg()]}
-    starts: dict[str, list[dict[str, Any]]] = {s: [] for s in SETTINGS}
+    starts: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
     for i in range(args.starts):
-        for setting in SETTINGS:
+        for setting in settings:
             start = asyncio.run(one_start(job_for(setting), args.loads))
             starts[setting].append(start)
             tok_s = [r["output_tok_s"] for r in start["runs"]]
             print(f"start {i + 1} cpu_affinity {setting} ({start['plan']}): {tok_s} tok/s", file=sys.stderr)
     results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    for setting in SETTINGS:
+    for setting in settings:
         results[setting] = {"starts": starts[setting], "summary": summarise(starts[setting])}
-    print(json.dumps({s: results[s]["summary"] for s in SETTINGS}, indent=1))
+    print(json.dumps({s: results[s]["summary"] for s in settings}, indent=1))
     print(f"load average before {results['load_average_before']}, after {results['load_average_after']}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
