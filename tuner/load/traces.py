@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tuner.errors import ConfigError
+from tuner.load.jsonl import json_lines
 
 __all__ = ["FORMATS", "Trace", "TraceFormat", "TraceRequest", "load_trace"]
 
@@ -122,13 +123,7 @@ def _detect(path: Path, first: str) -> str:
 def _json_rows(
     path: Path, text: str, row: Callable[[dict[str, Any]], tuple[float, int, int, tuple[int, ...]]]
 ) -> Iterator[_Row]:
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"trace {path}: line {lineno} is not JSON ({e.msg})") from None
+    for lineno, item in json_lines(path, text, "trace"):
         if not isinstance(item, dict):
             raise ConfigError(f"trace {path}: line {lineno} is not a JSON object")
         try:

@@ -29,6 +29,7 @@ from tuner.load.conversation import (
     longest_dataset_tokens,
     synthetic_conversations,
 )
+from tuner.load.jsonl import json_lines
 from tuner.load.lengths import Dist as _Dist
 from tuner.load.lengths import (
     FixedLength,
@@ -321,13 +322,7 @@ def _read_dataset(path: Path) -> tuple[_DatasetRow, ...]:
                 raise ConfigError(f"dataset {path}: entry {i} has no prompt (ShareGPT 'conversations' or 'prompt')")
             rows.append(row)
     else:
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"dataset {path}: line {lineno} is not JSON ({e.msg})") from None
+        for lineno, item in json_lines(path, text, "dataset"):
             row = _jsonl_row(item)
             if row is None:
                 raise ConfigError(
