@@ -104,3 +104,18 @@ def test_the_emulators_own_help_reads_whole_in_80_columns() -> None:
     too_long = [line for line in text.splitlines() if len(line) > 80]
     assert not too_long, f"tuner emulate --help runs past 80 columns: {too_long}"
     assert "--max-num-seqs" in text and "example:" in text
+
+
+def test_the_dry_run_of_the_demo_job_reads_one_line_per_thing_in_80_columns() -> None:
+    """Each searched flag's range in words and the baseline's verdict on a line of its own: no line of the dry run
+    is wrapped by the terminal, so none runs past 80 characters before Rich sees it."""
+    from pathlib import Path
+
+    job = Path(__file__).resolve().parents[1] / "search_spaces" / "emulator-demo.yaml"
+    text = render(["tune", "--dry-run", str(job)], 200)
+    lines = text.splitlines()
+    assert "Distribution(" not in text
+    assert "  gpu_memory_utilization: 0.86 to 0.98, step 0.04" in lines
+    assert any(line.startswith("  max_num_seqs: one of 16, 32") for line in lines)
+    too_long = [line for line in lines if len(line) > 80 and not line.startswith("storage:")]
+    assert not too_long, f"the dry run runs past 80 columns: {too_long}"

@@ -302,6 +302,19 @@ class SearchSpace:
         return []
 
 
+def describe_distribution(dist: BaseDistribution) -> str:
+    """A searched flag's range in words (`one of 16, 32, 64`, `0.86 to 0.98, step 0.04`), short enough for an
+    80-column line where Optuna's repr is not."""
+    if isinstance(dist, CategoricalDistribution):
+        return "one of " + ", ".join(str(c) for c in dist.choices)
+    if isinstance(dist, (IntDistribution, FloatDistribution)):
+        text = f"{dist.low:g} to {dist.high:g}"
+        if dist.step is not None and dist.step != 1:
+            text += f", step {dist.step:g}"
+        return text + (", log scale" if dist.log else "")
+    return str(dist)
+
+
 def _compile_one(
     name: str,
     value: ParamSpec,
@@ -441,4 +454,4 @@ def _range_distribution(name: str, spec: Range, path: str, model: ModelProfile, 
     return FloatDistribution(flow, fhigh, step=fstep, log=spec.log)
 
 
-__all__ = ["Choices", "ParamSpec", "Range", "SearchSpace", "Suggestion"]
+__all__ = ["Choices", "ParamSpec", "Range", "SearchSpace", "Suggestion", "describe_distribution"]

@@ -112,8 +112,9 @@ def test_an_unknown_architecture_passes_the_dry_run_without_a_prediction(tmp_pat
     out = _dry_run(_job(tmp_path, str(model), "h200"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "refuse" not in out.stdout.lower() and "predicted not to start" not in out.stdout
-    baseline = next(line for line in out.stdout.splitlines() if line.startswith("baseline (vLLM's defaults)"))
-    assert baseline.split(" -> ", 1)[1].startswith(NO_PREDICTION)  # launched to measure, never refused
+    lines = out.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("baseline (vLLM's defaults)"))
+    assert lines[at + 1].strip().removeprefix("-> ").startswith(NO_PREDICTION)  # launched to measure, never refused
     assert "of 64 random flag sets: 64 no prediction" in out.stdout
     assert "job file is valid; nothing was launched" in out.stdout
 

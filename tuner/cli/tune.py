@@ -22,6 +22,7 @@ from tuner.config import Job, job_schema, load_job
 from tuner.errors import ConfigError, TunerError
 from tuner.feasibility import FeasibilityModel
 from tuner.launch.factory import cpu_plan
+from tuner.space import describe_distribution
 from tuner.store import make_engine, safe_url, upgrade
 from tuner.study.measure import Measure, measure_load
 
@@ -98,7 +99,7 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     if box:
         console.print(box)
     for name, dist in space.distributions.items():
-        console.print(f"  {name}: {dist}")
+        console.print(f"  {name}: {describe_distribution(dist)}", markup=False)
     for name, value in space.fixed.items():
         console.print(f"  {name}: {value} (fixed)")
     for note in space.notes:
@@ -109,7 +110,9 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     base = space.baseline()
     p = fm.predict(base)
     verdict = p.describe()
-    console.print(f"baseline (vLLM's defaults): {short_flags(base.as_dict())} -> {verdict}")
+    # The verdict on a line of its own: flags and verdict together overrun 80 columns mid-phrase.
+    console.print(f"baseline (vLLM's defaults): {short_flags(base.as_dict())}")
+    console.print(f"  -> {verdict}")
     # What the filter would spare: a random sample of the space, predicted.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
