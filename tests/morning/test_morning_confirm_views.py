@@ -196,3 +196,15 @@ def test_verify_shows_each_run_and_the_record_with_their_intervals(url: str) -> 
     ranked = next(line for line in text.splitlines() if line.startswith("│ #1"))
     assert ranked.count("±") == 2  # the record's interval and the runs'
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_box_flag_set_started_again_stands_at_its_pooled_box_figure(tmp_path: Path) -> None:
+    """With `target.gpus`, each start's run measured one replica: pooled, the flag set stands at the box's figure
+    (replicas x the replica's), as the confirmation pools it, not at one replica's."""
+    study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'box.db'}", directions=DIRECTIONS)
+    study.set_user_attr("slos", ["e2e_p95<=5s"])
+    study.add_trial(measured(16, 400.0, 10.0, replicas=4, box_gpus=8))
+    study.add_trial(measured(16, 420.0, 10.0, replicas=4, box_gpus=8, repeat_of=0, duplicate_of=0))
+    first = study_view(study).trials[0]
+    assert first.starts == 2
+    assert 4 * 400.0 < (first.throughput or 0.0) < 4 * 420.0

@@ -272,6 +272,26 @@ def test_duplicates_are_no_point_of_their_own_and_follow_their_original() -> Non
     assert result.trials[1].after.number == 1 and result.trials[1].note == "duplicate"
 
 
+def test_a_confirmation_start_is_rescored_on_its_own_records_and_pools_into_its_flag_set() -> None:
+    """#1 is #0's flag set started again (a confirmation start, which also carries duplicate_of): it ran, so it is
+    judged on what it measured, and #0 stands at the figure pooled over both starts, as the study showed it."""
+    first = trial_view(_measured(0, 100.0, 2.0))
+    again = trial_view(_measured(1, 140.0, 6.0, duplicate_of=0, repeat_of=0))
+    view = StudyView(STUDY, {"slos": ["e2e_p95<=5s"]}, [first, again])
+    source = FakeRecords(
+        {0: Detail(None, None, 0), 1: Detail(None, None, 0)},
+        {(0, 0): _uniform(2.0, tokens=100), (1, 0): _uniform(6.0, tokens=140)},
+    )
+    result = rescore(view, source, [parse_slo("e2e_p95<=4s")])
+    zero, one = result.trials
+    assert one.note is None and one.source == "records"
+    assert not one.after.feasible  # its own 6 s, not #0's 2 s
+    assert zero.after.feasible and zero.after.starts == 2
+    own = sorted([zero.after.output_tok_s or 0.0, one.after.output_tok_s or 0.0])
+    assert own[0] < own[1] and own[0] < (zero.after.throughput or 0.0) < own[1]  # pooled over both starts
+    assert [t.number for t in result.front] == [0]
+
+
 def test_the_studys_repairs_and_warnings_are_notes() -> None:
     t = trial_view(_measured(0, 1.0, 1.0, repairs=["max_num_seqs 600 > max_num_batched_tokens 512: raised"]))
     assert t.notes == ("max_num_seqs 600 > max_num_batched_tokens 512: raised",)

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from tuner.load.results import RequestRecord
 from tuner.report.front import pareto_front
-from tuner.report.views import StudyView, TrialView
+from tuner.report.views import StudyView, TrialView, pooled_over_starts
 from tuner.scoring import LoadSummary, Slo, closest, figures, goodput_bound, objective_latency, summarize
 
 __all__ = ["RecordSource", "RescoreResult", "RescoredTrial", "rescore"]
@@ -99,15 +99,19 @@ def rescore(view: StudyView, source: RecordSource, slos: Sequence[Slo]) -> Resco
         slos = [*slos, goodput_bound(slos)]
     rescorer = _Rescorer(view.name, source, list(slos), view.latency_metric, worst_latency)
     out = [rescorer.trial(t) for t in view.trials]
-    # A duplicate ran nothing itself: it takes its original's new verdict.
+    # A duplicate ran nothing itself: it takes its original's new verdict. A confirmation start ran its flag set
+    # again, so it is re-scored on its own records, and its flag set stands at the figure pooled over its starts.
     by_number = {r.after.number: r for r in out}
     for i, r in enumerate(out):
-        owner = by_number.get(r.before.duplicate_of) if r.before.duplicate_of is not None else None
+        ran_nothing = r.before.duplicate_of is not None and r.before.repeat_of is None
+        owner = by_number.get(r.before.duplicate_of) if ran_nothing and r.before.duplicate_of is not None else None
         if owner is not None:
             copied = dataclasses.replace(
                 owner.after, number=r.before.number, baseline=r.before.baseline, duplicate_of=r.before.duplicate_of
             )
             out[i] = RescoredTrial(r.before, copied, owner.summary, owner.step, owner.source, "duplicate")
+    pooled = pooled_over_starts([r.after for r in out])
+    out = [dataclasses.replace(r, after=after) for r, after in zip(out, pooled, strict=True)]
     return RescoreResult(
         study=view.name,
         slos=[str(s) for s in slos],
@@ -128,7 +132,7 @@ class _Rescorer:
     def trial(self, t: TrialView) -> RescoredTrial:
         if not t.measured:
             return RescoredTrial(t, t, None, note="no measurement")
-        if t.duplicate_of is not None:
+        if t.duplicate_of is not None and t.repeat_of is None:
             return RescoredTrial(t, t, None, note="duplicate")
         detail = self.source.trial_detail(self.study, t.number)
         runs = self._runs(t.number, detail, partial=t.slo_stop is not None)

@@ -20,7 +20,7 @@ from tuner.intervals import Interval, format_with_ci, learn_noise, pool
 from tuner.record import MEASURED, StoredJob, StudyRecord, TrialRecord
 from tuner.scoring import OBJECTIVE_FALLBACK, Slo, figures, parse_slo
 
-__all__ = ["StudyView", "TrialView", "study_view", "trial_view"]
+__all__ = ["StudyView", "TrialView", "pooled_over_starts", "study_view", "trial_view"]
 
 
 @dataclass(frozen=True)
@@ -221,6 +221,13 @@ def study_view(study: optuna.Study) -> StudyView:
     return StudyView(name=study.study_name, attrs=attrs, trials=trials)
 
 
+def pooled_over_starts(views: Sequence[TrialView]) -> list[TrialView]:
+    """`views` with each flag set started again at its figure pooled over its starts, from the views' own runs (for
+    views re-judged after the study, as `tuner rescore` does; a stored confirmation's pooling is the study's)."""
+    pooled = _pooled_starts(views)
+    return [_with_interval(t, pooled) if t.number in pooled else t for t in views]
+
+
 def _pooled_starts(views: Sequence[TrialView]) -> dict[int, tuple[tuple[float, float, float], int]]:
     """Per flag set started again: its tok/s pooled over its starts, as the confirmation pools it (for a study
     whose confirmation has not written its `confirm` attribute yet, which then takes over)."""
@@ -228,6 +235,8 @@ def _pooled_starts(views: Sequence[TrialView]) -> dict[int, tuple[tuple[float, f
     for t in views:
         if t.measured and t.output_tok_s is not None and (t.duplicate_of is None or t.repeat_of is not None):
             run = t.run_intervals.get("output_tok_s") or (t.output_tok_s,) * 3
+            box = t.replicas or 1  # flag sets of different shapes compare on the box, as the confirmation pools them
+            run = (run[0] * box, run[1] * box, run[2] * box)
             groups.setdefault(t.repeat_of if t.repeat_of is not None else t.number, []).append(Interval(*run))
     noise = learn_noise([[i.value for i in g] for g in groups.values()])
     out = {}
