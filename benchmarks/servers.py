@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+from tuner.launch.process import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,13 +36,7 @@ def start_server(
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_group(proc)
 
 
 def vllm_paths(args: argparse.Namespace) -> tuple[str, str]:

@@ -275,3 +275,18 @@ async def test_a_server_that_fails_for_another_reason_is_not_started_again_on_an
             pass
     assert "no such model" in str(e.value)
     assert not port_taken(e.value)
+
+
+@pytest.mark.parametrize("ignores_term", [False, True])
+def test_stop_group_ends_the_child_and_what_it_spawned(ignores_term: bool) -> None:
+    """vLLM's API server spawns its engine core: stopping the parent alone would leave the child; a group that
+    ignores SIGTERM is killed once the grace is over."""
+    marker = new_marker()
+    trap = "trap '' TERM; " if ignores_term else ""
+    child = f"{sys.executable} -c 'import time; time.sleep(300)' {marker}"
+    proc = subprocess.Popen(["sh", "-c", f"{trap}{child} & {child}"], start_new_session=True)
+    while len(processes_with(marker)) < 2:
+        time.sleep(0.05)
+    process.stop_group(proc, grace_s=0.5)
+    assert proc.poll() is not None
+    assert_nothing_left(marker, study="")

@@ -7,7 +7,6 @@ from `vllm_python` and `tiny_model`. Missing vLLM skips with the reason, or fail
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import pytest
 
 from tests.conftest import missing_service
 from tests.servers import free_port, wait_healthy
+from tuner.launch.process import stop_group
 
 SERVED_NAME = "tiny"
 MAX_MODEL_LEN = 1024
@@ -100,10 +100,4 @@ def real_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.Temp
             missing_service("real vLLM", f"{why}:\n{tail}")
         yield RealVllm(base, SERVED_NAME, tiny_model, MAX_MODEL_LEN, log_path)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc)

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from tuner.conformance.fixtures import fixture_dir, write_fixture
 from tuner.conformance.log_lines import failure_shape, startup_lines
 from tuner.conformance.metrics_shape import metrics_shape
 from tuner.conformance.probes import probe_http
+from tuner.launch.process import stop_group
 from tuner.vllm_pin import PINNED_VLLM
 
 SERVED_NAME = "tiny"
@@ -112,13 +112,7 @@ def start_vllm(
     try:
         yield Started(f"http://127.0.0.1:{port}", log_path, proc)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc, grace_s=60)
 
 
 def wait_ready(server: Started, limit_s: float = READY_LIMIT_S) -> bool:

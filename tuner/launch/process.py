@@ -63,6 +63,19 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
+    """Stop a child started with `start_new_session` and its whole group: SIGTERM, then SIGKILL past `grace_s`
+    (for the synchronous callers that start a real vLLM outside a study: tests, benchmarks, fixture recording)."""
+    if proc.poll() is not None:
+        return
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class ProcessHandle:
     """One spawned server process group and its output.
 
