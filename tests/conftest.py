@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -12,6 +13,21 @@ from collections.abc import Iterator
 import pytest
 
 REQUIRE_SERVICES = os.environ.get("TUNER_REQUIRE_SERVICES") == "1"
+
+
+def run_main(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
+    """`tuner ARGS` through its real entry point (`tuner.cli.main`, error handling included) in this process: the
+    exit code, stdout and stderr."""
+    from tuner.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["tuner", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out, err = capsys.readouterr()
+    code = exc.value.code
+    return (code if isinstance(code, int) else 1), out, err
 
 
 def missing_service(what: str, why: str) -> None:

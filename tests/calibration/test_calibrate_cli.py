@@ -12,20 +12,16 @@ from pathlib import Path
 import pytest
 
 from tests.calibration.test_fit import TRUE, _profile
+from tests.conftest import run_main
 from tests.servers import free_port, wait_healthy
 from tuner.calibration.fit import Measured, error_figures
 from tuner.calibration.probe import decode_unseen
-from tuner.cli import main
 from tuner.step_profile import load_profile
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["tuner", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out + err
+    code, out, err = run_main(args, capsys, monkeypatch)
+    return code, out + err
 
 
 @pytest.fixture

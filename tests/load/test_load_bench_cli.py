@@ -11,19 +11,10 @@ from pathlib import Path
 import pytest
 from load_fakes import BrokenServer
 
+from tests.conftest import run_main
 from tests.servers import free_port
-from tuner.cli import main
 
-
-def run_cli(
-    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["tuner", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out, err
+run_cli = run_main
 
 
 async def bench_process(*args: str) -> tuple[int, str, str]:

