@@ -30,7 +30,10 @@ FLAG_SETS = 12  # of the study's space, probed on each card
 SEARCHED = 3  # of those, the most requests a GPU in the probe, given a capacity search each
 PROBE_USERS = 128  # the probe's closed loop: the batch filled, at most this many users
 TOLERANCE = 0.1  # the capacity search stops once its bounds are this close
-TWIN_STEPS = 8  # a step in the twin costs a fraction of a second: enough to bracket the rate however far the probe was
+TWIN_STEPS = 8  # a step in the twin costs a fraction of a second: enough to bisect to TOLERANCE from the probe
+# A step must be long enough for a queue to build past the SLOs when the rate is too high: a few dozen requests
+# arrive as one batch at any rate and meet them all. The twin's steps are cheap; a real search's are not.
+STEP_REQUESTS = 200
 
 
 def parse_cards(text: str) -> list[str]:
@@ -150,17 +153,18 @@ def _run(job: Job, flags: VllmFlags, arrival: Arrival) -> LoadSummary | None:
 
 def _probe(job: Job, flags: VllmFlags) -> LoadSummary | None:
     users = max(1, min(flags.max_num_seqs or PROBE_USERS, PROBE_USERS))
-    per_step = job.capacity_search.requests_per_step
-    arrival = Arrival(concurrency=users, requests=max(users * 2, per_step // 2), warmup_requests=min(users, 8))
+    # Long enough to run at a full batch, not only to fill it: a short probe reads the ramp up and under-states it.
+    arrival = Arrival(concurrency=users, requests=max(users * 4, STEP_REQUESTS // 2), warmup_requests=users)
     return _run(job, flags, arrival)
 
 
 def twin_capacity(job: Job, flags: VllmFlags, estimate: float) -> tuple[float | None, LoadSummary | None]:
-    """The highest rate (req/s) at which one server of `flags` meets the job's SLOs in the twin, searched from
-    `estimate` (its saturated throughput): a step that meets them raises the floor, one that misses lowers the
-    ceiling, then bisection, in the job's `capacity_search.requests_per_step` a step and at most TWIN_STEPS steps (or
-    the job's max_steps where more)."""
+    """The highest rate (req/s) at which one server of `flags` meets the job's SLOs in the twin, at most `estimate`
+    (its saturated throughput: no server sustains more than a full batch serves): the estimate first, then halving
+    until a step meets them, then bisection; at most TWIN_STEPS steps (or the job's max_steps where more) of the
+    job's `capacity_search.requests_per_step` requests (STEP_REQUESTS where fewer)."""
     judged, search = _judged(job), job.capacity_search
+    requests = max(search.requests_per_step, STEP_REQUESTS)
     lo: float | None = None
     hi: float | None = None
     best: LoadSummary | None = None
@@ -170,8 +174,8 @@ def twin_capacity(job: Job, flags: VllmFlags, estimate: float) -> tuple[float | 
             break
         arrival = Arrival(
             rate=rate,
-            requests=search.requests_per_step,
-            warmup_requests=max(1, search.requests_per_step // 10),
+            requests=requests,
+            warmup_requests=max(1, requests // 10),
             seed=step,
         )
         summary = _run(job, flags, arrival)
@@ -186,7 +190,7 @@ def twin_capacity(job: Job, flags: VllmFlags, estimate: float) -> tuple[float | 
 def _next_rate(rate: float, lo: float | None, hi: float | None) -> float | None:
     if lo is not None and hi is not None:
         return None if hi - lo <= TOLERANCE * lo else (lo + hi) / 2
-    return rate / 2 if lo is None else rate * 1.5
+    return rate / 2 if lo is None else None  # the estimate met the SLOs: a server sustains no more
 
 
 def best_on_card(job: Job, card: str, flag_sets: int = FLAG_SETS) -> CardPick:
