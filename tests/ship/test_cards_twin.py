@@ -8,7 +8,7 @@ from pathlib import Path
 from tuner.config.loader import load_job
 from tuner.flags import VllmFlags
 from tuner.load import Arrival
-from tuner.ship.cards import STEP_REQUESTS, _probe, _run, on_card, twin_capacity
+from tuner.ship.cards import STEP_REQUESTS, _pool, _probe, _run, best_on_card, on_card, twin_capacity
 
 JOB = Path(__file__).resolve().parents[2] / "search_spaces" / "emulator-demo-max-rate.yaml"
 FLAGS = VllmFlags(max_num_seqs=16, max_model_len=4096, gpu_memory_utilization=0.9)
@@ -32,3 +32,26 @@ def test_the_card_is_the_one_simulated() -> None:
     assert fast is not None and slow is not None
     assert fast.request_throughput > slow.request_throughput
     assert on_card(job, "l40s").gpu_profile().key == "l40s" and on_card(job, "l40s").target.profile is None
+
+
+BIG = """
+study: {name: big}
+target: {launcher: emulator, model: llama-3.1-70b, gpu: h100-80gb, gpus: 8}
+space:
+  tensor_parallel_size: {choices: [1, 2, 4, 8]}
+  max_num_seqs: {low: 16, high: 256, log: true}
+  max_model_len: 4096
+workload: {input_len: 512, output_len: 128, seed: 1}
+arrival: {concurrency: 64, requests: 200}
+slos: ["e2e_p95 <= 20s", "ttft_p95 <= 2s", "success_rate >= 0.99"]
+"""
+
+
+def test_every_shape_is_probed_and_the_card_gets_one_its_model_fits(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text(BIG)
+    job = on_card(load_job(path), "l40s")
+    assert {f.world_size for f in _pool(job, 4)} == {1, 2, 4, 8}
+    # 70B in bf16 is about 140 GB of weights: an L40S (48 GB) holds it from tensor parallel 4 on.
+    pick = best_on_card(job, "l40s", rate=5, headroom=0.7, flag_sets=4)
+    assert pick.flags is not None and pick.flags.world_size >= 4 and pick.capacity_rps

@@ -12,6 +12,7 @@ datasheet figures, not fit to the study's trials (they ran on one card; the fit 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -193,27 +194,45 @@ def _next_rate(rate: float, lo: float | None, hi: float | None) -> float | None:
     return rate / 2 if lo is None else None  # the estimate met the SLOs: a server sustains no more
 
 
-def best_on_card(job: Job, card: str, flag_sets: int = FLAG_SETS) -> CardPick:
-    """The twin's best flag set of the job's space on `card`: the fewest GPUs per req/s under the SLOs."""
+def _pool(job: Job, flag_sets: int) -> list[VllmFlags]:
+    """`flag_sets` of the job's space, a seeded sample taken in turn from each server shape (world size) the space
+    holds, so it cannot leave out the shape a card needs (a 70B model fits an L40S only at TP 4 or more)."""
+    by_shape: dict[int, list[VllmFlags]] = {}
+    for c in candidates(job.search_space(), flag_sets * 4, seed=0):
+        by_shape.setdefault(c.flags.world_size, []).append(c.flags)
+    rng = random.Random(0)
+    rows = [rng.sample(by_shape[k], len(by_shape[k])) for k in sorted(by_shape)]
+    taken = [row[i] for i in range(max(map(len, rows), default=0)) for row in rows if i < len(row)]
+    return taken[:flag_sets]
+
+
+def _servers(capacity: float, world_size: int, rate: float, headroom: float) -> tuple[int, float]:
+    """(GPUs the rate needs on servers of this capacity and shape, -req/s a GPU): the smaller the better."""
+    return math.ceil(rate / (capacity * headroom)) * world_size, -capacity / world_size
+
+
+def best_on_card(job: Job, card: str, *, rate: float, headroom: float, flag_sets: int = FLAG_SETS) -> CardPick:
+    """The twin's best flag set of the job's space on `card`: the fewest GPUs for `rate` under the SLOs (then the
+    most req/s a GPU)."""
     on = on_card(job, card)
-    pool = candidates(on.search_space(), flag_sets, seed=0)
+    pool = _pool(on, flag_sets)
     probed: list[tuple[float, VllmFlags]] = []
-    for c in pool:
-        summary = _probe(on, c.flags)
+    for flags in pool:
+        summary = _probe(on, flags)
         if summary is not None and summary.request_throughput > 0:
-            probed.append((summary.request_throughput, c.flags))
+            probed.append((summary.request_throughput, flags))
     if not probed:
         return CardPick(card, None, None, None, len(pool), "no flag set started and held a load on it")
     probed.sort(key=lambda p: p[0] / p[1].world_size, reverse=True)
     found: list[tuple[float, float | None, VllmFlags]] = []
     for estimate, flags in probed[:SEARCHED]:
-        rate, summary = twin_capacity(on, flags, estimate)
-        if rate is not None:
-            found.append((rate, _tokens(summary), flags))
+        capacity, summary = twin_capacity(on, flags, estimate)
+        if capacity is not None:
+            found.append((capacity, _tokens(summary), flags))
     if not found:
         return CardPick(card, None, None, None, len(pool), "no flag set met the SLOs at any rate tried")
-    rate, tokens, flags = max(found, key=lambda f: f[0] / f[2].world_size)
-    return CardPick(card, flags, rate, tokens, len(pool))
+    capacity, tokens, flags = min(found, key=lambda f: _servers(f[0], f[2].world_size, rate, headroom))
+    return CardPick(card, flags, capacity, tokens, len(pool))
 
 
 def _tokens(summary: LoadSummary | None) -> float | None:
@@ -242,7 +261,7 @@ def compare_cards(
     plans = []
     for card in cards:
         price = prices.get(card)
-        pick = best_on_card(job, card, flag_sets)
+        pick = best_on_card(job, card, rate=rate, headroom=headroom, flag_sets=flag_sets)
         plans.append(CardPlan(pick, rate, headroom, price[0] if price else None, price[1] if price else None))
     return sorted(plans, key=lambda p: rank_key(p, by_cost(plans)))
 
