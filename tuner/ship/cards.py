@@ -1,9 +1,10 @@
 """`tuner plan --compare-gpus`: catalog cards ranked by what the plan's load would need on each, as the twin predicts.
 
 For each card the twin (tuner.twin.simulate: the emulator's engine in virtual time, the catalog's figures for the card)
-probes a bounded sample of the study's search space, takes the few flag sets that serve the most requests a GPU, and
-searches each one's highest rate that meets the study's SLOs as `tuner plan --measure` would on a real server:
-a saturating probe, then open-loop steps bracketed and bisected. No server is started. The card's best flag set is the
+probes a bounded sample of the study's search space (every server shape in it), takes the few flag sets that serve the
+most requests a GPU at a full batch, and searches each one's highest rate that meets the study's SLOs, much as
+`tuner plan --measure` does on a real server: from the saturated rate down, open-loop steps halved then bisected.
+No server is started. The card's best flag set is the
 one that needs the fewest GPUs for the load; the cards are then ranked by $/hour where every card has a price (given,
 or the catalog's where it can cite one), else by GPUs needed. Every figure is a prediction from the catalog's
 datasheet figures, not fit to the study's trials (they ran on one card; the fit does not carry to another).
@@ -256,6 +257,9 @@ def compare_cards(
         raise ConfigError("--compare-gpus ranks cards under the study's SLOs, and it has none")
     if job.workload.conversations is not None:
         raise ConfigError("--compare-gpus plans a request rate; a conversation workload's users send no fixed rate")
+    if job.arrival.trace is not None:
+        # Its steps are the job's workload at chosen rates; a trace's own lengths and times are not replayed here.
+        raise ConfigError("--compare-gpus sizes the job's workload at a rate; give a job with a workload, not a trace")
     if not job.model_profile().predictable:
         raise ConfigError(f"--compare-gpus: the twin's start-up arithmetic does not know {job.target.model}")
     plans = []
@@ -263,7 +267,8 @@ def compare_cards(
         price = prices.get(card)
         pick = best_on_card(job, card, rate=rate, headroom=headroom, flag_sets=flag_sets)
         plans.append(CardPlan(pick, rate, headroom, price[0] if price else None, price[1] if price else None))
-    return sorted(plans, key=lambda p: rank_key(p, by_cost(plans)))
+    cost = by_cost(plans)
+    return sorted(plans, key=lambda p: rank_key(p, cost))
 
 
 def by_cost(plans: Sequence[CardPlan]) -> bool:
