@@ -17,7 +17,7 @@ from tuner.ship.cards import parse_cards, parse_prices
 pytestmark = pytest.mark.slow
 
 CARDS = "h100-80gb,a100-80gb,l40s"
-PRICES = "h100-80gb=3.5,a100-80gb=2.2,l40s=1.2"  # test figures, not anyone's price list
+PRICES = "a100-80gb=2.2,l40s=1.2"  # test figures, not anyone's price list
 
 
 def compare(job: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -33,7 +33,10 @@ def compare(job: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cards_are_ranked_by_cost_with_the_arithmetic_kept(max_rate_job: Path) -> None:
-    done = compare(max_rate_job, "--compare-gpus", CARDS, "--gpu-hour-usd", PRICES, "--json")
+    # The study's own card (h100-80gb) is priced by --price-per-gpu-hour, the others by --gpu-hour-usd.
+    done = compare(
+        max_rate_job, "--compare-gpus", CARDS, "--gpu-hour-usd", PRICES, "--price-per-gpu-hour", "3.5", "--json"
+    )
     assert done.returncode == 0, done.stderr
     plans = json.loads(done.stdout)
     assert sorted(p["card"] for p in plans) == sorted(CARDS.split(","))
@@ -47,6 +50,9 @@ def test_cards_are_ranked_by_cost_with_the_arithmetic_kept(max_rate_job: Path) -
     costs = [p["usd_per_hour"] for p in plans]
     assert costs == sorted(costs)
     by_card = {p["card"]: p for p in plans}
+    assert by_card["h100-80gb"]["gpu_hour_usd"] == 3.5
+    assert by_card["h100-80gb"]["price_source"] == "--price-per-gpu-hour"
+    assert by_card["l40s"]["price_source"] == "--gpu-hour-usd"
     # The twin runs each card's datasheet: HBM3 at 3.35 TB/s serves more than the L40S's 0.86 TB/s GDDR6.
     assert by_card["h100-80gb"]["capacity_rps"] > by_card["l40s"]["capacity_rps"]
 
