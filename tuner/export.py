@@ -5,6 +5,10 @@ The GPUs are asked for as the study's vendor needs them: NVIDIA through its cont
 device reservation, `nvidia.com/gpu`), AMD through ROCm's device files (`/dev/kfd`, `/dev/dri`, the `video` group, as
 vLLM's ROCm docs run its image) and the AMD device plugin's `amd.com/gpu`.
 
+A box of several replicas (`target.gpus`, tuner.box) is written as the box runs: each replica its own disjoint GPUs
+(`CUDA_VISIBLE_DEVICES`, compose's `device_ids`, `--gpus device=`) and its own host port; the Deployment at that many
+replicas, each pod asking for one replica's GPUs. One replica is written as a single server, as it always was.
+
 Every format that has comments carries the provenance (study, trial, image, GPU, model, workload hash, what was
 measured, when), so a pasted line can be traced back to the measurement behind it. Secrets appear only by name:
 `-e HF_TOKEN` passes the caller's variable through, compose interpolates `${HF_TOKEN}`, Kubernetes reads a Secret;
@@ -39,6 +43,7 @@ __all__ = [
     "container_args",
     "kubernetes_with",
     "render",
+    "replica_devices",
     "serve_args",
 ]
 
@@ -56,6 +61,8 @@ _AMD_DEVICE_FILES = ("/dev/kfd", "/dev/dri")
 _AMD_GROUP = "video"
 _AMD_CAPS = ("SYS_PTRACE",)
 _AMD_SECURITY = ("seccomp=unconfined",)
+# The variable that hides all but a server's own GPUs from it: vLLM's ROCm platform reads HIP's, as PyTorch does.
+VISIBLE_DEVICES_ENV = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES"}
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -189,6 +196,7 @@ class DeployOptions:
     secret_env: tuple[str, ...] = ("HF_TOKEN",)
     k8s_secret: str = "hf-token"
     gpu_vendor: str = "nvidia"  # how the deployment is given its GPUs (the study's GPU's vendor)
+    replicas: int = 1  # servers of the flags' shape side by side on one box (tuner.box), each on its own GPUs
 
     def __post_init__(self) -> None:
         if not self.model.strip():
@@ -197,6 +205,8 @@ class DeployOptions:
             raise ConfigError(f"GPU vendor must be one of {', '.join(VENDORS)}, not {self.gpu_vendor!r}")
         if not 1 <= self.port <= 65535:
             raise ConfigError(f"port must be in 1..65535, got {self.port}")
+        if self.replicas < 1 or self.port + self.replicas - 1 > 65535:
+            raise ConfigError(f"replicas must be 1 or more with ports {self.port}.. up to 65535, got {self.replicas}")
         for name in self.secret_env:
             if not _ENV_NAME.match(name):
                 raise ConfigError(f"secret variable name {name!r} is not a valid environment variable name")
@@ -234,12 +244,35 @@ def render(fmt: str, flags: VllmFlags, options: DeployOptions, provenance: Prove
     return renderers[fmt](flags, options, provenance)
 
 
-def _server_args(flags: VllmFlags, options: DeployOptions) -> list[str]:
+def replica_devices(replicas: int, world_size: int) -> list[str]:
+    """Each replica's GPUs as `CUDA_VISIBLE_DEVICES` lists them: disjoint runs of `world_size` indices, in order, so
+    a tensor parallel group sits on neighbouring GPUs (on most boxes the ones an NVLink or PCIe switch joins)."""
+    size = max(1, world_size)
+    return [",".join(str(i * size + k) for k in range(size)) for i in range(replicas)]
+
+
+def _replicas(flags: VllmFlags, options: DeployOptions) -> list[tuple[str, int]]:
+    """(visible devices, host port) of each replica: its own GPUs, and ports counting up from `options.port`."""
+    devices = replica_devices(options.replicas, flags.world_size)
+    return [(d, options.port + i) for i, d in enumerate(devices)]
+
+
+def _box_comment(flags: VllmFlags, options: DeployOptions) -> str:
+    n, size = options.replicas, flags.world_size
+    last = options.port + n - 1
+    return (
+        f"# box: {n} replicas x {size} GPU{'s' if size > 1 else ''} (tensor x pipeline parallel) = {n * size} GPUs, "
+        f"ports {options.port}-{last}\n# a load balancer in front of them shares the load\n"
+    )
+
+
+def _server_args(flags: VllmFlags, options: DeployOptions, port: int | None = None) -> list[str]:
+    """The server's options; `port` (a replica's) is always written, the deployment's only where not vLLM's 8000."""
     args: list[str] = []
     if options.served_model_name:
         args += ["--served-model-name", options.served_model_name]
-    if options.port != 8000:
-        args += ["--port", str(options.port)]
+    if port is not None or options.port != 8000:
+        args += ["--port", str(options.port if port is None else port)]
     return args + flags.to_args()
 
 
@@ -254,7 +287,14 @@ def _one_line(text: str) -> str:
 
 
 def _vllm_args(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
-    return _comments(provenance) + shlex.join(["vllm", "serve", *serve_args(flags, options)]) + "\n"
+    if options.replicas == 1:
+        return _comments(provenance) + shlex.join(["vllm", "serve", *serve_args(flags, options)]) + "\n"
+    env = VISIBLE_DEVICES_ENV[options.gpu_vendor]
+    lines = [
+        f"{env}={devices} " + shlex.join(["vllm", "serve", options.model, *_server_args(flags, options, port)]) + " &"
+        for devices, port in _replicas(flags, options)
+    ]
+    return _comments(provenance) + _box_comment(flags, options) + "\n".join(lines) + "\nwait\n"
 
 
 def _vllm_config(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
@@ -267,8 +307,15 @@ def _vllm_config(flags: VllmFlags, options: DeployOptions, provenance: Provenanc
     for key, value in _flag_items(flags):
         config[key] = value
     body = _yaml(config)
-    usage = "usage: vllm serve --config vllm-config.yaml"
-    return _comments(provenance) + f"# {usage}\n" + body
+    if options.replicas == 1:
+        return _comments(provenance) + "# usage: vllm serve --config vllm-config.yaml\n" + body
+    # vLLM's own command line wins over its --config file: each replica's port is given there.
+    env = VISIBLE_DEVICES_ENV[options.gpu_vendor]
+    usage = "".join(
+        f"#   {env}={devices} vllm serve --config vllm-config.yaml --port {port} &\n"
+        for devices, port in _replicas(flags, options)
+    )
+    return _comments(provenance) + _box_comment(flags, options) + "# usage, one server a replica:\n" + usage + body
 
 
 def _flag_items(flags: VllmFlags) -> list[tuple[str, Any]]:
@@ -301,26 +348,34 @@ def _typed(flags: VllmFlags, name: str, text: str) -> Any:
     return text
 
 
-def _docker_gpu_lines(vendor: str) -> list[str]:
+def _docker_gpu_lines(vendor: str, devices: str | None = None, name: str | None = None) -> list[str]:
+    """The `docker run` head that gives the container its GPUs: all of them, or (a replica) `devices` only."""
+    run = "docker run" if name is None else f"docker run -d --name {shlex.quote(name)}"
     if vendor == "amd":
+        # The device files carry every AMD GPU; HIP's variable leaves the replica its own.
+        env = [] if devices is None else [f"-e {VISIBLE_DEVICES_ENV['amd']}={devices}"]
         return [
-            "docker run --ipc=host",
+            f"{run} --ipc=host",
             " ".join(f"--device {d}" for d in _AMD_DEVICE_FILES),
             f"--group-add {_AMD_GROUP} "
             + " ".join(f"--cap-add {c}" for c in _AMD_CAPS)
             + " "
             + " ".join(f"--security-opt {o}" for o in _AMD_SECURITY),
+            *env,
         ]
-    return ["docker run --runtime nvidia --gpus all --ipc=host"]
+    gpus = "all" if devices is None else shlex.quote(f'"device={devices}"')
+    return [f"{run} --runtime nvidia --gpus {gpus} --ipc=host"]
 
 
-def _docker_lines(flags: VllmFlags, options: DeployOptions) -> list[str]:
+def _docker_lines(flags: VllmFlags, options: DeployOptions, replica: tuple[int, str, int] | None = None) -> list[str]:
+    """One `docker run`; `replica` (index, devices, host port) runs it detached, named, on that replica's GPUs."""
     cache = '"$HOME/.cache/huggingface"' if options.hf_cache is None else shlex.quote(options.hf_cache)
-    lines = [
-        *_docker_gpu_lines(options.gpu_vendor),
-        f"-p {options.port}:{options.port}",
-        f"-v {cache}:{_CONTAINER_HF_CACHE}",
-    ]
+    head = _docker_gpu_lines(options.gpu_vendor)
+    host_port = options.port
+    if replica is not None:
+        index, devices, host_port = replica
+        head = _docker_gpu_lines(options.gpu_vendor, devices, f"{options.dns_name}-{index}")
+    lines = [*head, f"-p {host_port}:{options.port}", f"-v {cache}:{_CONTAINER_HF_CACHE}"]
     lines += [f"-e {name}" for name in options.secret_env]
     lines.append(shlex.quote(options.image))
     lines.append(shlex.join(container_args(flags, options)))
@@ -329,13 +384,19 @@ def _docker_lines(flags: VllmFlags, options: DeployOptions) -> list[str]:
 
 def _docker(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
     # `-e NAME` without a value hands the caller's variable to the container: the token never appears here.
-    return _comments(provenance) + " \\\n  ".join(_docker_lines(flags, options)) + "\n"
+    if options.replicas == 1:
+        return _comments(provenance) + " \\\n  ".join(_docker_lines(flags, options)) + "\n"
+    runs = [
+        " \\\n  ".join(_docker_lines(flags, options, (i, devices, port)))
+        for i, (devices, port) in enumerate(_replicas(flags, options))
+    ]
+    return _comments(provenance) + _box_comment(flags, options) + "\n".join(runs) + "\n"
 
 
-def _compose_gpus(flags: VllmFlags, vendor: str) -> dict[str, Any]:
-    """The service's keys that give it its GPUs."""
+def _compose_gpus(flags: VllmFlags, vendor: str, devices: str | None = None) -> dict[str, Any]:
+    """The service's keys that give it its GPUs: (a replica) `devices` only."""
     if vendor == "amd":
-        # Every AMD GPU is behind the two device files; vLLM takes the first world-size of them.
+        # Every AMD GPU is behind the two device files; vLLM takes the first world-size of them (of `devices`).
         return {
             "devices": [f"{d}:{d}" for d in _AMD_DEVICE_FILES],
             "group_add": [_AMD_GROUP],
@@ -343,27 +404,44 @@ def _compose_gpus(flags: VllmFlags, vendor: str) -> dict[str, Any]:
             "security_opt": list(_AMD_SECURITY),
         }
     n = flags.world_size
-    device = {"driver": "nvidia", "count": n if n > 1 else "all", "capabilities": ["gpu"]}
+    device: dict[str, Any] = {"driver": "nvidia", "count": n if n > 1 else "all", "capabilities": ["gpu"]}
+    if devices is not None:  # compose takes a count or the ids, not both
+        device = {"driver": "nvidia", "device_ids": devices.split(","), "capabilities": ["gpu"]}
     return {"deploy": {"resources": {"reservations": {"devices": [device]}}}}
 
 
-def _compose(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
+def _compose_service(
+    flags: VllmFlags, options: DeployOptions, host_port: int, devices: str | None = None
+) -> dict[str, Any]:
     cache = "${HOME}/.cache/huggingface" if options.hf_cache is None else options.hf_cache.replace("$", "$$")
+    env = {name: "${" + name + "}" for name in options.secret_env}
+    if devices is not None and options.gpu_vendor == "amd":
+        env[VISIBLE_DEVICES_ENV["amd"]] = devices
     service: dict[str, Any] = {
         "image": options.image,
         # Compose interpolates `$` in every string: escape the flags' own.
         "command": [a.replace("$", "$$") for a in container_args(flags, options)],
-        "ports": [f"{options.port}:{options.port}"],
+        "ports": [f"{host_port}:{options.port}"],
         "ipc": "host",
         "volumes": [f"{cache}:{_CONTAINER_HF_CACHE}"],
-        "environment": {name: "${" + name + "}" for name in options.secret_env},
-        **_compose_gpus(flags, options.gpu_vendor),
+        "environment": env,
+        **_compose_gpus(flags, options.gpu_vendor, devices),
     }
-    if not options.secret_env:
+    if not env:
         del service["environment"]
-    doc = {"services": {options.dns_name: service}}
+    return service
+
+
+def _compose(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
     usage = "usage: docker compose -f compose.yaml up -d   (with HF_TOKEN exported in your shell)"
-    return _comments(provenance) + f"# {usage}\n" + _yaml(doc)
+    if options.replicas == 1:
+        doc = {"services": {options.dns_name: _compose_service(flags, options, options.port)}}
+        return _comments(provenance) + f"# {usage}\n" + _yaml(doc)
+    services = {
+        f"{options.dns_name}-{i}": _compose_service(flags, options, port, devices)
+        for i, (devices, port) in enumerate(_replicas(flags, options))
+    }
+    return _comments(provenance) + _box_comment(flags, options) + f"# {usage}\n" + _yaml({"services": services})
 
 
 def kubernetes_with(
@@ -414,9 +492,11 @@ def _kubernetes(
     options: DeployOptions,
     provenance: Provenance | None,
     *,
-    replicas: int = 1,
+    replicas: int | None = None,
     extra: Sequence[dict[str, Any]] = (),
 ) -> str:
+    """The Deployment at `replicas` (default: the box's), each pod asking for one replica's GPUs (its world size:
+    Kubernetes requests an extended resource at its limit), its Service, then `extra`."""
     name = options.dns_name
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "tuner"}
     annotations = {}
@@ -432,7 +512,7 @@ def _kubernetes(
         "kind": "Deployment",
         "metadata": {"name": name, "labels": labels, **({"annotations": annotations} if annotations else {})},
         "spec": {
-            "replicas": replicas,
+            "replicas": options.replicas if replicas is None else replicas,
             "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
             "template": {
                 "metadata": {"labels": labels},
@@ -477,6 +557,12 @@ def _json(flags: VllmFlags, options: DeployOptions, provenance: Provenance | Non
         "secret_env": list(options.secret_env),
         "provenance": provenance.as_dict() if provenance is not None else None,
     }
+    if options.replicas > 1:
+        env = VISIBLE_DEVICES_ENV[options.gpu_vendor]
+        doc["replicas"] = [
+            {env: devices, "port": port, "vllm_serve_args": [options.model, *_server_args(flags, options, port)]}
+            for devices, port in _replicas(flags, options)
+        ]
     return json.dumps(doc, indent=2) + "\n"
 
 
@@ -487,8 +573,14 @@ def _python(flags: VllmFlags, options: DeployOptions, provenance: Provenance | N
     if options.served_model_name:
         kwargs["served_model_name"] = options.served_model_name
     body = "".join(f"    {k!r}: {v!r},\n" for k, v in kwargs.items())
+    box = ""
+    if options.replicas > 1:
+        env = VISIBLE_DEVICES_ENV[options.gpu_vendor]
+        shown = "; ".join(f"{env}={devices}" for devices, _ in _replicas(flags, options))
+        box = f"# The box runs {options.replicas} replicas of this engine, one process each: {shown}\n"
     return (
         _comments(provenance)
+        + box
         + "".join(f"# {env} is read from the environment; never write its value here.\n" for env in options.secret_env)
         + "from vllm import LLM\n\n"
         + "engine_kwargs = {\n"

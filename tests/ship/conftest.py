@@ -26,10 +26,22 @@ LOOSE_SLOS = ["e2e_p95 <= 100s", "ttft_p95 <= 20s", "success_rate >= 0.99"]
 @pytest.fixture(scope="session")
 def max_rate_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The README's max_rate job (its SLOs loosened), run whole (two trials, seconds on the emulator) in a directory."""
-    d = tmp_path_factory.mktemp("ship")
+    yield from _tuned(tmp_path_factory.mktemp("ship"), {})
+
+
+@pytest.fixture(scope="session")
+def box_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The same job on a box of 2 GPUs (target.gpus): its one-GPU shape runs as 2 replicas, one trial."""
+    yield from _tuned(tmp_path_factory.mktemp("box"), {"gpus": 2}, n_trials=1)
+
+
+def _tuned(d: Path, target: dict[str, object], n_trials: int | None = None) -> Iterator[Path]:
     job = d / JOB.name
     doc = yaml.safe_load(JOB.read_text())
     doc["slos"] = LOOSE_SLOS
+    doc["target"].update(target)
+    if n_trials is not None:
+        doc["budget"]["n_trials"] = n_trials
     job.write_text(yaml.safe_dump(doc))
     state = d / "state"
     env = {**os.environ, "TUNER_STATE_DIR": str(state), "COLUMNS": "200"}

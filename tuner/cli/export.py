@@ -63,11 +63,26 @@ def export_cmd(
     peak: Annotated[
         float | None, typer.Option("--peak", help="With --plan: peak req/s, the HPA's maximum.", show_default=False)
     ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            help="Servers of the trial's shape, each on its own GPUs and port (default: the study's box, target.gpus "
+            "// (tensor x pipeline parallel); 1 without one).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """The winning flags, ready to paste: `vllm serve` flags, a --config YAML, `docker run`, a compose service, a
     Kubernetes Deployment + Service, JSON or `LLM(**kwargs)`, with provenance comments. Secrets by name only.
 
+    A box of several replicas (target.gpus) is written as it ran: `vllm serve` lines each with its own
+    CUDA_VISIBLE_DEVICES and port, one compose service or `docker run` a replica on its own GPUs, the Deployment at
+    the replicas with each pod's GPU request its world size.
+
     Example: [bold]tuner export night --best balanced --format kubernetes --plan 20 --peak 35 -o vllm.yaml[/bold]
+
+    Example: [bold]tuner export box8 --format vllm-args --replicas 4[/bold]
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format {fmt!r}; allowed: {', '.join(FORMATS)}")
@@ -75,6 +90,8 @@ def export_cmd(
         raise ConfigError(f"--plan and --peak go with --format kubernetes, not {fmt!r}")
     if peak is not None and plan_rate is None:
         raise ConfigError("--peak needs --plan R, the requests per second to serve")
+    if replicas is not None and replicas < 1:
+        raise ConfigError(f"--replicas {replicas}: give 1 or more servers")
     if plan_rate is not None and (plan_rate <= 0 or (peak is not None and peak < plan_rate)):
         raise ConfigError("--plan must be above 0 and --peak at least --plan")
     url, view = open_view(study, storage, job)
@@ -90,6 +107,7 @@ def export_cmd(
         name=name,
         secret_env=tuple(secret_env) if secret_env is not None else None,
     )
+    options = dataclasses.replace(options, replicas=replicas or t.replicas or 1)
     again = f"tuner verify {shlex.quote(view.name)} --trial {t.number} --storage {shlex.quote(safe_url(url))}"
     prov = dataclasses.replace(provenance(view, t), verify_command=again)
     if plan_rate is None:

@@ -1,4 +1,5 @@
-"""`tuner plan`: the replicas, GPUs and cost a rate needs on the winner's flags, and the alert rules to ship them."""
+"""`tuner plan`: the replicas, GPUs and cost a rate needs on the winner's flags, and the alert rules to ship them;
+`--compare-gpus`: the same load sized on other catalog cards, as the twin predicts it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from tuner.catalog.gpus import GPUS
 from tuner.cli import app
 from tuner.cli.common import (
     JobOpt,
@@ -21,10 +23,14 @@ from tuner.cli.common import (
     trial_detail,
     trial_flags,
 )
+from tuner.config import Job
+from tuner.config.loader import load_job
 from tuner.errors import ConfigError, TunerError
 from tuner.report import BEST_CHOICES, StudyView, TrialView
 from tuner.report.deployment import deploy_options, provenance
 from tuner.ship.alerts import alert_rules, prometheus_rule, rules_file
+from tuner.ship.cards import compare_cards, parse_cards, parse_prices
+from tuner.ship.cards_text import comparison_lines
 from tuner.ship.dashboard import dashboard
 from tuner.ship.manifest import PlanInputs, planned_kubernetes, queue_at_capacity
 from tuner.ship.measure import MeasuredCapacity, measure_capacity
@@ -82,14 +88,48 @@ def plan_cmd(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of the arithmetic.")] = False,
+    compare_gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--compare-gpus",
+            help="Catalog cards to rank for --rate under the study's workload and SLOs, by the twin's predictions "
+            "(no server started): each card's best flag set of the space, its servers, GPUs and cost. "
+            "E.g. h100-80gb,a100-80gb,l40s.",
+            show_default=False,
+        ),
+    ] = None,
+    gpu_hour_usd: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-hour-usd",
+            help="With --compare-gpus: USD per GPU-hour by card, e.g. h100-80gb=3.5,l40s=1.2 (ranks by cost when "
+            "every card has one; else by GPUs needed).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Replicas, GPUs and cost for --rate req/s (and --peak), from the winner's measured SLO-meeting rate per
     server, with the arithmetic shown; --rules writes alert rules from the study's SLOs.
 
     Example: [bold]tuner plan night --rate 20 --peak 35 --price-per-gpu-hour 2.5 --rules vllm-rules.yaml[/bold]
+
+    Example: [bold]tuner plan night --rate 20 --compare-gpus h100-80gb,a100-80gb,l40s --gpu-hour-usd
+    h100-80gb=3.5,a100-80gb=2.2,l40s=1.2[/bold]
     """
     if rate <= 0:
         raise ConfigError("give --rate R, the requests per second to serve, e.g. --rate 20")
+    if compare_gpus is not None:
+        given = {"--peak": peak, "--trial": trial, "--rules": rules, "--manifest": manifest, "--dashboard": grafana}
+        given |= {"--measure": measure or None}
+        clash = [k for k, v in given.items() if v is not None]
+        if clash:
+            raise ConfigError(f"--compare-gpus predicts for --rate alone; run {', '.join(clash)} without it")
+        _compare(
+            compare_gpus, gpu_hour_usd, price, (study, storage, job), rate=rate, headroom=headroom, as_json=as_json
+        )
+        return
+    if gpu_hour_usd is not None:
+        raise ConfigError("--gpu-hour-usd goes with --compare-gpus; the study's own card takes --price-per-gpu-hour")
     url, view = open_view(study, storage, job)
     t = measured_trial(view, trial, best)
     detail, _ = trial_detail(url, view.name, t.number)
@@ -118,6 +158,51 @@ def plan_cmd(
         return
     for line in plan.lines():
         typer.echo(line)
+
+
+def _compare(
+    cards_text: str,
+    prices_text: str | None,
+    own_price: float | None,
+    where: tuple[str | None, str | None, Path | None],
+    *,
+    rate: float,
+    headroom: float,
+    as_json: bool,
+) -> None:
+    cards, given = parse_cards(cards_text), parse_prices(prices_text)
+    if not 0 < headroom <= 1:
+        raise ConfigError(f"--headroom {headroom:g}: give a fraction in (0, 1], e.g. 0.7")
+    study, storage, job_file = where
+    the_job = load_job(job_file) if job_file is not None else stored_job(open_view(study, storage, None)[1], None)
+    prices = _card_prices(the_job, cards, given, own_price)
+    with console_for_output().status(f"predicting {len(cards)} cards with the twin ..."):
+        plans = compare_cards(the_job, cards, rate=rate, headroom=headroom, prices=prices)
+    if as_json:
+        typer.echo(json.dumps([p.as_dict() for p in plans], indent=2))
+        return
+    command = f"`tuner tune {job_file}`" if job_file is not None else "`tuner tune JOB`"
+    for line in comparison_lines(plans, rate=rate, headroom=headroom, slos=the_job.slos, command=command):
+        typer.echo(line)
+
+
+def _card_prices(
+    job: Job, cards: list[str], given: dict[str, float], own_price: float | None
+) -> dict[str, tuple[float, str]]:
+    """Each card's USD per GPU-hour and where it comes from: --gpu-hour-usd, else (the study's own card) the
+    plan's price or the job's, else the catalog's where it cites one. None is made up."""
+    own = job.target.gpu if isinstance(job.target.gpu, str) else None
+    out: dict[str, tuple[float, str]] = {}
+    for card in cards:
+        if card in given:
+            out[card] = (given[card], "--gpu-hour-usd")
+        elif card == own and own_price is not None:
+            out[card] = (own_price, "--price-per-gpu-hour")
+        elif card == own and job.target.gpu_hour_usd is not None:
+            out[card] = (job.target.gpu_hour_usd, "the job's target.gpu_hour_usd")
+        elif GPUS[card].usd_per_hour is not None:
+            out[card] = (float(GPUS[card].usd_per_hour or 0.0), GPUS[card].source)
+    return out
 
 
 def _measured(view: StudyView, t: TrialView, job_file: Path | None) -> MeasuredCapacity:

@@ -29,6 +29,13 @@ class Plan:
     gpus_per_replica: int
     tokens_per_request: float | None
     price_per_gpu_hour: float | None
+    box_gpus: int | None = None  # the study's box (target.gpus): the plan's servers packed into boxes of that many
+
+    @property
+    def boxes(self) -> int | None:
+        """Boxes of `box_gpus` the plan's servers fill (a box holds box_gpus // gpus_per_replica of them)."""
+        per_box = (self.box_gpus or 0) // self.gpus_per_replica
+        return math.ceil(self.replicas / per_box) if per_box > 0 and (self.box_gpus or 0) > 1 else None
 
     @property
     def usable_rps(self) -> float:
@@ -64,6 +71,12 @@ class Plan:
         if self.peak is not None:
             out.append(f"peak replicas = ceil({self.peak:g} / {self.usable_rps:.3f}) = {self.peak_replicas}")
         out.append(f"GPUs = {self.replicas} x {self.gpus_per_replica} per replica = {self.gpus}")
+        if self.boxes is not None and self.box_gpus is not None:
+            per_box = self.box_gpus // self.gpus_per_replica
+            out.append(
+                f"boxes of {self.box_gpus} GPUs (target.gpus) = ceil({self.replicas} replicas / {per_box} a box) "
+                f"= {self.boxes}"
+            )
         if self.cost_per_hour is not None and self.price_per_gpu_hour is not None:
             price = self.price_per_gpu_hour
             out.append(f"cost = {self.gpus} GPUs x {price:g}/GPU-hour = {self.cost_per_hour:.2f}/hour")
@@ -75,7 +88,7 @@ class Plan:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        names = ("usable_rps", "max_replicas", "gpus", "cost_per_hour", "cost_per_million_tokens")
+        names = ("usable_rps", "max_replicas", "gpus", "boxes", "cost_per_hour", "cost_per_million_tokens")
         return {**{k: getattr(self, k) for k in self.__dataclass_fields__}, **{k: getattr(self, k) for k in names}}
 
 
@@ -129,6 +142,7 @@ def make_plan(
         gpus_per_replica=_gpus_per_replica(t.flags),
         tokens_per_request=tokens,
         price_per_gpu_hour=price_per_gpu_hour,
+        box_gpus=t.box_gpus,
     )
 
 
