@@ -59,3 +59,5 @@ def test_a_restart_while_a_result_is_written_is_waited_out_and_the_result_stored
     # The terminal said it in one line; the log file has that line and the lost connection's details.
     text = log.read_text()
     assert "lost the connection to storage" in text and "***" in text
+    assert "debug tuner.store.waiting: the storage call that found the database gone" in text
+    assert "Traceback" in text and "OperationalError" in text
