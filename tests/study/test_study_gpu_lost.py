@@ -13,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 from study_fakes import JOB, FakeLauncher, fake_measure, job
 
+from tuner.cli.trial_lines import TextLog
 from tuner.errors import GpuLost, LaunchError, TunerError
 from tuner.flags import VllmFlags
 from tuner.launch.gpu_idle import GpuIdleWaiter, nvml_probe
@@ -123,6 +124,12 @@ def test_a_gpu_lost_under_a_trial_stops_the_worker_and_the_trial_runs_again_next
     assert line.startswith("NVML no longer reads GPU 1 (NVIDIA L4): GPU is lost: this worker stops")
     assert "trial 1 is kept as interrupted" in line and "same command" in line
     assert starts["n"] == 2  # not retried on the lost GPU, nor another trial started
+    # The terminal gets the one line; `--log-file` the details behind it, NVML's own error among them.
+    log = TextLog(tmp_path / "tune.log")
+    log.details(stopped.value)
+    log.close()
+    details = (tmp_path / "tune.log").read_text()
+    assert "Traceback" in details and "GpuIsLost: GPU is lost" in details and "tuner.errors.GpuLost" in details
     trials = optuna.load_study(study_name="fake", storage=url).get_trials(deepcopy=False)
     lost = trials[1]
     assert lost.state == TrialState.FAIL and lost.user_attrs["outcome"] == "interrupted"

@@ -44,7 +44,12 @@ from tuner.study.surroundings import disk_full, full_disk_error, wait_until
 from tuner.study.verdict import DIRECTIONS
 from tuner.twin.sampler import TwinSampler
 
-__all__ = ["REPEAT_CAP", "STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front", "retry_trial"]
+__all__ = ["REPEAT_CAP", "STOPPED_ATTR", "GpuLostStop", "RunReport", "TuningRun", "feasible_front", "retry_trial"]
+
+
+class GpuLostStop(TunerError):
+    """This worker stopped on a GPU of its own that was lost; the box's other workers, on their GPUs, go on."""
+
 
 _SCHEMA_LOCK = "\x00tuner-schema"
 STOPPED_ATTR = "stopped"
@@ -403,11 +408,11 @@ class TuningRun:
         """Until the engine answers again (then the trial is run again), at most `target.engine_wait`. A lost GPU
         stops this worker at once: it rarely comes back without a reset, and the trial stays interrupted."""
         if isinstance(gone, GpuLost):
-            raise TunerError(
+            raise GpuLostStop(
                 f"{gone}: this worker stops (the GPU is lost: an Xid error or a driver reset; `nvidia-smi` says more); "
                 f"trial {trial.number} is kept as interrupted, not its flags' doing, and runs again when the same "
                 "command is run once the GPU answers"
-            )
+            ) from gone  # the chain, NVML's own error in it, for the log file's details
         bound = self.job.target.engine_wait
         self.on_event(
             f"trial {trial.number} interrupted: {gone}; it is not the flags' doing: waiting up to {bound:g} s "
@@ -420,7 +425,7 @@ class TuningRun:
             raise TunerError(
                 f"{gone.engine} did not answer within {bound:g} s (target.engine_wait); trial {trial.number} is "
                 "kept as interrupted and runs again when the same command is run"
-            )
+            ) from gone
         self.on_event(f"{gone.engine} answers again after {waited:.0f} s; trial {trial.number} runs again")
         retry_trial(self.study, self.study._storage.get_trial(trial._trial_id))
 
