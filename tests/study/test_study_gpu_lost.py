@@ -82,6 +82,15 @@ def test_a_gpu_nvml_counts_but_cannot_read_at_the_first_look_is_lost_already() -
     assert str(lost.value) == "NVML no longer reads GPU 0 (its name unread): GPU is lost"
 
 
+def test_a_gpu_whose_memory_nvml_cannot_read_from_the_start_is_not_lost_but_unread() -> None:
+    class NotSupported(FakeNvml):
+        def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+            raise RuntimeError("Not Supported")  # pynvml's NVMLError_NotSupported, as it prints
+
+    probe = nvml_probe(nvml=NotSupported())
+    assert probe() is None and probe() is None  # nothing to wait for, as before: not a reason to stop
+
+
 def test_a_machine_where_nvml_never_read_a_gpu_has_nothing_to_lose() -> None:
     class NoDriver(FakeNvml):
         def nvmlInit(self) -> None:

@@ -15,7 +15,7 @@ import contextlib
 import importlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tuner.catalog.nvml import unreachable
@@ -47,16 +47,29 @@ class _NvmlProbe:
                 self._nvml = lib
             nvml = self._nvml
             if self._names is None:
-                # NVML answers: every GPU it counts is this probe's from now on, one it cannot read already lost.
-                indices = self._indices if self._indices is not None else range(nvml.nvmlDeviceGetCount())
-                self._names = {i: _name(nvml, i) for i in indices}
-            return [int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).used) for i in self._names]
+                return self._first(nvml)
+            return _used(nvml, self._names)
         except Exception as e:
             if self._names is None:  # no package, no driver, no GPU: nothing to wait for, ever
                 self._failed = True
                 return None
             self._lost(e)
             return None
+
+    def _first(self, nvml: Any) -> list[int]:
+        """The first reading: from now on every GPU NVML counts is this probe's. One NVML counts but says is lost
+        ("GPU is lost") is lost already; one it cannot read for another reason (a reading it does not support)
+        leaves the probe saying nothing, as before."""
+        indices = self._indices if self._indices is not None else range(nvml.nvmlDeviceGetCount())
+        names = {i: _name(nvml, i) for i in indices}
+        try:
+            used = _used(nvml, names)
+        except Exception as e:
+            if "lost" in str(e).lower():
+                self._names = names
+            raise
+        self._names = names
+        return used
 
     def _lost(self, error: Exception) -> None:
         """The GPUs read before that NVML cannot read now, raised as GpuLost; nothing when a second look finds them."""
@@ -76,6 +89,10 @@ class _NvmlProbe:
 
         log.debug("NVML lost a GPU", exc_info=error)  # the details, for the log file only
         raise GpuLost(f"NVML no longer reads {said}", f"GPU {first} ({names[first]})", answers)
+
+
+def _used(nvml: Any, indices: Iterable[int]) -> list[int]:
+    return [int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).used) for i in indices]
 
 
 def _name(nvml: Any, index: int) -> str:
