@@ -110,7 +110,20 @@ def tune(url: str, launcher: FakeLauncher) -> TuningRun:
     return tuning
 
 
-def test_a_gpu_lost_under_a_trial_stops_the_worker_and_the_trial_runs_again_next_run(tmp_path: Path) -> None:
+# What the start meets on a GPU just lost: vLLM's CUDA error, or Docker's GPU hook failing (a fatal reason whose
+# advice, install the NVIDIA container toolkit, would not follow from it).
+STARTS_ON_A_LOST_GPU = [
+    LaunchError("the server exited with code 1 before it was ready; CUDA error: unknown error"),
+    LaunchError(
+        "Docker cannot give the container GPUs: nvidia-container-cli: detection error: GPU is lost", "cannot_launch"
+    ),
+]
+
+
+@pytest.mark.parametrize("failed_start", STARTS_ON_A_LOST_GPU, ids=["cuda-error", "docker-gpu-hook"])
+def test_a_gpu_lost_under_a_trial_stops_the_worker_and_the_trial_runs_again_next_run(
+    tmp_path: Path, failed_start: LaunchError
+) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
     nvml = FakeNvml()
     starts = {"n": 0}
@@ -120,7 +133,7 @@ def test_a_gpu_lost_under_a_trial_stops_the_worker_and_the_trial_runs_again_next
         starts["n"] += 1
         if starts["n"] == 2:  # the GPU falls off the bus: the server's start fails as vLLM's would
             nvml.lose(1)
-            return LaunchError("the server exited with code 1 before it was ready; CUDA error: unknown error")
+            return failed_start
         return None
 
     waiter = GpuIdleWaiter(nvml_probe(nvml=nvml), poll_s=0.0)

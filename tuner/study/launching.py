@@ -75,9 +75,13 @@ def launch_and_measure(attempt: Attempt, flags: VllmFlags, prediction: Predictio
             measurement, facts, log_tail, crash = asyncio.run(_one_start(attempt, flags))
         except LaunchError as e:
             server_seconds += time.monotonic() - started
-            if e.reason in FATAL_REASONS or isinstance(e, EngineGone):
-                raise  # EngineGone: the run records the trial as interrupted and waits for the engine
+            if isinstance(e, EngineGone):
+                raise  # the run records the trial as interrupted and waits for the engine
+            # First, as a lost GPU also fails a start the fatal way ("nvidia-container-cli: ... GPU is lost"): its
+            # advice (install the container toolkit) would not follow from what was seen.
             _gpus_answer(attempt)
+            if e.reason in FATAL_REASONS:
+                raise
             if is_transient(e) and attempts < 2:
                 attempt.on_event(f"trial {attempt.number}: {e.reason} (transient), retrying once")
                 continue
