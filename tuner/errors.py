@@ -54,7 +54,19 @@ class EngineGone(LaunchError):
     `engine` names it for a person ("the Docker engine at unix:///var/run/docker.sock"); `answers()` says whether
     it answers again (the study waits on it, then runs the trial again)."""
 
-    def __init__(self, message: str, engine: str, answers: Callable[[], bool]) -> None:
-        super().__init__(message, ENGINE_GONE)
+    def __init__(self, message: str, engine: str, answers: Callable[[], bool], reason: str = ENGINE_GONE) -> None:
+        super().__init__(message, reason)
         self.engine = engine
         self.answers = answers
+
+
+GPU_LOST = "gpu_lost"
+
+
+class GpuLost(EngineGone):
+    """A GPU NVML saw earlier in the run no longer answers it (an Xid error, a fallen-off-the-bus GPU, a driver
+    reset): what ran on it says nothing about its flags. Unlike an engine, a lost GPU rarely comes back without a
+    reset: the worker that owns it stops (its trial kept as interrupted, run again by the next run), not waits."""
+
+    def __init__(self, message: str, gpu: str, answers: Callable[[], bool]) -> None:
+        super().__init__(message, gpu, answers, GPU_LOST)

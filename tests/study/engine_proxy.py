@@ -18,6 +18,7 @@ class EngineProxy:
         self.upstream = upstream
         self.refuse = 0
         self.refused = 0
+        self.accepted = 0  # connections forwarded so far
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -58,6 +59,7 @@ class EngineProxy:
             engine.connect(self.upstream)
             with self._lock:
                 self._open |= {client, engine}
+                self.accepted += 1
             for a, b in ((client, engine), (engine, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 

@@ -97,7 +97,8 @@ def test_an_outage_past_the_bound_stops_with_one_line_and_the_next_run_writes_th
     tmp_path: Path, state_dir: Path, postgres_url: str, cluster: None
 ) -> None:
     job = write_job(tmp_path, study={**STUDY, "storage_wait_s": 1}, target=SLOWER)
-    proc = tuner(job, state_dir, "--storage", postgres_url)
+    log = tmp_path / "tune.log"
+    proc = tuner(job, state_dir, "--storage", postgres_url, "--log-file", str(log))
     servers = wait_for_server_of_trial(registry_of(state_dir), 1)
     _ctl("stop")
     try:
@@ -110,6 +111,9 @@ def test_an_outage_past_the_bound_stops_with_one_line_and_the_next_run_writes_th
     said = [line for line in out.splitlines() if str(journal) in line]
     assert len(said) == 1 and "postgresql" in said[0] and "***" in said[0], out  # the storage, its password hidden
     assert not any(pid_alive(p) for p in servers)
+    # The details are the log file's alone: the stop's line, then what lay behind it with its tracebacks.
+    text = log.read_text()
+    assert "error: " in text and str(journal) in text and "Traceback" in text and "OperationalError" in text
 
     code, out = finish(tuner(job, state_dir, "--storage", postgres_url), 600)
     assert code == 0, out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,4 +79,49 @@ def test_a_trial_whose_engine_went_away_runs_again_once_it_answers(
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
     assert sum("waiting up to" in e for e in events) == 1 and sum("answers again" in e for e in events) == 1
     # The container the engine kept while it was away was removed once it answered.
+    assert docker_client.containers.list(all=True, filters={"label": f"tuner.study={study_name}"}) == []
+
+
+def test_a_container_killed_by_an_engine_restart_done_before_we_look_runs_again(
+    proxy: EngineProxy, image: str, docker_client: Any
+) -> None:
+    """Under trial 1's load every connection to the engine drops (the proxy cut, as a restart cuts them), the engine
+    answers again at once, and the trial's container is dead when it is looked at (killed, as a restart kills it):
+    nothing fails when the launcher asks, yet the trial is the engine's, not its flags' crash."""
+    study_name = f"engine-restart-{secrets.token_hex(3)}"
+    j = job(study={**JOB["study"], "name": study_name}, budget={"n_trials": 2})
+    measured = fake_measure()
+    killed: list[str] = []
+
+    async def measure(server: Any, job_: Job, flags: VllmFlags) -> Measurement:
+        if not killed and flags.as_dict() != j.search_space().baseline().as_dict():
+            before = proxy.accepted
+            proxy.cut(refuse=0)
+            deadline = time.monotonic() + 60  # a bound on a broken test, not a timing assertion
+            while proxy.accepted == before and time.monotonic() < deadline:
+                time.sleep(0.05)  # until the launcher's long-lived connection is open again: the engine answers
+            (container,) = docker_client.containers.list(filters={"label": f"tuner.study={study_name}"})
+            container.kill()
+            container.wait()
+            killed.append(container.name)
+        return await measured(server, job_, flags)
+
+    launcher = DockerLauncher.for_emulator(image, "llama-3.1-8b", "l4", time_scale=50)
+    events: list[str] = []
+    tuning = TuningRun(j, launcher, storage_url="sqlite://", measure=measure, poll_s=0.05, on_event=events.append)
+    try:
+        tuning.run()
+        trials = tuning.study.get_trials(deepcopy=False)
+    finally:
+        tuning.close()
+        launcher.close()
+    assert killed, "no trial but the baseline ran"
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(failed) == 1 and failed[0].user_attrs["reason"] == "engine_gone", events
+    assert "restarted while the trial's container ran" in failed[0].user_attrs["message"]
+    assert "exited with code 137" in failed[0].user_attrs["message"]
+    again = [t for t in trials if t.system_attrs.get("failed_trial") == failed[0].number]
+    assert len(again) == 1 and again[0].state == TrialState.COMPLETE and again[0].user_attrs["outcome"] == "measured"
+    assert not {t.user_attrs.get("outcome") for t in trials} & {"crashed", "launch_failed"}
+    assert sum("answers again" in e for e in events) == 1
     assert docker_client.containers.list(all=True, filters={"label": f"tuner.study={study_name}"}) == []

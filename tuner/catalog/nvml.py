@@ -86,6 +86,29 @@ def _memory_info(lib: Any, handle: Any) -> Any:
     return lib.nvmlDeviceGetMemoryInfo(handle)
 
 
+def _said(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def unreachable(lib: Any, indices: Sequence[int]) -> dict[int, str]:
+    """The GPUs of these NVML indices that NVML (initialised) cannot read now, each with NVML's words ("GPU is
+    lost", "Unknown Error"): an Xid error, a GPU fallen off the bus, a driver reset. {} when every one answers."""
+    try:
+        count = int(lib.nvmlDeviceGetCount())
+    except Exception as e:
+        return {i: _said(e) for i in indices}
+    lost = {}
+    for i in indices:
+        if i >= count:
+            lost[i] = f"NVML counts {count} GPUs now"
+            continue
+        try:
+            lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(i))
+        except Exception as e:  # pynvml's NVMLError subclasses: GpuIsLost, Unknown, NotFound...
+            lost[i] = _said(e)
+    return lost
+
+
 Runner = Callable[[Sequence[str]], str | None]
 
 
@@ -161,4 +184,4 @@ def memory_in_use_gib(devices: Sequence[DeviceInfo]) -> float:
     return max((d.used_gib for d in devices), default=0.0)
 
 
-__all__ = ["DeviceInfo", "amd_devices", "machine_devices", "memory_in_use_gib", "nvml_devices"]
+__all__ = ["DeviceInfo", "amd_devices", "machine_devices", "memory_in_use_gib", "nvml_devices", "unreachable"]

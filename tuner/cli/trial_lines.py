@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
+import sys
+import traceback
 from pathlib import Path
 from typing import IO, Any
 
@@ -89,17 +92,29 @@ def pareto_table(study: optuna.Study) -> Table:
 
 
 class TextLog:
-    """The plain --log-file: one timestamped line per event and per finished trial."""
+    """The plain --log-file: one timestamped line per event and per finished trial, and the details a person is
+    spared on the terminal (the tuner's own log records with their tracebacks; an error's chain of causes)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._f: IO[str] | None = path.open("a", encoding="utf-8") if path else None
+        self._handlers: list[logging.Handler] = []
+        if self._f is not None:
+            self._capture(logging.getLogger("tuner"))
 
     def __call__(self, line: str) -> None:
+        self._write(f"{dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} {line}\n")
+
+    def details(self, error: BaseException) -> None:
+        """`error` with every exception behind it, each with its traceback: what the one line on the terminal left
+        out."""
+        self._write(_chain_text(error) + "\n")
+
+    def _write(self, text: str) -> None:
         if self._f is None:
             return
         try:
-            self._f.write(f"{dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} {line}\n")
+            self._f.write(text)
             self._f.flush()
         except OSError as e:
             # A full disk: the study goes on, its lines on the terminal alone (said once).
@@ -108,10 +123,58 @@ class TextLog:
             why = e.strerror or e
             console.print(f"the log file {self.path} cannot be written ({why}); lines go to the terminal only")
 
+    def _capture(self, logger: logging.Logger) -> None:
+        """The tuner's log records into this file, details and all; its warnings still on the terminal (as Python
+        prints them without a handler), one line each, their tracebacks in the file only."""
+        into_file = _Into(lambda record: self(_with_details(record)))
+        terminal = _Into(lambda record: sys.stderr.write(record.getMessage() + "\n"), logging.WARNING)
+        self._handlers = [into_file, terminal]
+        self._level = logger.level
+        logger.setLevel(logging.DEBUG)
+        for h in self._handlers:
+            logger.addHandler(h)
+
     def close(self) -> None:
+        logger = logging.getLogger("tuner")
+        for h in self._handlers:
+            logger.removeHandler(h)
+        if self._handlers:
+            logger.setLevel(self._level)
+        self._handlers = []
         if self._f is not None:
             with contextlib.suppress(OSError):  # what was not flushed had no room: already said
                 self._f.close()
+
+
+class _Into(logging.Handler):
+    def __init__(self, write: Any, level: int = logging.DEBUG) -> None:
+        super().__init__(level)
+        self._write_record = write
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._write_record(record)
+        except Exception:
+            self.handleError(record)
+
+
+def _with_details(record: logging.LogRecord) -> str:
+    text = f"{record.levelname.lower()} {record.name}: {record.getMessage()}"
+    if record.exc_info and record.exc_info[1] is not None:
+        text += "\n" + _chain_text(record.exc_info[1])
+    return text
+
+
+def _chain_text(error: BaseException) -> str:
+    """The exceptions behind `error`, first cause first, each with its traceback; also a cause hidden with
+    `from None`, which is often the one that explains it (the driver's error under ours)."""
+    chain: list[BaseException] = []
+    link: BaseException | None = error
+    while link is not None and link not in chain and len(chain) < 10:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    parts = ["".join(traceback.format_exception(type(e), e, e.__traceback__, chain=False)) for e in reversed(chain)]
+    return "".join(parts).rstrip()
 
 
 def count_done(study: optuna.Study) -> int:

@@ -299,6 +299,7 @@ def run(
         raise typer.Exit(130) from None
     except TunerError as e:
         log(f"error: {e}")  # the log read in the morning says why the study stopped, as the terminal did
+        log.details(e)  # and what lay behind it, which the terminal's one line leaves out
         raise
     finally:
         tuning.close()

@@ -132,6 +132,7 @@ def run_workers(
         raise typer.Exit(130) from None
     except TunerError as e:
         log(f"error: {e}")
+        log.details(e)  # what lay behind it, for the log file only
         raise
     finally:
         parent.close()

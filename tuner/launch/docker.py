@@ -16,7 +16,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ from tuner.errors import EngineGone, LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch.base import Server
 from tuner.launch.emulator import emulator_args
+from tuner.launch.engine_watch import EngineWatch
 from tuner.launch.failures import CANNOT_LAUNCH, IMAGE_MISSING, UNKNOWN
 from tuner.launch.gpu_idle import GpuIdleWaiter
 from tuner.launch.owner import owner_alive, owner_token
@@ -108,10 +109,13 @@ def _slug(text: str) -> str:
 
 
 class ContainerHandle:
-    """One container: its status, its logs (kept after removal), its stop."""
+    """One container: its status, its logs (kept after removal), its stop. `died_with_engine(code)`: the
+    EngineGone to raise for a container that died (or vanished) without our stop, when the engine restarted under
+    it; None when it died on its own."""
 
-    def __init__(self, container: Any) -> None:
+    def __init__(self, container: Any, died_with_engine: Callable[[int], EngineGone | None] | None = None) -> None:
         self.container = container
+        self._died_with_engine = died_with_engine
         self._final_logs: str | None = None
         self._final_exit: int | None = None
         self._ready_offset: int | None = None
@@ -134,6 +138,16 @@ class ContainerHandle:
         return state
 
     def exit_code(self) -> int | None:
+        """None while it runs; its exit code once dead. A container the engine's restart killed (or removed) raises
+        EngineGone: the trial is the environment's, not the flags' crash."""
+        code = self._exit_code()
+        if code is not None and not self._stopped_by_us and self._died_with_engine is not None:
+            gone = self._died_with_engine(code)
+            if gone is not None:
+                raise gone
+        return code
+
+    def _exit_code(self) -> int | None:
         state = self.state()
         if state.get("Status") in ("exited", "dead", "removed"):
             code = state.get("ExitCode")
@@ -157,7 +171,7 @@ class ContainerHandle:
 
     def _stop_sync(self, grace_s: float) -> None:
         with contextlib.suppress(*engine_errors()):  # NotFound and APIError too: both are DockerException
-            if self.exit_code() is None:
+            if self._exit_code() is None:
                 self._stopped_by_us = True
                 # SIGTERM, then SIGKILL after the grace (Docker's own stop).
                 self.container.stop(timeout=max(1, round(grace_s)))
@@ -170,7 +184,7 @@ class ContainerHandle:
             try:
                 logs = self.logs()
                 with contextlib.suppress(docker_sdk().errors.NotFound, docker_sdk().errors.APIError):
-                    code = self.exit_code()
+                    code = self._exit_code()
                 with contextlib.suppress(docker_sdk().errors.NotFound):
                     self.container.remove(force=True)
             except engine_errors():
@@ -238,6 +252,8 @@ class DockerLauncher:
         self._client = client
         self.gpu_idle = gpu_idle if gpu_idle is not None else GpuIdleWaiter()
         self._orphans: list[Any] = []  # containers left when the engine went away: removed once it is back
+        # An engine that restarted and answers again before a dead container is looked at: told by this watch.
+        self._watch = EngineWatch(lambda: self.client().events(decode=True, filters={"type": "daemon"}))
 
     @classmethod
     def for_emulator(
@@ -279,6 +295,18 @@ class DockerLauncher:
     def engine(self) -> str:
         return f"the Docker engine at {os.environ.get('DOCKER_HOST') or 'unix:///var/run/docker.sock'}"
 
+    def _died_with_engine(self, mark: int | None) -> Callable[[int], EngineGone | None]:
+        """For a container created at `mark` of the watch: EngineGone if the engine went away since."""
+
+        def check(code: int) -> EngineGone | None:
+            if not self._watch.restarted_since(mark):
+                return None
+            died = "is gone" if code == -1 else f"exited with code {code}"
+            message = f"{self.engine()} restarted while the trial's container ran (the container {died})"
+            return EngineGone(message, self.engine(), self.engine_answers)
+
+        return check
+
     def _gone(self, error: BaseException) -> EngineGone:
         said = str(getattr(error, "explanation", None) or error).strip().splitlines()
         cause = f" ({said[0][:200]})" if said else ""
@@ -296,6 +324,7 @@ class DockerLauncher:
             self._orphans.append(handle.container)
 
     def close(self) -> None:
+        self._watch.close()
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -395,13 +424,14 @@ class DockerLauncher:
         kwargs.update(gpu_create_kwargs(self.gpus, self.vendor))
         if self.shm_size:
             kwargs["shm_size"] = self.shm_size
+        mark = self._watch.mark()
         try:
             container = self.client().containers.create(self.image, **kwargs)
         except docker_sdk().errors.ImageNotFound:
             raise LaunchError(f"image {self.image} is not on this Docker engine", IMAGE_MISSING) from None
         except docker_sdk().errors.APIError as e:
             raise LaunchError(f"Docker refused to create the container: {e.explanation or e}", UNKNOWN) from None
-        return ContainerHandle(container)
+        return ContainerHandle(container, self._died_with_engine(mark))
 
     def _start_container(self, handle: ContainerHandle) -> None:
         try:

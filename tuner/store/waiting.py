@@ -7,6 +7,7 @@ Integrity and data errors are never retried: running them again cannot help.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from tuner.errors import StorageError
 __all__ = ["StorageGone", "StorageWait", "connection_lost"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _FIRST_DELAY_S = 0.5
 _MOST_DELAY_S = 10.0
@@ -120,6 +122,7 @@ class StorageWait:
                     f"lost the connection to storage {self.where} ({cause or type(e).__name__}); waiting up to "
                     f"{self.bound_s:g} s for it to answer"
                 )
+                log.debug("the storage call that found the database gone", exc_info=e)  # for the log file only
             return self._since + self.bound_s - now
 
     def _back(self) -> None:

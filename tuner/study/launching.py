@@ -2,7 +2,8 @@
 
 A failed start and a crash under load become the trial's verdict (the sampler learns from them); a transient one
 (a start time-out, an unknown failure, a crash that is not an out-of-memory) is retried once within the trial; a
-fatal one (no image, nothing can launch) stops the run.
+fatal one (no image, nothing can launch) stops the run. Before any failure becomes a verdict or a retry, the trial's
+GPUs are read again: a GPU lost under it (GpuLost) is the environment's doing, not the flags'.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tuner.launch import Launcher
 from tuner.launch.failures import MODEL_NOT_FOUND
 from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED
 from tuner.study.measure import Measure, Measurement
+from tuner.study.placement import idle_waiter
 from tuner.study.preflight import Preflight
 from tuner.study.trial import TrialResult
 
@@ -73,8 +75,13 @@ def launch_and_measure(attempt: Attempt, flags: VllmFlags, prediction: Predictio
             measurement, facts, log_tail, crash = asyncio.run(_one_start(attempt, flags))
         except LaunchError as e:
             server_seconds += time.monotonic() - started
-            if e.reason in FATAL_REASONS or isinstance(e, EngineGone):
-                raise  # EngineGone: the run records the trial as interrupted and waits for the engine
+            if isinstance(e, EngineGone):
+                raise  # the run records the trial as interrupted and waits for the engine
+            # First, as a lost GPU also fails a start the fatal way ("nvidia-container-cli: ... GPU is lost"): its
+            # advice (install the container toolkit) would not follow from what was seen.
+            _gpus_answer(attempt)
+            if e.reason in FATAL_REASONS:
+                raise
             if is_transient(e) and attempts < 2:
                 attempt.on_event(f"trial {attempt.number}: {e.reason} (transient), retrying once")
                 continue
@@ -91,6 +98,7 @@ def launch_and_measure(attempt: Attempt, flags: VllmFlags, prediction: Predictio
             )
         server_seconds += time.monotonic() - started
         if crash is not None:
+            _gpus_answer(attempt)
             if is_transient(crash) and attempts < 2:
                 attempt.on_event(f"trial {attempt.number}: server crashed, not from the flags; retrying once")
                 continue
@@ -101,6 +109,13 @@ def launch_and_measure(attempt: Attempt, flags: VllmFlags, prediction: Predictio
         return TrialResult(
             MEASURED, flags, None, None, prediction, measurement, facts, log_tail, attempts, server_seconds
         )
+
+
+def _gpus_answer(attempt: Attempt) -> None:
+    """Raises GpuLost when a GPU of the trial's launcher no longer answers NVML: the failure is not the flags'."""
+    waiter = idle_waiter(attempt.launcher)
+    if waiter is not None:
+        waiter.check()
 
 
 async def _one_start(attempt: Attempt, flags: VllmFlags) -> tuple[Measurement, dict[str, Any], str, LaunchError | None]:

@@ -33,7 +33,7 @@ from typing import Any
 import optuna
 
 from tuner.config import Job
-from tuner.errors import ConfigError, TunerError
+from tuner.errors import GPU_LOST, ConfigError, TunerError
 from tuner.launch.factory import build_launcher
 from tuner.launch.gpu_pool import GpuPool
 from tuner.launch.pooled import PooledLauncher
@@ -147,6 +147,8 @@ def _worker_main(spec: WorkerSpec, events: Any) -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+    from tuner.study.run import GpuLostStop
+
     def put(kind: str, *args: Any) -> None:
         events.put(WorkerEvent(spec.index, kind, args))
 
@@ -176,6 +178,9 @@ def _worker_main(spec: WorkerSpec, events: Any) -> None:
     except KeyboardInterrupt:
         put("failed", "interrupted", "")
         code = 130
+    except GpuLostStop as e:  # this worker's GPU only: the others go on
+        put("failed", GPU_LOST, str(e))
+        code = 1
     except TunerError as e:
         put("failed", "ConfigError" if isinstance(e, ConfigError) else "TunerError", str(e))
         code = 2 if isinstance(e, ConfigError) else 1
@@ -230,7 +235,9 @@ def run_parallel(
         events.close()
     if len(report.died) == workers:
         raise TunerError(f"all {workers} workers died (killed: exit {procs[0].exitcode}); the same command continues")
-    if failure is not None:
+    if failure is not None and failure.args[0] == GPU_LOST and not report.stopped_by:
+        raise TunerError(failure.args[1])  # no worker was left to finish the study
+    if failure is not None and failure.args[0] != GPU_LOST:
         kind, message = failure.args
         if kind == "ConfigError":
             raise ConfigError(message)
@@ -241,7 +248,8 @@ def run_parallel(
 def _follow(
     procs: list[Any], events: Any, on_event: Callable[[WorkerEvent], None], report: ParallelReport
 ) -> WorkerEvent | None:
-    """Relay events until every worker has exited; the first failure stops the others (their trials interrupted)."""
+    """Relay events until every worker has exited; the first failure stops the others (their trials interrupted),
+    except a worker's lost GPU, which stops that worker alone."""
     failure: WorkerEvent | None = None
     finished: set[int] = set()
     while True:
@@ -261,9 +269,13 @@ def _follow(
         if event.kind == "done":
             report.trials_run += int(event.args[0])
             report.stopped_by.append(str(event.args[1]))
-        elif event.kind == "failed" and failure is None and event.args[0] != "interrupted":
-            failure = event
-            _signal_all(procs, signal.SIGTERM)
+        elif event.kind == "failed" and event.args[0] != "interrupted":
+            # A lost GPU (said already, through on_event) stops its worker alone; any other failure stops them all.
+            stops_all = event.args[0] != GPU_LOST
+            if failure is None or (stops_all and failure.args[0] == GPU_LOST):
+                failure = event
+                if stops_all:
+                    _signal_all(procs, signal.SIGTERM)
 
 
 def _signal_all(procs: list[Any], sig: signal.Signals) -> None:

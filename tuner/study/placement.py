@@ -26,7 +26,7 @@ from tuner.launch.gpu_idle import GpuIdleWaiter
 from tuner.launch.gpu_pool import visible_ids
 from tuner.launch.pooled import OnDevices, PooledLauncher
 
-__all__ = ["DeviceRead", "Placement", "in_use_gib", "placed"]
+__all__ = ["DeviceRead", "Placement", "idle_waiter", "in_use_gib", "placed"]
 
 DeviceRead = Callable[[], Sequence[DeviceInfo]]
 
@@ -61,7 +61,7 @@ def in_use_gib(
         return job.target.emulator.memory_in_use_gib
     if job.gpu_profile().is_cpu:
         return 0.0
-    waiter = _idle_waiter(placement.launcher)
+    waiter = idle_waiter(placement.launcher)
     if waiter is not None:
         asyncio.run(waiter.wait())
     devices = list(read())
@@ -71,7 +71,8 @@ def in_use_gib(
     return memory_in_use_gib([by_id[i] for i in ids if i in by_id])
 
 
-def _idle_waiter(launcher: Launcher) -> GpuIdleWaiter | None:
+def idle_waiter(launcher: Launcher) -> GpuIdleWaiter | None:
+    """The launcher's wait for its GPUs' memory (None: a launcher without one, a test's fake)."""
     inner = launcher.launcher if isinstance(launcher, OnDevices) else launcher
     waiter = getattr(inner, "gpu_idle", None)
     return waiter if isinstance(waiter, GpuIdleWaiter) else None

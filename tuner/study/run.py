@@ -17,7 +17,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import Job
-from tuner.errors import ENGINE_GONE, ConfigError, EngineGone, StorageError, TunerError
+from tuner.errors import ENGINE_GONE, GPU_LOST, ConfigError, EngineGone, GpuLost, StorageError, TunerError
 from tuner.launch import Launcher
 from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, StudyRecord, TrialRecord
 from tuner.store import flag_key, open_store, safe_url
@@ -44,7 +44,12 @@ from tuner.study.surroundings import disk_full, full_disk_error, wait_until
 from tuner.study.verdict import DIRECTIONS
 from tuner.twin.sampler import TwinSampler
 
-__all__ = ["REPEAT_CAP", "STOPPED_ATTR", "RunReport", "TuningRun", "feasible_front", "retry_trial"]
+__all__ = ["REPEAT_CAP", "STOPPED_ATTR", "GpuLostStop", "RunReport", "TuningRun", "feasible_front", "retry_trial"]
+
+
+class GpuLostStop(TunerError):
+    """This worker stopped on a GPU of its own that was lost; the box's other workers, on their GPUs, go on."""
+
 
 _SCHEMA_LOCK = "\x00tuner-schema"
 STOPPED_ATTR = "stopped"
@@ -245,9 +250,9 @@ class TuningRun:
             record = TrialRecord.from_attrs(t.user_attrs)
             if t.state != TrialState.FAIL or record.outcome != INTERRUPTED or t.number in retried:
                 continue
-            # A trial the engine interrupted is run again however often that happened; one a person interrupted
-            # once (the callback refuses a second retry of a trial that was already a retry).
-            retry_trial(self.study, t, max_retry=None if record.reason == ENGINE_GONE else 1)
+            # A trial the engine or a lost GPU interrupted is run again however often that happened; one a person
+            # interrupted once (the callback refuses a second retry of a trial that was already a retry).
+            retry_trial(self.study, t, max_retry=None if record.reason in (ENGINE_GONE, GPU_LOST) else 1)
             self.on_event(f"trial {t.number} was interrupted; it will be run again")
 
     def _requeue_refused_baseline(self) -> None:
@@ -400,7 +405,14 @@ class TuningRun:
         )
 
     def _wait_for_engine(self, trial: optuna.Trial, gone: EngineGone) -> None:
-        """Until the engine answers again (then the trial is run again), at most `target.engine_wait`."""
+        """Until the engine answers again (then the trial is run again), at most `target.engine_wait`. A lost GPU
+        stops this worker at once: it rarely comes back without a reset, and the trial stays interrupted."""
+        if isinstance(gone, GpuLost):
+            raise GpuLostStop(
+                f"{gone}: this worker stops (the GPU is lost: an Xid error or a driver reset; `nvidia-smi` says more); "
+                f"trial {trial.number} is kept as interrupted, not its flags' doing, and runs again when the same "
+                "command is run once the GPU answers"
+            ) from gone  # the chain, NVML's own error in it, for the log file's details
         bound = self.job.target.engine_wait
         self.on_event(
             f"trial {trial.number} interrupted: {gone}; it is not the flags' doing: waiting up to {bound:g} s "
@@ -413,7 +425,7 @@ class TuningRun:
             raise TunerError(
                 f"{gone.engine} did not answer within {bound:g} s (target.engine_wait); trial {trial.number} is "
                 "kept as interrupted and runs again when the same command is run"
-            )
+            ) from gone
         self.on_event(f"{gone.engine} answers again after {waited:.0f} s; trial {trial.number} runs again")
         retry_trial(self.study, self.study._storage.get_trial(trial._trial_id))
 
