@@ -30,8 +30,9 @@ def short_flags(flags: dict[str, Any]) -> str:
     )
 
 
-def trial_line(t: FrozenTrial) -> str:
-    """One line a person reads in the morning: flags -> throughput, P95, success, verdict or reason."""
+def trial_line(t: FrozenTrial, trace_rate: float | None = None) -> str:
+    """One line a person reads in the morning: flags -> throughput, P95, success, verdict or reason; with
+    `trace_rate` (a rate search on a trace: its slice's own mean rate), the speed-up the rate found means."""
     r = TrialRecord.from_attrs(t.user_attrs)
     head = f"#{t.number:<3}{' (baseline)' if r.baseline else ''} {short_flags(r.flags)}"
     suffix = f"  [same flags as #{r.duplicate_of}, not relaunched]" if r.duplicate_of is not None else ""
@@ -47,7 +48,9 @@ def trial_line(t: FrozenTrial) -> str:
         verdict += " (load stopped early: the miss was certain)"
     rate = r.request_rate
     parts = [
-        f"{r.output_tok_s or 0:.1f} tok/s" + (f" at {rate:.2f} req/s" if rate else ""),
+        f"{r.output_tok_s or 0:.1f} tok/s"
+        + (f" at {rate:.2f} req/s" if rate else "")
+        + (f" (the trace x{rate / trace_rate:.3g})" if rate and trace_rate else ""),
         f"{metric} {latency:.2f}s" if latency is not None else "",
         f"success {r.success_rate:.1%}" if r.success_rate is not None else "",
         _turns(r),

@@ -58,7 +58,21 @@ def trace_lines(job: Job) -> list[str]:
     from tuner.load.trace_replay import slice_shape
 
     note = a.load_trace().note
-    return [*([f"note: {note}"] if note else []), *slice_shape(a.trace_requests(), a.block_tokens).lines()]
+    lines = [*([f"note: {note}"] if note else []), *slice_shape(a.trace_requests(), a.block_tokens).lines()]
+    own = a.trace_rate()
+    if job.objective in ("max_rate", "goodput") and own is not None:
+        start = (
+            f"at x{a.speedup:g} ({a.speedup * own:.2f} req/s: arrival.speedup)"
+            if a.speedup != 1
+            else "at the rate a probe of its requests (32 in flight) serves"
+        )
+        lines.append(
+            f"{job.objective} search: each step replays this slice sped up to the rate it tries (speed-up = rate / "
+            f"{own:.2f} req/s), its bursts, lengths and shared blocks kept: {len(a.trace_requests())} requests a "
+            f"step (capacity_search.requests_per_step does not apply); the first {start}, at most "
+            f"{job.capacity_search.max_steps} steps"
+        )
+    return lines
 
 
 def box_text(job: Job, baseline_world_size: int) -> str | None:
@@ -259,9 +273,12 @@ def run(
         r = state["run"]
         progress.update(state["task"], description=f"trial #{number}", completed=count_done(r.study))
 
+    # a rate search on a trace: each trial's rate is also the speed-up it means
+    trace_rate = job.arrival.trace_rate() if job.objective != "throughput" and job.arrival.trace else None
+
     def on_end(t: FrozenTrial) -> None:
         r = state["run"]
-        say(trial_line(t))
+        say(trial_line(t, trace_rate))
         progress.update(state["task"], completed=count_done(r.study), best=best_text(r.study))
 
     tuning = TuningRun(
