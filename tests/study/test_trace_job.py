@@ -144,6 +144,15 @@ def test_the_shipped_trace_job_validates_and_shows_its_reuse() -> None:
     assert "prompt tokens reusable (shared hash ids): 70%" in result.output
 
 
+def test_the_shipped_goodput_trace_job_says_what_its_search_scales() -> None:
+    path = ROOT / "search_spaces" / "emulator-trace-goodput.yaml"
+    result = CliRunner().invoke(app, ["tune", str(path), "--dry-run"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "goodput search: each step replays this slice sped up to the rate it tries (speed-up = rate / 1.96" in out
+    assert "234 requests a step" in out and "sampler: twin" in out
+
+
 def test_the_twin_replays_the_trace_and_its_prefix_hits_are_the_reusable_share(tmp_path: Path) -> None:
     job = load_job(_job(tmp_path, (TRACES / "mooncake.jsonl").read_text(), arrival="{trace: t.jsonl, speedup: 0.5}"))
     point = simulate(job, VllmFlags(max_num_seqs=8, max_model_len=4096, enable_prefix_caching=True))

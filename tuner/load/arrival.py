@@ -48,8 +48,12 @@ class Arrival(BaseModel):
     format: TraceFormat = "auto"
     start_s: float = Field(default=0.0, ge=0)
     """Where the slice starts, in seconds from the trace's first request."""
-    speedup: float = Field(default=1.0, gt=0)
-    """The trace's time divided by this: 4 plays an hour in 15 minutes."""
+    speedup: float = Field(
+        default=1.0,
+        gt=0,
+        description="a trace's time divided by this: 4 plays an hour in 15 minutes; under objective max_rate or "
+        "goodput, where the search starts (it sets each step's speed-up: the rate over the slice's own)",
+    )
     block_tokens: int = Field(default=512, ge=1)
     """Tokens in one Mooncake hash id's prompt block (512 in Mooncake's published traces)."""
 
