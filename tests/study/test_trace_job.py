@@ -306,3 +306,14 @@ def test_a_box_s_replica_plays_the_trace_n_times_slower() -> None:
     share = replica_arrival(Arrival(trace=TRACES / "mooncake.jsonl", speedup=2, max_in_flight=8), 4)
     assert share.rate is None and share.speedup == 0.5 and share.max_in_flight == 2
     assert [r.send_s for r in share.trace_requests()] == pytest.approx([0.0, 0.5, 3.0, 8.0])
+
+
+def test_the_twin_s_rate_on_a_box_is_one_replica_s(tmp_path: Path) -> None:
+    alone = load_job(_rate_job(tmp_path, "max_rate"))
+    path = _rate_job(tmp_path, "max_rate")
+    path.write_text(path.read_text().replace("gpu: h100-80gb,", "gpu: h100-80gb, gpus: 2,"))
+    box = load_job(path)
+    assert box.box_gpus() == 2
+    flags = VllmFlags(max_num_seqs=8, max_model_len=4096)
+    # the study's search runs on one server at each rate; the box's rate is twice it (tuner.box)
+    assert simulate(box, flags).rate == simulate(alone, flags).rate is not None

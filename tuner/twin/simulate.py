@@ -174,14 +174,17 @@ def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficien
     the study's capacity search, its trace sped up to each rate (tuner.twin.rate_search), the best step's point."""
     if not searches_trace_rate(job):
         return _simulate_load(job, flags, coefficients)
-    found = trace_rate_search(job, lambda j: _simulate_load(j, flags, coefficients), lambda j, p: p.summary(j))
+    # each rate the search tries is one replica's, as the study's search runs on one server
+    found = trace_rate_search(
+        job, lambda j: _simulate_load(j, flags, coefficients, share=False), lambda j, p: p.summary(j)
+    )
     return replace(found.point, rate=found.rate, rate_steps=found.steps)
 
 
-def _simulate_load(job: Job, flags: VllmFlags, coefficients: Coefficients) -> SimPoint:
-    """One fixed load: the job's arrival as it is."""
+def _simulate_load(job: Job, flags: VllmFlags, coefficients: Coefficients, *, share: bool = True) -> SimPoint:
+    """One fixed load: the job's arrival as it is, one replica's `share` of it on a box of several."""
     n = replicas(job.box_gpus(), flags.world_size)
-    if n > 1:
+    if n > 1 and share:
         job = job.model_copy(update={"arrival": replica_arrival(job.arrival, n)})
     model, gpu = job.model_profile(), job.gpu_profile()
     resolved = resolve(flags, gpu, model)
