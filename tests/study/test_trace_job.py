@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from tuner.box import replica_arrival
 from tuner.cli import app
+from tuner.cli.trial_lines import search_trace_rate, trial_line
 from tuner.config import load_job
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
@@ -317,3 +318,17 @@ def test_the_twin_s_rate_on_a_box_is_one_replica_s(tmp_path: Path) -> None:
     flags = VllmFlags(max_num_seqs=8, max_model_len=4096)
     # the study's search runs on one server at each rate; the box's rate is twice it (tuner.box)
     assert simulate(box, flags).rate == simulate(alone, flags).rate is not None
+
+
+def test_a_rate_search_on_a_trace_s_trial_line_says_the_speed_up(tmp_path: Path) -> None:
+    job = load_job(_rate_job(tmp_path, "goodput"))
+    own = search_trace_rate(job)
+    assert own == pytest.approx(47 / 23)
+    attrs = {
+        "outcome": "measured", "flags": {"max_num_seqs": 8}, "output_tok_s": 500.0, "success_rate": 1.0,
+        "feasible": True, "request_rate": 3 * own,
+    }  # fmt: skip
+    trial = optuna.trial.create_trial(values=[500.0, 0.05], user_attrs=attrs)
+    assert "500.0 tok/s at 6.13 req/s (the trace x3)" in trial_line(trial, own)
+    plain = load_job(_job(tmp_path, BURSTY.read_text()))  # throughput: the trace's rate is its own
+    assert search_trace_rate(plain) is None and "(the trace" not in trial_line(trial)

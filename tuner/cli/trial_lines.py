@@ -15,11 +15,21 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 from rich.table import Table
 
+from tuner.config import Job
 from tuner.record import MEASURED, TrialRecord
 from tuner.report.tables import flag_label
 from tuner.scoring import OBJECTIVE_FALLBACK
 
-__all__ = ["TextLog", "best_text", "console", "count_done", "pareto_table", "short_flags", "trial_line"]
+__all__ = [
+    "TextLog",
+    "best_text",
+    "console",
+    "count_done",
+    "pareto_table",
+    "search_trace_rate",
+    "short_flags",
+    "trial_line",
+]
 
 console = Console(highlight=False)
 
@@ -28,6 +38,11 @@ def short_flags(flags: dict[str, Any]) -> str:
     return " ".join(
         f"{flag_label(k)}={v:g}" if isinstance(v, float) else f"{flag_label(k)}={v}" for k, v in flags.items()
     )
+
+
+def search_trace_rate(job: Job) -> float | None:
+    """A rate search on a trace: the slice's own mean rate, of which each trial's rate is a speed-up."""
+    return job.arrival.trace_rate() if job.objective != "throughput" and job.arrival.trace is not None else None
 
 
 def trial_line(t: FrozenTrial, trace_rate: float | None = None) -> str:

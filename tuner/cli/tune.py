@@ -17,7 +17,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tuner.box import replica_arrival, replicas
 from tuner.cli import app
-from tuner.cli.trial_lines import TextLog, best_text, console, count_done, pareto_table, short_flags, trial_line
+from tuner.cli.trial_lines import (
+    TextLog,
+    best_text,
+    console,
+    count_done,
+    pareto_table,
+    search_trace_rate,
+    short_flags,
+    trial_line,
+)
 from tuner.config import Job, job_schema, load_job
 from tuner.errors import ConfigError, TunerError
 from tuner.feasibility import FeasibilityModel
@@ -275,8 +284,7 @@ def run(
         r = state["run"]
         progress.update(state["task"], description=f"trial #{number}", completed=count_done(r.study))
 
-    # a rate search on a trace: each trial's rate is also the speed-up it means
-    trace_rate = job.arrival.trace_rate() if job.objective != "throughput" and job.arrival.trace else None
+    trace_rate = search_trace_rate(job)
 
     def on_end(t: FrozenTrial) -> None:
         r = state["run"]
