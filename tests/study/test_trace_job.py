@@ -150,7 +150,7 @@ def test_the_shipped_goodput_trace_job_says_what_its_search_scales() -> None:
     result = CliRunner().invoke(app, ["tune", str(path), "--dry-run"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())
-    assert "goodput search: each step replays this slice sped up to the rate it tries (speed-up = rate / 1.96" in out
+    assert "goodput search: each step replays the slice sped up to the rate it tries, speed-up = rate / 1.96" in out
     assert "234 requests a step" in out and "sampler: twin" in out
 
 
@@ -240,12 +240,12 @@ def test_a_rate_search_on_a_trace_says_what_it_scales_in_the_dry_run(tmp_path: P
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())
     assert "trace slice: 48 requests over 6 s of replay (8.17 req/s on average)" in out
-    assert (
-        "goodput search: each step replays this slice sped up to the rate it tries (speed-up = rate / 2.04 req/s)"
-        in out
-    )
+    assert "goodput search: each step replays the slice sped up to the rate it tries," in out
+    assert "speed-up = rate / 2.04 req/s; its bursts, lengths and shared blocks kept" in out
     assert "48 requests a step (capacity_search.requests_per_step does not apply)" in out
-    assert "the first at x4 (8.17 req/s: arrival.speedup), at most 6 steps" in out
+    assert "the first step at x4 (8.17 req/s: arrival.speedup) at most 6 steps" in out
+    said = result.output[result.output.index("goodput search") :].splitlines()[:5]
+    assert said[-1] == "  at most 6 steps (capacity_search.max_steps)" and all(len(line) < 80 for line in said)
 
 
 @pytest.mark.slow

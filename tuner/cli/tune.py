@@ -73,14 +73,16 @@ def trace_lines(job: Job) -> list[str]:
         start = (
             f"at x{a.speedup:g} ({a.speedup * own:.2f} req/s: arrival.speedup)"
             if a.speedup != 1
-            else "at the rate a probe of its requests (32 in flight) serves"
+            else "at the rate a probe of its requests serves (32 in flight)"
         )
-        lines.append(
-            f"{job.objective} search: each step replays this slice sped up to the rate it tries (speed-up = rate / "
-            f"{own:.2f} req/s), its bursts, lengths and shared blocks kept: {len(a.trace_requests())} requests a "
-            f"step (capacity_search.requests_per_step does not apply); the first {start}, at most "
-            f"{job.capacity_search.max_steps} steps"
-        )
+        # lines shorter than 80 columns, as the slice's shape above
+        lines += [
+            f"{job.objective} search: each step replays the slice sped up to the rate it tries,",
+            f"  speed-up = rate / {own:.2f} req/s; its bursts, lengths and shared blocks kept",
+            f"  {len(a.trace_requests())} requests a step (capacity_search.requests_per_step does not apply)",
+            f"  the first step {start}",
+            f"  at most {job.capacity_search.max_steps} steps (capacity_search.max_steps)",
+        ]
     return lines
 
 
