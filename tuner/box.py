@@ -35,13 +35,18 @@ def shape_refusal(box_gpus: int, world_size: int) -> str | None:
 
 def replica_arrival(arrival: Arrival, n_replicas: int) -> Arrival:
     """One replica's share of the job's load: 1/n of the closed loop's users (rounded up, at least 1, so the box
-    is never offered less than the job's load) or of the open loop's rate and its in-flight cap. The request count
-    stays the job's: each replica's measurement is as long as a lone server's."""
+    is never offered less than the job's load) or of the open loop's rate (a trace's speed-up) and its in-flight
+    cap. The request count stays the job's: each replica's measurement is as long as a lone server's."""
     if n_replicas <= 1:
         return arrival
     if arrival.concurrency is not None:
         return arrival.model_copy(update={"concurrency": max(1, math.ceil(arrival.concurrency / n_replicas))})
-    update: dict[str, float | int] = {"rate": float(arrival.rate or 0.0) / n_replicas}
+    # a trace's share is its slice played n times slower: each replica sees its bursts and lengths, at 1/n the rate
+    update: dict[str, float | int] = (
+        {"speedup": arrival.speedup / n_replicas}
+        if arrival.trace is not None
+        else {"rate": float(arrival.rate or 0.0) / n_replicas}
+    )
     if arrival.max_in_flight is not None:
         update["max_in_flight"] = max(1, math.ceil(arrival.max_in_flight / n_replicas))
     return arrival.model_copy(update=update)

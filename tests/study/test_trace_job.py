@@ -12,13 +12,17 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
+from tuner.box import replica_arrival
 from tuner.cli import app
+from tuner.cli.trial_lines import search_trace_rate, trial_line
 from tuner.config import load_job
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
+from tuner.load import Arrival
 from tuner.load.trace_replay import reusable_tokens
 from tuner.record import MEASURED, TrialRecord
 from tuner.store.store import open_store
+from tuner.twin.sampler import twin_unsupported
 from tuner.twin.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +90,15 @@ def test_the_trace_is_read_beside_the_job_file(tmp_path: Path) -> None:
             '{"t": 0, "input_len": 5, "output_len": 1}\n',
             None,
             "objective: max_rate\n",
-            "objective: max_rate searches a request rate",
+            "objective: max_rate plays the trace faster or slower to each rate it tries, and the slice has one "
+            "request: give a slice of requests at two times at least, or objective: throughput",
+        ),
+        (
+            '{"t": 5, "input_len": 5, "output_len": 1}\n{"t": 5, "input_len": 6, "output_len": 1}\n',
+            None,
+            "objective: goodput\n",
+            "objective: goodput plays the trace faster or slower to each rate it tries, and the slice has every "
+            "request at 0 s",
         ),
     ],
 )
@@ -133,6 +145,15 @@ def test_the_shipped_trace_job_validates_and_shows_its_reuse() -> None:
     assert "prompt tokens reusable (shared hash ids): 70%" in result.output
 
 
+def test_the_shipped_goodput_trace_job_says_what_its_search_scales() -> None:
+    path = ROOT / "search_spaces" / "emulator-trace-goodput.yaml"
+    result = CliRunner().invoke(app, ["tune", str(path), "--dry-run"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "goodput search: each step replays the slice sped up to the rate it tries, speed-up = rate / 1.96" in out
+    assert "234 requests a step" in out and "sampler: twin" in out
+
+
 def test_the_twin_replays_the_trace_and_its_prefix_hits_are_the_reusable_share(tmp_path: Path) -> None:
     job = load_job(_job(tmp_path, (TRACES / "mooncake.jsonl").read_text(), arrival="{trace: t.jsonl, speedup: 0.5}"))
     point = simulate(job, VllmFlags(max_num_seqs=8, max_model_len=4096, enable_prefix_caching=True))
@@ -175,3 +196,139 @@ def test_tuner_tune_replays_a_trace_on_the_emulator(tmp_path: Path) -> None:
             ]  # fmt: skip
     finally:
         store.close()
+
+
+BURSTY = TRACES / "mooncake-bursty.jsonl"  # 48 requests over 23 s: 1 req/s with two bursts of 12 within a second
+
+
+def _rate_job(tmp_path: Path, objective: str, slo: str = "ttft_p95 <= 100ms") -> Path:
+    path = _job(tmp_path, BURSTY.read_text(), extra=f"objective: {objective}\n")
+    path.write_text(path.read_text().replace("e2e_p95 <= 20s", slo))
+    return path
+
+
+@pytest.mark.parametrize("objective", ["max_rate", "goodput"])
+def test_the_twin_searches_the_rate_a_trace_can_be_played_at(tmp_path: Path, objective: str) -> None:
+    job = load_job(_rate_job(tmp_path, objective))
+    assert twin_unsupported(job) is None
+    own = job.arrival.trace_rate()
+    assert own == pytest.approx(47 / 23)
+    found = {}
+    for seqs in (8, 16):
+        point = simulate(job, VllmFlags(max_num_seqs=seqs, max_model_len=4096))
+        steps = point.rate_steps
+        met = [s.rate for s in steps if s.meets_slos]
+        assert point.rate is not None and point.rate == max(met)
+        assert all(s.rate > point.rate for s in steps if not s.meets_slos) and len(steps) > len(met)
+        assert all(s.speedup == pytest.approx(s.rate / own) for s in steps)
+        # the point is the best step's: the whole trace, its lengths, judged as the study judges it
+        assert [(r.prompt_tokens, r.completion_tokens) for r in sorted(point.records, key=lambda r: r.index)] == [
+            (r.input_len, r.output_len) for r in job.arrival.trace_requests()
+        ]
+        summary = point.summary(job)
+        assert summary is not None
+        judged = [job.goodput_slo()] if objective == "goodput" else job.parsed_slos()
+        assert all(slo.met(summary) for slo in judged)
+        found[seqs] = point.rate
+    assert found[16] > found[8]  # a batch of 16 takes a burst a batch of 8 queues
+
+
+def test_a_rate_search_on_a_trace_says_what_it_scales_in_the_dry_run(tmp_path: Path) -> None:
+    path = _rate_job(tmp_path, "goodput")
+    path.write_text(path.read_text().replace("{trace: t.jsonl}", "{trace: t.jsonl, speedup: 4}"))
+    result = CliRunner().invoke(app, ["tune", str(path), "--dry-run"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "trace slice: 48 requests over 6 s of replay (8.17 req/s on average)" in out
+    assert "goodput search: each step replays the slice sped up to the rate it tries," in out
+    assert "speed-up = rate / 2.04 req/s; its bursts, lengths and shared blocks kept" in out
+    assert "48 requests a step (capacity_search.requests_per_step does not apply)" in out
+    assert "the first step at x4 (8.17 req/s: arrival.speedup) at most 6 steps" in out
+    said = result.output[result.output.index("goodput search") :].splitlines()[:5]
+    assert said[-1] == "  at most 6 steps (capacity_search.max_steps)" and all(len(line) < 80 for line in said)
+
+
+@pytest.mark.slow
+def test_a_goodput_study_on_the_emulator_finds_the_rate_a_trace_can_be_played_at(tmp_path: Path) -> None:
+    """Twin-first, then emulated servers each searched by replaying the trace faster or slower; every measured
+    trial records the rate found and replays the whole trace; `tuner calibrate --study` fits the trials."""
+    path = _rate_job(tmp_path, "goodput", "ttft_p95 <= 2s")
+    text = (
+        path.read_text().replace("time_scale: 20", "time_scale: 10").replace("choices: [8, 16]", "choices: [8, 16, 32]")
+    )
+    path.write_text(text.replace("n_trials: 2", "n_trials: 3, confirm: 0"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNER_STORAGE")} | {"COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(path), "--log-file", str(tmp_path / "study.log")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=1800,  # not a bound on its speed: a hang must end the run rather than block CI
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (tmp_path / "study.log").read_text()
+    assert "twin predicted" in log and "req/s (the trace x" in log
+    url = f"sqlite:///{tmp_path / 'replay.db'}"
+    records = [TrialRecord.from_attrs(t.user_attrs) for t in optuna.load_study(study_name="replay", storage=url).trials]
+    measured = [r for r in records if r.outcome == MEASURED]
+    assert measured and all(r.request_rate is not None and r.request_rate > 0 for r in measured)
+    lengths = [(r.input_len, r.output_len) for r in load_job(path).arrival.trace_requests()]
+    store = open_store(url, migrate=False)
+    try:
+        for number in range(len(records)):
+            assert [(r.prompt_tokens, r.completion_tokens) for r in store.request_records("replay", number)] == lengths
+    finally:
+        store.close()
+    fitted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "calibrate",
+            "--study",
+            "replay",
+            "--storage",
+            url,
+            "-o",
+            str(tmp_path / "p.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=600,
+    )
+    assert fitted.returncode == 0, fitted.stdout[-3000:] + fitted.stderr[-3000:]
+    assert "3 of 3 trials measured in full" in fitted.stdout
+
+
+def test_a_box_s_replica_plays_the_trace_n_times_slower() -> None:
+    share = replica_arrival(Arrival(trace=TRACES / "mooncake.jsonl", speedup=2, max_in_flight=8), 4)
+    assert share.rate is None and share.speedup == 0.5 and share.max_in_flight == 2
+    assert [r.send_s for r in share.trace_requests()] == pytest.approx([0.0, 0.5, 3.0, 8.0])
+
+
+def test_the_twin_s_rate_on_a_box_is_one_replica_s(tmp_path: Path) -> None:
+    alone = load_job(_rate_job(tmp_path, "max_rate"))
+    path = _rate_job(tmp_path, "max_rate")
+    path.write_text(path.read_text().replace("gpu: h100-80gb,", "gpu: h100-80gb, gpus: 2,"))
+    box = load_job(path)
+    assert box.box_gpus() == 2
+    flags = VllmFlags(max_num_seqs=8, max_model_len=4096)
+    # the study's search runs on one server at each rate; the box's rate is twice it (tuner.box)
+    assert simulate(box, flags).rate == simulate(alone, flags).rate is not None
+
+
+def test_a_rate_search_on_a_trace_s_trial_line_says_the_speed_up(tmp_path: Path) -> None:
+    job = load_job(_rate_job(tmp_path, "goodput"))
+    own = search_trace_rate(job)
+    assert own == pytest.approx(47 / 23)
+    attrs = {
+        "outcome": "measured", "flags": {"max_num_seqs": 8}, "output_tok_s": 500.0, "success_rate": 1.0,
+        "feasible": True, "request_rate": 3 * own,
+    }  # fmt: skip
+    trial = optuna.trial.create_trial(values=[500.0, 0.05], user_attrs=attrs)
+    assert "500.0 tok/s at 6.13 req/s (the trace x3)" in trial_line(trial, own)
+    plain = load_job(_job(tmp_path, BURSTY.read_text()))  # throughput: the trace's rate is its own
+    assert search_trace_rate(plain) is None and "(the trace" not in trial_line(trial)

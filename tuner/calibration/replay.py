@@ -95,6 +95,9 @@ class Request:
     output_len: int
     warmup: bool = False
     send_s: float | None = None
+    # a trace's request: its prompt's blocks as token ids, shared with the requests that share its hash ids, so the
+    # prefix cache serves them as it served the server (None: a prompt of its own but the load's shared prefix)
+    prompt_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,8 @@ def replay(shape: EngineShape, load: Load, guess: StepCoefficients, *, smooth: b
 
     def send(index: int, start: np.ndarray) -> None:
         spec = load.requests[index]
-        shared = prefix[: max(0, spec.prompt_len - 1)]
-        # a fresh tail for every prompt: the prefix cache serves the shared prefix and nothing else
+        shared = list(spec.prompt_ids or ())[: spec.prompt_len] or prefix[: max(0, spec.prompt_len - 1)]
+        # a fresh tail for every prompt: the prefix cache serves the shared prefix (or blocks) and nothing else
         ids = shared + [next(unique) for _ in range(spec.prompt_len - len(shared))]
         sinks[index] = sink = _Sink(run.now, start, run.ended)
         req = EngineRequest(f"r{index}", ids, spec.output_len, "length", sink, f.block_size, f.enable_prefix_caching)

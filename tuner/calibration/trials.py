@@ -29,6 +29,7 @@ from tuner.catalog import GpuProfile, ModelProfile, load_model, resolve_gpu
 from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.flags import VllmFlags, resolve
 from tuner.load import Arrival, RequestRecord
+from tuner.load.trace_replay import trace_prompts
 from tuner.record import MEASURED, StudyRecord, TrialRecord
 from tuner.store import current_revision, open_store, safe_url
 
@@ -144,7 +145,8 @@ def read_trials(
                 skipped[why] += 1
                 continue
             shape = _shape(model, device, record, number)
-            load = Load(tuple(_request(r, closed is None) for r in records), closed, prefix_len)
+            ids = trace_prompt_ids(arrival, records, workload.get("seed"))
+            load = Load(tuple(_request(r, closed is None, ids) for r in records), closed, prefix_len)
             used.append(StoredTrial(number, record.flags, shape, load, _measured(records), record.vllm_version))
     finally:
         store.close()
@@ -239,5 +241,22 @@ def _measured(records: list[RequestRecord]) -> Measured:
     )
 
 
-def _request(r: RequestRecord, open_loop: bool) -> Request:
-    return Request(r.prompt_tokens, r.completion_tokens, r.warmup, r.start_s if open_loop else None)
+def _request(r: RequestRecord, open_loop: bool, ids: list[tuple[int, ...]] | None = None) -> Request:
+    prompt = ids[r.index] if ids is not None and r.index < len(ids) else None
+    return Request(r.prompt_tokens, r.completion_tokens, r.warmup, r.start_s if open_loop else None, prompt)
+
+
+def trace_prompt_ids(arrival: Arrival, records: list[RequestRecord], seed: object = 0) -> list[tuple[int, ...]] | None:
+    """A trace study's prompts as token ids, one per request of its slice in the order sent (a record's index),
+    their hash ids' blocks shared; None without a trace, without hash ids, or where the trace file cannot be read
+    here (the replay then shares no prompt text, and a prefix cache's help goes into the fitted prefill)."""
+    if arrival.trace is None:
+        return None
+    try:
+        sent = arrival.trace_requests()
+    except ConfigError:
+        return None
+    if not any(r.hash_ids for r in sent) or len(sent) < len({r.index for r in records}):
+        return None
+    prompts = trace_prompts(sent, block_tokens=arrival.block_tokens, seed=seed if isinstance(seed, int) else 0)
+    return [tuple(p.prompt) if isinstance(p.prompt, list) else () for p in prompts]

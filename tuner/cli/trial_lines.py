@@ -18,11 +18,21 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 from rich.table import Table
 
+from tuner.config import Job
 from tuner.record import MEASURED, TrialRecord
 from tuner.report.tables import flag_label
 from tuner.scoring import OBJECTIVE_FALLBACK
 
-__all__ = ["TextLog", "best_text", "console", "count_done", "pareto_table", "short_flags", "trial_line"]
+__all__ = [
+    "TextLog",
+    "best_text",
+    "console",
+    "count_done",
+    "pareto_table",
+    "search_trace_rate",
+    "short_flags",
+    "trial_line",
+]
 
 console = Console(highlight=False)
 
@@ -33,8 +43,14 @@ def short_flags(flags: dict[str, Any]) -> str:
     )
 
 
-def trial_line(t: FrozenTrial) -> str:
-    """One line a person reads in the morning: flags -> throughput, P95, success, verdict or reason."""
+def search_trace_rate(job: Job) -> float | None:
+    """A rate search on a trace: the slice's own mean rate, of which each trial's rate is a speed-up."""
+    return job.arrival.trace_rate() if job.objective != "throughput" and job.arrival.trace is not None else None
+
+
+def trial_line(t: FrozenTrial, trace_rate: float | None = None) -> str:
+    """One line a person reads in the morning: flags -> throughput, P95, success, verdict or reason; with
+    `trace_rate` (a rate search on a trace: its slice's own mean rate), the speed-up the rate found means."""
     r = TrialRecord.from_attrs(t.user_attrs)
     head = f"#{t.number:<3}{' (baseline)' if r.baseline else ''} {short_flags(r.flags)}"
     suffix = f"  [same flags as #{r.duplicate_of}, not relaunched]" if r.duplicate_of is not None else ""
@@ -50,7 +66,9 @@ def trial_line(t: FrozenTrial) -> str:
         verdict += " (load stopped early: the miss was certain)"
     rate = r.request_rate
     parts = [
-        f"{r.output_tok_s or 0:.1f} tok/s" + (f" at {rate:.2f} req/s" if rate else ""),
+        f"{r.output_tok_s or 0:.1f} tok/s"
+        + (f" at {rate:.2f} req/s" if rate else "")
+        + (f" (the trace x{rate / trace_rate:.3g})" if rate and trace_rate else ""),
         f"{metric} {latency:.2f}s" if latency is not None else "",
         f"success {r.success_rate:.1%}" if r.success_rate is not None else "",
         _turns(r),

@@ -17,7 +17,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tuner.box import replica_arrival, replicas
 from tuner.cli import app
-from tuner.cli.trial_lines import TextLog, best_text, console, count_done, pareto_table, short_flags, trial_line
+from tuner.cli.trial_lines import (
+    TextLog,
+    best_text,
+    console,
+    count_done,
+    pareto_table,
+    search_trace_rate,
+    short_flags,
+    trial_line,
+)
 from tuner.config import Job, job_schema, load_job
 from tuner.errors import ConfigError, TunerError
 from tuner.feasibility import FeasibilityModel
@@ -58,7 +67,23 @@ def trace_lines(job: Job) -> list[str]:
     from tuner.load.trace_replay import slice_shape
 
     note = a.load_trace().note
-    return [*([f"note: {note}"] if note else []), *slice_shape(a.trace_requests(), a.block_tokens).lines()]
+    lines = [*([f"note: {note}"] if note else []), *slice_shape(a.trace_requests(), a.block_tokens).lines()]
+    own = a.trace_rate()
+    if job.objective in ("max_rate", "goodput") and own is not None:
+        start = (
+            f"at x{a.speedup:g} ({a.speedup * own:.2f} req/s: arrival.speedup)"
+            if a.speedup != 1
+            else "at the rate a probe of its requests serves (32 in flight)"
+        )
+        # lines shorter than 80 columns, as the slice's shape above
+        lines += [
+            f"{job.objective} search: each step replays the slice sped up to the rate it tries,",
+            f"  speed-up = rate / {own:.2f} req/s; its bursts, lengths and shared blocks kept",
+            f"  {len(a.trace_requests())} requests a step (capacity_search.requests_per_step does not apply)",
+            f"  the first step {start}",
+            f"  at most {job.capacity_search.max_steps} steps (capacity_search.max_steps)",
+        ]
+    return lines
 
 
 def box_text(job: Job, baseline_world_size: int) -> str | None:
@@ -158,6 +183,8 @@ def preflight_check(job: Job) -> None:
     "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]\n\n"
     "Example: [bold]tuner tune search_spaces/emulator-trace.yaml --dry-run[/bold]   (a request log replayed: the "
     "slice's shape; README: Bring your own log)\n\n"
+    "Example: [bold]tuner tune search_spaces/emulator-trace-goodput.yaml[/bold]   (objective: goodput on a trace: "
+    "how much faster than logged the traffic can come, each trial replaying it sped up to the rates it tries)\n\n"
     "Example: [bold]tuner tune job.yaml --parallel auto[/bold]   (8 GPUs, tensor_parallel_size 2: 4 workers)"
 )
 def tune(
@@ -259,9 +286,11 @@ def run(
         r = state["run"]
         progress.update(state["task"], description=f"trial #{number}", completed=count_done(r.study))
 
+    trace_rate = search_trace_rate(job)
+
     def on_end(t: FrozenTrial) -> None:
         r = state["run"]
-        say(trial_line(t))
+        say(trial_line(t, trace_rate))
         progress.update(state["task"], completed=count_done(r.study), best=best_text(r.study))
 
     tuning = TuningRun(

@@ -12,7 +12,15 @@ import typer
 from optuna.trial import FrozenTrial
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.cli.trial_lines import TextLog, best_text, console, count_done, pareto_table, trial_line
+from tuner.cli.trial_lines import (
+    TextLog,
+    best_text,
+    console,
+    count_done,
+    pareto_table,
+    search_trace_rate,
+    trial_line,
+)
 from tuner.config import Job
 from tuner.errors import TunerError
 from tuner.store import safe_url
@@ -41,9 +49,16 @@ class _WorkerRows:
     """The progress rows: the study's (its budget, the best so far) and one a worker (its trial, its GPUs)."""
 
     def __init__(
-        self, progress: Progress, say: Callable[[str], None], study: optuna.Study, n: int, workers: int
+        self,
+        progress: Progress,
+        say: Callable[[str], None],
+        study: optuna.Study,
+        n: int,
+        workers: int,
+        trace_rate: float | None = None,
     ) -> None:
         self.progress, self.say, self.study, self.n = progress, say, study, n
+        self.trace_rate = trace_rate  # a rate search on a trace: each trial's rate is a speed-up of it
         done = count_done(study)
         self.overall = progress.add_task(
             "study", total=n, completed=done, count=f"{done}/{n} trials", best=best_text(study)
@@ -64,7 +79,7 @@ class _WorkerRows:
         elif e.kind == "end":
             t: FrozenTrial = e.args[0]
             self.ran[e.worker] += 1
-            self.say(f"{trial_line(t)}  ({who})")
+            self.say(f"{trial_line(t, self.trace_rate)}  ({who})")
             progress.update(row, description=f"{who}: trial #{t.number} done", count=f"{self.ran[e.worker]} run")
             done = count_done(self.study)
             progress.update(self.overall, completed=done, count=f"{done}/{self.n} trials", best=best_text(self.study))
@@ -107,7 +122,7 @@ def run_workers(
         parent.prepare()
         with progress:
             done = count_done(parent.study)
-            view = _WorkerRows(progress, say, parent.study, n, workers)
+            view = _WorkerRows(progress, say, parent.study, n, workers, search_trace_rate(job))
             say(
                 f"study {job.study.name!r} in {safe_url(url)}: {done}/{n} trials done; {workers} workers on GPUs "
                 f"{', '.join(gpus)}"

@@ -159,10 +159,12 @@ def _trace_problem(job: Job) -> str | None:
         return f"arrival: the trace's slice from {a.start_s:g} s to {end} holds no request (the trace spans {span:g} s)"
     if job.workload.dataset is not None:
         return "workload.dataset: a trace gives each request's lengths; leave out workload.dataset or arrival.trace"
-    if job.objective in ("max_rate", "goodput"):
+    if job.objective in ("max_rate", "goodput") and a.trace_rate() is None:
+        at = f"at {requests[0].send_s:g} s" if len(requests) > 1 else "in it"
         return (
-            f"objective: {job.objective} searches a request rate, and a trace's rate is its own; "
-            "use objective: throughput"
+            f"objective: {job.objective} plays the trace faster or slower to each rate it tries, and the slice has "
+            f"{'one request' if len(requests) == 1 else 'every request ' + at}: give a slice of requests at two "
+            "times at least, or objective: throughput"
         )
     return None
 

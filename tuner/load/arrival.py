@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tuner.load.trace_replay import TimedRequest, trace_slice
+from tuner.load.trace_replay import TimedRequest, mean_rate, trace_slice
 from tuner.load.traces import Trace, TraceFormat, load_trace
 
 __all__ = ["Arrival", "interarrival_gaps", "send_offsets"]
@@ -48,8 +48,12 @@ class Arrival(BaseModel):
     format: TraceFormat = "auto"
     start_s: float = Field(default=0.0, ge=0)
     """Where the slice starts, in seconds from the trace's first request."""
-    speedup: float = Field(default=1.0, gt=0)
-    """The trace's time divided by this: 4 plays an hour in 15 minutes."""
+    speedup: float = Field(
+        default=1.0,
+        gt=0,
+        description="a trace's time divided by this: 4 plays an hour in 15 minutes; under objective max_rate or "
+        "goodput, where the search starts (it sets each step's speed-up: the rate over the slice's own)",
+    )
     block_tokens: int = Field(default=512, ge=1)
     """Tokens in one Mooncake hash id's prompt block (512 in Mooncake's published traces)."""
 
@@ -90,6 +94,19 @@ class Arrival(BaseModel):
         if self.requests is not None:
             sent = sent[: self.warmup_requests + self.requests]
         return sent
+
+    def trace_rate(self) -> float | None:
+        """The slice's own mean rate in requests/s, at speed-up 1 (None: fewer than two requests at two times)."""
+        rate = mean_rate(self.trace_requests())
+        return rate / self.speedup if rate is not None else None
+
+    def at_rate(self, rate: float, seed: int = 0) -> Arrival:
+        """The trace sped up (or slowed) so that its slice sends `rate` requests/s on average: every time divided
+        alike, so its bursts, lengths and shared blocks stay the trace's. `seed` writes its prompts afresh (the
+        blocks stay shared within the replay, not with an earlier one a prefix cache may still hold)."""
+        own = self.trace_rate()
+        assert own is not None
+        return self.model_copy(update={"speedup": rate / own, "seed": seed})
 
     def describe(self) -> str:
         if self.concurrency is not None:

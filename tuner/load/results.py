@@ -133,6 +133,8 @@ class CapacityStep(BaseModel):
     rate: float
     summary: LoadSummary
     meets_slos: bool
+    speedup: float | None = None
+    """A trace's step: the speed-up that sends its slice at `rate` (the rate over the slice's own mean rate)."""
     violations: list[float] = Field(default_factory=list)
     diagnosis: str = ""
     slo_stop: str | None = None
@@ -145,5 +147,12 @@ class CapacitySearchResult(BaseModel):
     best: LoadResult | None
     steps: list[CapacityStep]
     estimate_rate: float | None = None
-    """Request throughput of the saturating closed-loop probe the search started from."""
+    """Request throughput of the saturating closed-loop probe the search started from (a trace's speed-up given:
+    the rate it plays at)."""
     probe: LoadSummary | None = None
+    trace_rate: float | None = None
+    """A trace's slice's own mean rate (req/s at speed-up 1): a rate over it is the speed-up that rate means."""
+
+    @property
+    def best_speedup(self) -> float | None:
+        return self.best_rate / self.trace_rate if self.best_rate is not None and self.trace_rate else None

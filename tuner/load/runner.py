@@ -76,9 +76,9 @@ def _prompts(workload: Workload, arrival: Arrival, fit: PromptFit | None) -> Ite
     """The workload's endless prompts, or a trace's: its slice's lengths, its shared blocks as shared text."""
     if arrival.trace is None:
         return workload.prompts(fit)
-    return trace_prompts(
-        arrival.trace_requests(), fit, api=workload.api, block_tokens=arrival.block_tokens, seed=workload.seed
-    )
+    # the arrival's seed too: a rate search's steps replay the slice with blocks of their own
+    seed = workload.seed + arrival.seed
+    return trace_prompts(arrival.trace_requests(), fit, api=workload.api, block_tokens=arrival.block_tokens, seed=seed)
 
 
 class _Run:

@@ -13,7 +13,15 @@ from tuner.load.prompt_fit import UNFITTED, PromptFit
 from tuner.load.traces import Trace, TraceRequest
 from tuner.load.workload import ChatApi, PromptSpec
 
-__all__ = ["SliceShape", "TimedRequest", "reusable_tokens", "slice_shape", "trace_prompts", "trace_slice"]
+__all__ = [
+    "SliceShape",
+    "TimedRequest",
+    "mean_rate",
+    "reusable_tokens",
+    "slice_shape",
+    "trace_prompts",
+    "trace_slice",
+]
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,15 @@ def trace_slice(
         for r in trace.requests
         if start_s <= r.t_s < end
     )
+
+
+def mean_rate(requests: Sequence[TimedRequest]) -> float | None:
+    """Requests per second between the first send and the last: (n - 1) gaps over their span, so the slice played
+    k times faster sends at exactly k times this. None for fewer than two requests or all at one instant."""
+    if len(requests) < 2:
+        return None
+    span = requests[-1].send_s - requests[0].send_s
+    return (len(requests) - 1) / span if span > 0 else None
 
 
 def trace_prompts(
@@ -99,12 +116,14 @@ class SliceShape:
     output_pct: dict[int, int]
     reusable_share: float | None
     """Of all prompt tokens, the share a prefix cache could serve; None without hash ids."""
+    rate: float | None = None
+    """Its mean rate (`mean_rate`): what a rate search divides a probed rate by to get the speed-up."""
 
     def lines(self) -> list[str]:
-        rate = self.requests / self.span_s if self.span_s > 0 else float("nan")
+        rate = f"{self.rate:.2f} req/s on average" if self.rate is not None else "no rate: one instant"
         pct = "  ".join(f"p{p} {self.input_pct[p]}/{self.output_pct[p]}" for p in self.input_pct)
         out = [
-            f"trace slice: {self.requests} requests over {self.span_s:.0f} s of replay ({rate:.2f} req/s on average)",
+            f"trace slice: {self.requests} requests over {self.span_s:.0f} s of replay ({rate})",
             f"  requests per {_span(self.bucket_s)}: {sparkline(self.counts)}  (min {min(self.counts)}, "
             f"max {max(self.counts)})",
             f"  input/output tokens: {pct}",
@@ -138,6 +157,7 @@ def slice_shape(requests: Sequence[TimedRequest], block_tokens: int = 512) -> Sl
         input_pct={p: _percentile(inputs, p) for p in _PERCENTILES},
         output_pct={p: _percentile(outputs, p) for p in _PERCENTILES},
         reusable_share=share,
+        rate=mean_rate(requests),
     )
 
 

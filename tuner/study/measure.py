@@ -73,6 +73,7 @@ async def _measure(server: Server, job: Job, flags: VllmFlags) -> Measurement:
         max_num_seqs=seqs,
         stop_on_slo_miss=job.stop_early,
         judge=[job.goodput_slo()] if job.objective == "goodput" else None,
+        trace=job.arrival if job.arrival.trace is not None else None,  # replayed faster or slower to each rate
     )
     scored = 0
     if search.best_rate is not None:

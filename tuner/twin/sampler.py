@@ -69,9 +69,12 @@ NEAR_BEST = 0.02  # candidates predicted within this of the best are equals: the
 def twin_unsupported(job: Job) -> str | None:
     """Why the twin cannot imitate this job's target, or None: it needs a GPU (or a CPU with a fitted step-time
     profile) and a model the start-up arithmetic knows, and a throughput objective (it predicts the job's fixed
-    load, not a capacity search)."""
-    if job.objective != "throughput":
-        return f"the objective is {job.objective} (the twin predicts throughput under the job's load)"
+    load) or a trace (whose capacity search it runs: tuner.twin.rate_search)."""
+    if job.objective != "throughput" and job.arrival.trace is None:
+        return (
+            f"the objective is {job.objective} on a {'closed loop' if job.arrival.closed else 'rate'} (the twin "
+            "predicts throughput under the job's load, and a capacity search only on a trace)"
+        )
     try:
         gpu, model = job.gpu_profile(), job.model_profile()
     except TunerError as e:

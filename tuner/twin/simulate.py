@@ -31,11 +31,12 @@ from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.step_time import StepTimeModel
 from tuner.flags import ResolvedFlags, VllmFlags, resolve
-from tuner.load import RequestRecord
+from tuner.load import CapacityStep, RequestRecord
 from tuner.load.arrival import send_offsets
 from tuner.load.trace_replay import trace_prompts
 from tuner.scoring import LoadSummary, summarize
 from tuner.twin.conversations import ConversationUsers
+from tuner.twin.rate_search import searches_trace_rate, trace_rate_search
 
 __all__ = ["Coefficients", "SimPoint", "simulate"]
 
@@ -100,6 +101,8 @@ class SimPoint:
     estimated_max_model_len: int | None = None  # a start refused for KV: the longest that would fit
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, and those it served (vLLM's counters)
     prefix_hits: int = 0
+    rate: float | None = None  # a capacity search's: the highest rate that met its judge (None: none did)
+    rate_steps: list[CapacityStep] = field(default_factory=list)
 
     @property
     def started(self) -> bool:
@@ -167,9 +170,21 @@ def _oom_threshold(job: Job, flags: ResolvedFlags, plan: StartupPlan) -> int:
 
 def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficients()) -> SimPoint:
     """`flags` started and loaded with the job's workload and arrival, in virtual time: one replica of the box's
-    under its share of the arrival (`tuner.box`), as the study measures it."""
+    under its share of the arrival (`tuner.box`), as the study measures it. A max_rate or goodput job on a trace:
+    the study's capacity search, its trace sped up to each rate (tuner.twin.rate_search), the best step's point."""
+    if not searches_trace_rate(job):
+        return _simulate_load(job, flags, coefficients)
+    # each rate the search tries is one replica's, as the study's search runs on one server
+    found = trace_rate_search(
+        job, lambda j: _simulate_load(j, flags, coefficients, share=False), lambda j, p: p.summary(j)
+    )
+    return replace(found.point, rate=found.rate, rate_steps=found.steps)
+
+
+def _simulate_load(job: Job, flags: VllmFlags, coefficients: Coefficients, *, share: bool = True) -> SimPoint:
+    """One fixed load: the job's arrival as it is, one replica's `share` of it on a box of several."""
     n = replicas(job.box_gpus(), flags.world_size)
-    if n > 1:
+    if n > 1 and share:
         job = job.model_copy(update={"arrival": replica_arrival(job.arrival, n)})
     model, gpu = job.model_profile(), job.gpu_profile()
     resolved = resolve(flags, gpu, model)
@@ -242,7 +257,7 @@ class _Load:
         if a.trace is not None:  # its slice, at its times and lengths, its shared blocks as shared token ids
             sent = a.trace_requests()
             self.total, self.duration = len(sent), None
-            self.prompts = trace_prompts(sent, block_tokens=a.block_tokens, seed=job.workload.seed)
+            self.prompts = trace_prompts(sent, block_tokens=a.block_tokens, seed=job.workload.seed + a.seed)
             self.arrivals = send_offsets(a)
         # A conversation workload's users, each holding its conversation (None: every request stands alone).
         self.users = ConversationUsers(job.workload, a.concurrency or 1) if job.workload.conversations else None
