@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tuner.box import replica_arrival, replicas
+from tuner.box import SHAPE_DOES_NOT_FIT, replica_arrival, replicas, shape_refusal
 from tuner.capacity import KV_CACHE_TOO_SMALL, StartupPlan, plan_startup, runtime_need_bytes
 from tuner.clock import Clock
 from tuner.config import Job
@@ -167,7 +167,11 @@ def _oom_threshold(job: Job, flags: ResolvedFlags, plan: StartupPlan) -> int:
 
 def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficients()) -> SimPoint:
     """`flags` started and loaded with the job's workload and arrival, in virtual time: one replica of the box's
-    under its share of the arrival (`tuner.box`), as the study measures it."""
+    under its share of the arrival (`tuner.box`), as the study measures it. A shape wider than the box does not
+    start, as the study refuses it before launch."""
+    refusal = shape_refusal(job.box_gpus(), flags.world_size)
+    if refusal is not None:
+        return SimPoint(flags.as_dict(), SHAPE_DOES_NOT_FIT, refusal)
     n = replicas(job.box_gpus(), flags.world_size)
     if n > 1:
         job = job.model_copy(update={"arrival": replica_arrival(job.arrival, n)})
