@@ -19,6 +19,8 @@ from tuner.config import Job
 from tuner.emulator import Emulator
 from tuner.emulator.config import parse_config
 from tuner.flags import VllmFlags
+from tuner.scoring import Slo
+from tuner.twin.figures import chance_of_meeting
 from tuner.twin.model import Twin, candidates
 from tuner.twin.sampler import TwinSampler, _rank
 from tuner.twin.simulate import Coefficients, simulate
@@ -133,3 +135,12 @@ def test_twin_first_search_proposes_the_box_s_best_shape_and_says_the_box_s_figu
     trial = study.ask(dict(j.search_space().distributions))
     assert trial.params["tensor_parallel_size"] == 4
     assert "predicted to meet the SLOs, the best at" in events[0] and "on the box (2 replicas)" in events[0]
+
+
+def test_a_run_with_every_request_answered_meets_a_success_rate_slo_for_certain() -> None:
+    # The spread of a share is in its failures: 1.0 against >= 0.99 is certain (a spread on the rate itself made it
+    # a 55% chance, which outweighed a better shape's throughput), half the allowed failures nearly so, twice them not.
+    slo = [Slo(metric="success_rate", op=">=", threshold=0.99)]
+    assert chance_of_meeting(slo, {"success_rate": 1.0}, {"success_rate": 0.08}) == 1.0
+    assert chance_of_meeting(slo, {"success_rate": 0.995}, {"success_rate": 0.08}) > 0.99
+    assert chance_of_meeting(slo, {"success_rate": 0.98}, {"success_rate": 0.08}) < 0.01
