@@ -14,7 +14,7 @@ Two servers per model: the emulator as the catalog has it, where the twin is the
 the catalog's (an NVLink reaching half its bandwidth, say), which the twin does not know: there its pick is a
 guess its real trials must correct, and TP-heavy shapes are worth less than the catalog says.
 
-    nice -n 10 .venv/bin/python benchmarks/box_shapes.py --gpu-hour-usd 2.50 --seeds 5 \\
+    nice -n 10 .venv/bin/python benchmarks/box_shapes.py --gpu-hour-usd 2.50 --seeds 3 --budget 10 \\
         --json benchmarks/fixtures/box_shapes.json
 """
 
@@ -270,6 +270,7 @@ def main() -> None:
     if args.table_from:
         data = json.loads(args.table_from.read_text())
         price, budget = data.pop("gpu_hour_usd"), data.pop("budget")
+        data.pop("seeds", None)
         print(table(data, price, budget))
         return
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -289,7 +290,9 @@ def main() -> None:
     print(table(results, args.gpu_hour_usd, args.budget))
     if args.json:
         args.json.write_text(
-            json.dumps({"gpu_hour_usd": args.gpu_hour_usd, "budget": args.budget, **results}, indent=1)
+            json.dumps(
+                {"gpu_hour_usd": args.gpu_hour_usd, "budget": args.budget, "seeds": args.seeds, **results}, indent=1
+            )
         )
 
 
