@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from tuner.load import Arrival
 
-__all__ = ["BoxFigures", "box_figures", "replica_arrival", "replicas", "shape_refusal"]
+__all__ = ["SHAPE_DOES_NOT_FIT", "BoxFigures", "box_figures", "replica_arrival", "replicas", "shape_refusal"]
 
 _MILLION = 1_000_000
+SHAPE_DOES_NOT_FIT = "shape_does_not_fit"  # the reason a trial of a shape wider than the box is refused
 
 
 def replicas(box_gpus: int, world_size: int) -> int:

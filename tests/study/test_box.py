@@ -197,8 +197,8 @@ def test_a_bad_box_or_price_is_one_line_and_exit_2(tmp_path: Path, field: str, v
 def test_the_twin_predicts_one_replica_under_its_share_as_the_study_measures_it() -> None:
     flags = VllmFlags(tensor_parallel_size=2, max_num_seqs=16, max_model_len=4096, gpu_memory_utilization=0.9)
     box = simulate(box_job(4, arrival={"concurrency": 8, "requests": 16}), flags)
-    alone = simulate(box_job(1, arrival={"concurrency": 4, "requests": 16}), flags)
-    crowded = simulate(box_job(1, arrival={"concurrency": 8, "requests": 16}), flags)
+    alone = simulate(box_job(2, arrival={"concurrency": 4, "requests": 16}), flags)  # a box of one TP-2 server
+    crowded = simulate(box_job(2, arrival={"concurrency": 8, "requests": 16}), flags)
     assert box.started and box.peak_running == alone.peak_running == 4 and crowded.peak_running == 8
     assert [r.e2e_s for r in box.records] == [r.e2e_s for r in alone.records]
 

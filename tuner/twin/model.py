@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
+from tuner.box import replicas
 from tuner.capacity import runtime_need_bytes
 from tuner.config import Job
 from tuner.flags import VllmFlags, resolve
@@ -86,6 +87,12 @@ class Predicted:
     exact: bool  # simulated under the current fit (else the sweep, moved by the fit)
     figures: dict[str, float] = field(default_factory=dict)  # the throughput and each SLO metric
     chance: float = 0.0  # of meeting every SLO, under the twin's spread per figure
+    replicas: int = 1  # of this shape on the job's box (tuner.box): the figures above are one replica's
+
+    @property
+    def box_tok_s(self) -> float:
+        """The box's throughput, what the study maximises: every replica does what the one simulated does."""
+        return self.output_tok_s * self.replicas
 
     @property
     def feasible(self) -> bool:
@@ -98,8 +105,9 @@ class Predicted:
 
     @property
     def expected_tok_s(self) -> float:
-        """The throughput a trial of it is expected to add as feasible: its throughput times its chance."""
-        return self.output_tok_s * self.chance if self.started and not self.crashed else 0.0
+        """The box throughput a trial of it is expected to add as feasible: the box's figure times its chance (the
+        replicas of a shape share the SLO verdict: each is the replica simulated)."""
+        return self.box_tok_s * self.chance if self.started and not self.crashed else 0.0
 
 
 def _values(dist: BaseDistribution) -> list[Any]:
@@ -205,7 +213,8 @@ class Twin:
         spread = {k: _near(self._spread(k, exact), nearness) for k in figures}
         violation = max((violation_of(slo, figures) for slo in self.slos), default=0.0)
         chance = chance_of_meeting(self.slos, figures, spread)
-        return Predicted(key, True, False, figures["output_tok_s"], violation, exact, figures, chance)
+        n = replicas(self.job.box_gpus(), self._flags(key).world_size)
+        return Predicted(key, True, False, figures["output_tok_s"], violation, exact, figures, chance, n)
 
     def _correction(self, key: str) -> dict[str, float]:
         """Factors per figure from the real trials' residuals: their mean everywhere (a bias the terms cannot fit is

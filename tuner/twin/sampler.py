@@ -216,7 +216,7 @@ class TwinSampler(BaseSampler):
             self.on_event(
                 f"twin: {len(pool)} flag sets measured in the emulator's engine in virtual time "
                 f"({time.monotonic() - started:.0f} s of CPU); {sum(p.feasible for p in ranked)} predicted to meet "
-                f"the SLOs" + (f", the best at {best.output_tok_s:,.0f} tok/s" if best and best.feasible else "")
+                f"the SLOs" + (f", the best at {_box_figure(best)}" if best and best.feasible else "")
             )
         return self.twin
 
@@ -370,7 +370,7 @@ class TwinSampler(BaseSampler):
             d = self._distance(twin.pool[key].params, tried)
             # where the verdict is least sure a trial teaches the most: an even chance doubles the weight
             doubt = 4 * p.chance * (1 - p.chance)
-            options.append((p.output_tok_s * (1 + u * d) * (1 + doubt), key))
+            options.append((p.box_tok_s * (1 + u * d) * (1 + doubt), key))
         return max(options)[1] if options else None
 
     def _tried_params(self, study: Study) -> list[dict[str, Any]]:
@@ -392,7 +392,7 @@ def _rank(p: Predicted) -> tuple[float, ...]:
     if p.started and not p.crashed and p.chance >= MIN_CHANCE:
         return (0, -p.expected_tok_s)
     if p.started and not p.crashed:  # none likely to meet them: the likeliest, nearest the SLOs in its spread
-        return (1, -p.chance, p.violation - p.output_tok_s * 1e-9)
+        return (1, -p.chance, p.violation - p.box_tok_s * 1e-9)
     return (2, 0.0)
 
 
@@ -523,7 +523,17 @@ def _describe(p: Predicted) -> str:
         slo = f"meets the SLOs, uncertain ({p.chance:.0%} chance)"
     else:
         slo = "meets the SLOs"
-    return f"predicted {p.output_tok_s:,.0f} tok/s, {slo}"
+    return f"predicted {p.output_tok_s:,.0f} tok/s{_on_the_box(p)}, {slo}"
+
+
+def _on_the_box(p: Predicted) -> str:
+    """What a replica's prediction makes of the box, where the box holds more than one (the measured figure that
+    follows is the one replica's, as the prediction before it is)."""
+    return f" a replica ({p.replicas} on the box: {p.box_tok_s:,.0f})" if p.replicas > 1 else ""
+
+
+def _box_figure(p: Predicted) -> str:
+    return f"{p.box_tok_s:,.0f} tok/s" + (f" on the box ({p.replicas} replicas)" if p.replicas > 1 else "")
 
 
 def _compare(p: Predicted, r: TrialRecord, foreseen: bool, error: float | None, wrong: str | None = None) -> str:

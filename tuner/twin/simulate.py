@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tuner.box import replica_arrival, replicas
+from tuner.box import SHAPE_DOES_NOT_FIT, replica_arrival, replicas, shape_refusal
 from tuner.capacity import KV_CACHE_TOO_SMALL, StartupPlan, plan_startup, runtime_need_bytes
 from tuner.clock import Clock
 from tuner.config import Job
@@ -170,8 +170,12 @@ def _oom_threshold(job: Job, flags: ResolvedFlags, plan: StartupPlan) -> int:
 
 def simulate(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficients()) -> SimPoint:
     """`flags` started and loaded with the job's workload and arrival, in virtual time: one replica of the box's
-    under its share of the arrival (`tuner.box`), as the study measures it. A max_rate or goodput job on a trace:
-    the study's capacity search, its trace sped up to each rate (tuner.twin.rate_search), the best step's point."""
+    under its share of the arrival (`tuner.box`), as the study measures it. A shape wider than the box does not
+    start, as the study refuses it before launch. A max_rate or goodput job on a trace: the study's capacity search,
+    its trace sped up to each rate (tuner.twin.rate_search), the best step's point."""
+    refusal = shape_refusal(job.box_gpus(), flags.world_size)
+    if refusal is not None:
+        return SimPoint(flags.as_dict(), SHAPE_DOES_NOT_FIT, refusal)
     if not searches_trace_rate(job):
         return _simulate_load(job, flags, coefficients)
     # each rate the search tries is one replica's, as the study's search runs on one server
