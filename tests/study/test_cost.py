@@ -285,3 +285,33 @@ def test_pareto_cost_without_a_price_is_one_line_and_exit_2(tmp_path: Path) -> N
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "study 'free' has no GPU-hour price" in " ".join(out.stderr.split())
+
+
+# -- the twin ------------------------------------------------------------------------------------------------------
+
+
+def test_the_twin_ranks_shapes_by_the_cost_of_the_load_and_twin_first_search_starts_there() -> None:
+    from tuner.study.samplers import make_sampler, sampler_name
+    from tuner.twin.cost import CostScore, capacity_simulate
+    from tuner.twin.model import Twin, candidates
+    from tuner.twin.simulate import simulate
+
+    j = cost_job(sampler={"seed": 0})
+    assert sampler_name(j) == "twin"  # the twin can imitate a cost job: twin-first by default
+    pool = candidates(j.search_space(), 400, 0)
+    twin = Twin(j, pool, capacity_simulate(simulate))
+    twin.sweep()
+    score = CostScore(j, lambda: twin)
+    predicted = {c.key: twin.predict(c.key) for c in pool}
+    cheapest = max(pool, key=lambda c: score.expected(predicted[c.key]))
+    fastest = max(pool, key=lambda c: predicted[c.key].output_tok_s)
+    # Two TP-2 GPUs give one replica more tok/s than one TP-1 GPU, but not twice as much: the cost ranking differs.
+    assert cheapest.key != fastest.key and fastest.flags.tensor_parallel_size == 2
+    point = twin.point(cheapest.key).summary(j)
+    assert point is not None and point.request_throughput > 0  # each shape simulated at its capacity
+    sampler = make_sampler(j, j.search_space())
+    study = optuna.create_study(directions=DIRECTIONS, sampler=sampler)
+    study.optimize(Objective(j, FakeLauncher(), measure=_emulated([])), n_trials=1)
+    (first,) = study.trials
+    assert first.params == dict(cheapest.params)
+    assert first.user_attrs["twin_predicted_tok_s"] == pytest.approx(predicted[cheapest.key].output_tok_s, abs=0.1)
