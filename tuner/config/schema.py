@@ -92,7 +92,7 @@ class SamplerSection(StrictModel):
     name: SamplerName | None = Field(
         default=None,
         description="default: twin where the GPU and model are known to the start-up arithmetic and the objective "
-        "is throughput, else tpe",
+        "is throughput or cost, else tpe",
     )
     seed: int | None = 0
     n_startup_trials: int | None = Field(default=None, ge=0, description="random trials before the model (tpe, gp)")

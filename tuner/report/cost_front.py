@@ -37,7 +37,7 @@ def need_price(view: StudyView) -> None:
     if not view.priced:
         raise ConfigError(
             f"study {view.name!r} has no GPU-hour price, so no $ per million tokens: give target.gpu_hour_usd "
-            "in the job (e.g. gpu_hour_usd: 2.5) and run it, or use tuner plan --gpu-hour-usd"
+            "in the job (e.g. gpu_hour_usd: 2.5) for its next trials"
         )
 
 
