@@ -139,20 +139,20 @@ def _emulated(seen: list[tuple[VllmFlags, Measurement]]) -> Any:
 
 
 def cost_job(**changes: Any) -> Job:
-    return job(
-        objective="cost",
-        target={**JOB["target"], "gpus": 2, "gpu_hour_usd": 0.8},
-        space={
+    data: dict[str, Any] = {
+        "objective": "cost",
+        "target": {**JOB["target"], "gpus": 2, "gpu_hour_usd": 0.8},
+        "space": {
             "tensor_parallel_size": {"choices": [1, 2]},
             "max_num_seqs": {"choices": [2, 32]},
             "gpu_memory_utilization": 0.9,
             "max_model_len": 4096,
         },
-        arrival={"rate": LOAD_RATE, "requests": 8},
-        capacity_search={"requests_per_step": 16, "max_steps": 3},
-        slos=["e2e_p95 <= 4s", "success_rate >= 0.9"],
-        **changes,
-    )
+        "arrival": {"rate": LOAD_RATE, "requests": 8},
+        "capacity_search": {"requests_per_step": 16, "max_steps": 3},
+        "slos": ["e2e_p95 <= 4s", "success_rate >= 0.9"],
+    }
+    return job(**(data | changes))
 
 
 def test_a_trial_is_scored_by_what_its_replicas_for_the_load_cost() -> None:
@@ -315,3 +315,60 @@ def test_the_twin_ranks_shapes_by_the_cost_of_the_load_and_twin_first_search_sta
     (first,) = study.trials
     assert first.params == dict(cheapest.params)
     assert first.user_attrs["twin_predicted_tok_s"] == pytest.approx(predicted[cheapest.key].output_tok_s, abs=0.1)
+
+
+# -- users, re-scoring, the export's provenance ------------------------------------------------------------------------
+
+
+def test_a_closed_loop_job_is_sized_by_the_users_each_replica_held_in_flight() -> None:
+    seen: list[tuple[VllmFlags, Measurement]] = []
+    j = cost_job(arrival={"concurrency": 40, "requests": 8})
+    trial = FixedTrial({"tensor_parallel_size": 1, "max_num_seqs": 32})
+    values = Objective(j, FakeLauncher(), measure=_emulated(seen))(trial)
+    ((_, m),) = seen
+    assert m.result is not None and m.rate
+    in_flight = m.result.summary.concurrency
+    a = trial.user_attrs
+    assert a["replicas"] - 1 < 40 / in_flight <= a["replicas"]  # whole replicas, the fewest that hold 40 users
+    assert a["cost_load_rate"] == pytest.approx(40 * m.rate / in_flight)
+    assert values[0] == pytest.approx(1 / a["cost_usd_per_m_tokens"])
+
+
+def test_rescoring_a_cost_trial_costs_it_again_at_its_new_capacity() -> None:
+    from dataclasses import replace
+
+    from tuner.report.rescore import recosted
+
+    t = replace(
+        _view(0, 1.0, 1.0),
+        flags={"tensor_parallel_size": 2},
+        output_tok_s=400.0,
+        request_rate=4.0,
+        cost_usd_per_hour=12.0,  # 3 replicas x 2 GPUs at $2
+        box_gpus=6,
+        replicas=3,
+        cost_gpu_hours_per_m_tokens=1.0,
+    )
+    # under a tighter SLO the replica met it only at 2 req/s (200 tok/s): 5 replicas of 2 GPUs for 10 req/s
+    after = recosted(replace(t, output_tok_s=200.0, request_rate=2.0), JobLoad(rate=10.0), True)
+    assert (after.replicas, after.box_gpus) == (5, 10)
+    assert after.cost_usd_per_hour == pytest.approx(20.0)
+    assert after.cost_usd_per_m_tokens == pytest.approx(20 / 3.6) and after.throughput == pytest.approx(3.6 / 20)
+    missed = recosted(t, JobLoad(rate=10.0), False)
+    assert missed.throughput == 0.0 and not missed.costed and missed.cost_text == "—"
+
+
+def test_the_export_names_the_cost_in_its_provenance(cost_study: tuple[str, str]) -> None:
+    from tuner.report import choose, pareto_front, provenance, study_view
+
+    url, name = cost_study
+    view = study_view(optuna.load_study(study_name=name, storage=url))
+    winner = choose(pareto_front(view.trials), "throughput")
+    p = provenance(view, winner)
+    assert p.output_tok_s == winner.output_tok_s  # one replica's measured tok/s, not the tokens per $
+    each = (winner.box_gpus or 0) // (winner.replicas or 1)
+    note = next(n for n in p.notes if n.startswith("cost objective:"))
+    assert (
+        f"{winner.replicas} replica" in note and f"x {each} GPU" in note and f"{winner.cost_text} per million" in note
+    )
+    assert any(line == f"note: {note}" for line in p.comment_lines())
