@@ -372,3 +372,14 @@ def test_the_export_names_the_cost_in_its_provenance(cost_study: tuple[str, str]
         f"{winner.replicas} replica" in note and f"x {each} GPU" in note and f"{winner.cost_text} per million" in note
     )
     assert any(line == f"note: {note}" for line in p.comment_lines())
+
+
+def test_status_and_studies_name_the_cheapest_by_its_cost(cost_study: tuple[str, str]) -> None:
+    from tuner.report import choose, pareto_front, study_view
+
+    url, name = cost_study
+    winner = choose(pareto_front(study_view(optuna.load_study(study_name=name, storage=url)).trials), "throughput")
+    status = " ".join(_cli("status", name, "--storage", url).split())
+    assert f"best so far: trial {winner.number}: {winner.cost_text} per M output tokens" in status
+    studies = _cli("studies", "--storage", url)
+    assert f"{winner.cost_text}/M (#{winner.number})" in studies and "best tok/s or $" in studies
