@@ -383,3 +383,20 @@ def test_status_and_studies_name_the_cheapest_by_its_cost(cost_study: tuple[str,
     assert f"best so far: trial {winner.number}: {winner.cost_text} per M output tokens" in status
     studies = _cli("studies", "--storage", url)
     assert f"{winner.cost_text}/M (#{winner.number})" in studies and "best tok/s or $" in studies
+
+
+def test_the_dry_run_says_what_a_cost_study_minimises_and_the_load_it_sizes_for() -> None:
+    from tuner.cli.cost_lines import cost_box_text, directions_text
+
+    assert directions_text(cost_job()) == (
+        "objective: cost; directions: minimize the cost of the job's load (maximize million output tokens per $), "
+        "minimize e2e_p95"
+    )
+    assert cost_box_text(cost_job()) == (
+        "cost: each shape's capacity within the SLOs, then ceil(load / capacity) replicas for 12 req/s; a shape may "
+        "span at most 2 GPUs (target.gpus); $0.8 a GPU-hour"
+    )
+    unpriced = cost_job(target={**JOB["target"], "gpus": 2}, arrival={"concurrency": 40, "requests": 8})
+    assert "per GPU-hour" in directions_text(unpriced)
+    assert "for 40 users (sized by Little's law" in cost_box_text(unpriced)
+    assert "no price (target.gpu_hour_usd): scored in GPU-hours" in cost_box_text(unpriced)
