@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["CostFigures", "JobLoad", "cost_figures"]
+from tuner.scoring import LoadSummary
+
+__all__ = ["CostFigures", "JobLoad", "cost_figures", "tokens_per_request"]
 
 _MILLION = 1_000_000
 # A replica a hair short of a whole share (capacity 9.999 for a load of 10) is not a second replica: capacities are
@@ -59,7 +61,7 @@ class CostFigures:
 
 def cost_figures(
     capacity_rate: float,
-    capacity_tok_s: float,
+    tokens_per_request: float,
     *,
     world_size: int,
     load: JobLoad,
@@ -67,10 +69,14 @@ def cost_figures(
     gpu_hour_usd: float | None = None,
 ) -> CostFigures | None:
     """The cost of serving `load` with replicas of `world_size` GPUs, each of which met the SLOs at
-    `capacity_rate` req/s doing `capacity_tok_s` output tok/s with `in_flight` requests in flight on average (needed
-    for users). None when the replica has no capacity (no rate met the SLOs) or a closed loop has no in-flight figure.
+    `capacity_rate` req/s with `in_flight` requests in flight on average (needed for users), a request asking for
+    `tokens_per_request` output tokens. None when the replica has no capacity (no rate met the SLOs) or a closed loop
+    has no in-flight figure.
+
+    The tokens are counted per request, not read from the step's tok/s: a short capacity step's tok/s is diluted by
+    its drain (the last requests finish after the last arrives), so tok/s / rate under-counts a request's tokens.
     """
-    if capacity_rate <= 0 or capacity_tok_s <= 0:
+    if capacity_rate <= 0 or tokens_per_request <= 0:
         return None
     if load.users is not None:
         if not in_flight or in_flight <= 0:
@@ -82,9 +88,16 @@ def cost_figures(
         shares = rate / capacity_rate
     n = max(1, math.ceil(shares - _EPS))
     gpus = n * max(1, world_size)
-    tokens_per_request = capacity_tok_s / capacity_rate
     load_tok_s = rate * tokens_per_request
     gpu_hours = gpus / (load_tok_s * 3600) * _MILLION
     usd_h = gpu_hour_usd * gpus if gpu_hour_usd is not None else None
     usd_m = gpu_hour_usd * gpu_hours if gpu_hour_usd is not None else None
-    return CostFigures(n, gpus, rate, load_tok_s, n * capacity_tok_s, gpu_hours, usd_h, usd_m)
+    box_tok_s = n * capacity_rate * tokens_per_request
+    return CostFigures(n, gpus, rate, load_tok_s, box_tok_s, gpu_hours, usd_h, usd_m)
+
+
+def tokens_per_request(summary: LoadSummary) -> float:
+    """Output tokens a request got, as the run counted them; its tok/s per req/s where it counted none."""
+    if summary.completion_tokens > 0 and summary.requests_succeeded > 0:
+        return summary.completion_tokens / summary.requests_succeeded
+    return summary.output_throughput / summary.request_throughput if summary.request_throughput > 0 else 0.0

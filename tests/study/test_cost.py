@@ -16,7 +16,7 @@ from optuna.trial import FixedTrial
 from study_fakes import JOB, FakeLauncher, FakeServer, job
 
 from tuner.config import Job
-from tuner.cost import JobLoad, cost_figures
+from tuner.cost import JobLoad, cost_figures, tokens_per_request
 from tuner.emulator import Emulator
 from tuner.flags import VllmFlags
 from tuner.launch import StartupFacts
@@ -27,8 +27,8 @@ from tuner.study.verdict import DIRECTIONS
 
 
 def test_an_open_loop_load_needs_whole_replicas_and_pays_for_their_gpus() -> None:
-    # A TP-2 replica meets the SLOs up to 4 req/s doing 400 tok/s (100 output tokens a request); the job sends 10.
-    c = cost_figures(4.0, 400.0, world_size=2, load=JobLoad(rate=10.0), gpu_hour_usd=2.0)
+    # A TP-2 replica meets the SLOs up to 4 req/s, each request 100 output tokens; the job sends 10.
+    c = cost_figures(4.0, 100.0, world_size=2, load=JobLoad(rate=10.0), gpu_hour_usd=2.0)
     assert c is not None
     assert (c.replicas, c.gpus) == (3, 6)  # 2.5 replicas' worth: 3 whole ones
     assert c.load_rate == 10.0 and c.load_tok_s == pytest.approx(1000.0) and c.box_tok_s == pytest.approx(1200.0)
@@ -40,27 +40,27 @@ def test_an_open_loop_load_needs_whole_replicas_and_pays_for_their_gpus() -> Non
 
 
 def test_a_load_of_exactly_whole_replicas_takes_no_extra_one_and_no_price_scores_gpu_hours() -> None:
-    c = cost_figures(4.0, 400.0, world_size=1, load=JobLoad(rate=8.0))
+    c = cost_figures(4.0, 100.0, world_size=1, load=JobLoad(rate=8.0))
     assert c is not None and c.replicas == 2 and c.gpus == 2
     assert c.usd_per_hour is None and c.usd_per_m_tokens is None
     assert c.gpu_hours_per_m_tokens == pytest.approx(2 / (800 * 3600) * 1e6)
     assert c.value == pytest.approx(1 / c.gpu_hours_per_m_tokens)
     # a light load still needs one replica
-    light = cost_figures(4.0, 400.0, world_size=4, load=JobLoad(rate=0.5))
+    light = cost_figures(4.0, 100.0, world_size=4, load=JobLoad(rate=0.5))
     assert light is not None and (light.replicas, light.gpus) == (1, 4)
 
 
 def test_users_are_sized_by_littles_law() -> None:
-    # At its capacity of 2 req/s a replica held 4 requests in flight: it serves 4 users; 20 users need 5 replicas,
-    # and send 20 x 2 / 4 = 10 req/s.
-    c = cost_figures(2.0, 200.0, world_size=1, load=JobLoad(users=20), in_flight=4.0, gpu_hour_usd=1.0)
+    # At its capacity of 2 req/s (100 tokens a request) a replica held 4 requests in flight: it serves 4 users;
+    # 20 users need 5 replicas, and send 20 x 2 / 4 = 10 req/s.
+    c = cost_figures(2.0, 100.0, world_size=1, load=JobLoad(users=20), in_flight=4.0, gpu_hour_usd=1.0)
     assert c is not None and c.replicas == 5 and c.load_rate == pytest.approx(10.0)
     assert c.usd_per_m_tokens == pytest.approx(5 / (1000 * 3600) * 1e6)
 
 
 def test_no_capacity_or_no_in_flight_figure_has_no_cost() -> None:
     assert cost_figures(0.0, 0.0, world_size=1, load=JobLoad(rate=1.0)) is None
-    assert cost_figures(2.0, 200.0, world_size=1, load=JobLoad(users=4), in_flight=None) is None
+    assert cost_figures(2.0, 100.0, world_size=1, load=JobLoad(users=4), in_flight=None) is None
     with pytest.raises(ValueError, match="exactly one"):
         JobLoad(rate=1.0, users=2)
 
@@ -162,9 +162,13 @@ def test_a_trial_is_scored_by_what_its_replicas_for_the_load_cost() -> None:
     ((_, m),) = seen
     a = trial.user_attrs
     assert m.rate is not None and m.rate > 0 and a["request_rate"] == m.rate  # one replica's capacity
-    expected = cost_figures(m.rate, a["output_tok_s"], world_size=2, load=JobLoad(rate=LOAD_RATE), gpu_hour_usd=0.8)
+    assert m.result is not None
+    tokens = tokens_per_request(m.result.summary)
+    assert tokens == pytest.approx(32)  # the workload's output_len, whatever the step's tok/s
+    expected = cost_figures(m.rate, tokens, world_size=2, load=JobLoad(rate=LOAD_RATE), gpu_hour_usd=0.8)
     assert expected is not None
     assert a["replicas"] == expected.replicas and a["box_gpus"] == 2 * expected.replicas
+    assert a["box_output_tok_s"] == pytest.approx(expected.replicas * m.rate * 32)  # at capacity, whole requests
     assert a["cost_load_rate"] == LOAD_RATE
     assert a["cost_usd_per_hour"] == pytest.approx(0.8 * a["box_gpus"])
     assert a["cost_usd_per_m_tokens"] == pytest.approx(expected.usd_per_m_tokens)
@@ -299,9 +303,10 @@ def test_the_twin_ranks_shapes_by_the_cost_of_the_load_and_twin_first_search_sta
     j = cost_job(sampler={"seed": 0})
     assert sampler_name(j) == "twin"  # the twin can imitate a cost job: twin-first by default
     pool = candidates(j.search_space(), 400, 0)
-    twin = Twin(j, pool, capacity_simulate(simulate))
+    simulated = capacity_simulate(simulate)
+    twin = Twin(j, pool, simulated)
     twin.sweep()
-    score = CostScore(j, lambda: twin)
+    score = CostScore(j, lambda: twin, simulated)
     predicted = {c.key: twin.predict(c.key) for c in pool}
     cheapest = max(pool, key=lambda c: score.expected(predicted[c.key]))
     fastest = max(pool, key=lambda c: predicted[c.key].output_tok_s)
@@ -350,11 +355,11 @@ def test_rescoring_a_cost_trial_costs_it_again_at_its_new_capacity() -> None:
         cost_gpu_hours_per_m_tokens=1.0,
     )
     # under a tighter SLO the replica met it only at 2 req/s (200 tok/s): 5 replicas of 2 GPUs for 10 req/s
-    after = recosted(replace(t, output_tok_s=200.0, request_rate=2.0), JobLoad(rate=10.0), True)
+    after = recosted(replace(t, output_tok_s=200.0, request_rate=2.0), JobLoad(rate=10.0), True, None, 100.0)
     assert (after.replicas, after.box_gpus) == (5, 10)
     assert after.cost_usd_per_hour == pytest.approx(20.0)
     assert after.cost_usd_per_m_tokens == pytest.approx(20 / 3.6) and after.throughput == pytest.approx(3.6 / 20)
-    missed = recosted(t, JobLoad(rate=10.0), False)
+    missed = recosted(t, JobLoad(rate=10.0), False, None, 100.0)
     assert missed.throughput == 0.0 and not missed.costed and missed.cost_text == "—"
 
 
@@ -400,3 +405,12 @@ def test_the_dry_run_says_what_a_cost_study_minimises_and_the_load_it_sizes_for(
     assert "per GPU-hour" in directions_text(unpriced)
     assert "for 40 users (sized by Little's law" in cost_box_text(unpriced)
     assert "no price (target.gpu_hour_usd): scored in GPU-hours" in cost_box_text(unpriced)
+
+
+def test_a_shape_that_meets_the_slos_at_no_rate_has_no_cost_and_no_box() -> None:
+    trial = FixedTrial({"tensor_parallel_size": 1, "max_num_seqs": 2})
+    values = Objective(cost_job(slos=["e2e_p95 <= 1ms"]), FakeLauncher(), measure=_emulated([]))(trial)
+    a = trial.user_attrs
+    assert a["outcome"] == "measured" and a["feasible"] is False and values[0] == 0.0
+    assert "replicas" not in a or a["replicas"] is None
+    assert "cost_usd_per_m_tokens" not in a and "cost_gpu_hours_per_m_tokens" not in a

@@ -104,7 +104,7 @@ def show_cmd(
             con.print(_failures_table(summary))
     elif t.measured:
         con.print(
-            f"load: {fmt(t.output_tok_s if t.costed else t.throughput)} tok/s, "
+            f"load: {fmt(t.output_tok_s if view.is_cost else t.throughput)} tok/s, "
             f"latency P95 {fmt(t.objective_latency_s, '.3f', ' s')}, "
             + "".join(f"{f.label} {fmt(t.latency(f.name), '.3f', ' s')}, " for f in figures() if f.headline)
             + f"success {fmt(t.success_rate, '.1%')}, "
@@ -193,7 +193,7 @@ def box_line(t: TrialView) -> str:
     hours = f", {t.gpu_hours_per_m_requests:,.1f} GPU-h per million requests" if t.gpu_hours_per_m_requests else ""
     shape = f"{t.replicas} replica{'s' if t.replicas != 1 else ''} on {t.box_gpus} GPU{'s' if t.box_gpus != 1 else ''}"
     # A cost study's first value is tokens per $: its box's throughput is its replicas' at their capacity.
-    tok_s = (t.output_tok_s or 0.0) * (t.replicas or 1) if t.costed else t.throughput
+    tok_s = t.box_output_tok_s if t.costed else t.throughput
     return f"box: {shape}: {fmt(tok_s)} tok/s ({fmt(t.tok_s_per_gpu)} per GPU){rate}; {usd}{hours}"
 
 

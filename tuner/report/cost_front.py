@@ -20,7 +20,7 @@ __all__ = ["box_tok_s", "cost_front", "cost_front_table", "cost_scatter", "need_
 def box_tok_s(t: TrialView) -> float | None:
     """The box's output tok/s: the study's first value, but a cost study's, whose first value is tokens per $."""
     if t.costed:
-        return (t.output_tok_s or 0.0) * (t.replicas or 1)
+        return t.box_output_tok_s
     return t.throughput
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from tuner.cost import JobLoad, cost_figures
+from tuner.cost import JobLoad, cost_figures, tokens_per_request
 from tuner.flags import VllmFlags
 from tuner.load.results import RequestRecord
 from tuner.report.front import pareto_front
@@ -165,7 +165,7 @@ class _Rescorer:
             violated=tuple(str(x) for x, v in zip(self.slos, run.violations, strict=True) if v > 0),
         )
         if t.costed and self.cost_load is not None:
-            after = recosted(after, self.cost_load, run.meets, float(s.concurrency))
+            after = recosted(after, self.cost_load, run.meets, float(s.concurrency), tokens_per_request(s))
         note = (
             "its load stopped at a certain miss of the old SLOs, so it is judged on part of a run: run it again"
             if run.partial and all(v <= 0 for v in run.violations)
@@ -216,19 +216,17 @@ def _stored_load(view: StudyView) -> JobLoad | None:
     return None
 
 
-def recosted(t: TrialView, load: JobLoad, meets: bool, in_flight: float | None = None) -> TrialView:
-    """A cost trial re-scored: the replicas its load needs at its new capacity (`t`'s rate and tok/s, `in_flight`
-    requests held there), at the price its record implies; no cost, and no value, where no step meets the new
-    SLOs."""
+def recosted(t: TrialView, load: JobLoad, meets: bool, in_flight: float | None, tokens: float) -> TrialView:
+    """A cost trial re-scored: the replicas its load needs at its new capacity (`t`'s rate, `in_flight` requests
+    held there, `tokens` output tokens a request), at the price its record implies; no cost, and no value, where no
+    step meets the new SLOs."""
     priced = t.cost_usd_per_hour is not None and t.box_gpus
     price = (t.cost_usd_per_hour or 0.0) / (t.box_gpus or 1) if priced else None
     summary_rate = t.request_rate or 0.0
     cost = None
-    if meets and t.output_tok_s:
+    if meets:
         world = VllmFlags.from_dict(t.flags).world_size
-        cost = cost_figures(
-            summary_rate, t.output_tok_s, world_size=world, load=load, in_flight=in_flight, gpu_hour_usd=price
-        )
+        cost = cost_figures(summary_rate, tokens, world_size=world, load=load, in_flight=in_flight, gpu_hour_usd=price)
     if cost is None:
         return dataclasses.replace(
             t, throughput=0.0, cost_usd_per_hour=None, cost_usd_per_m_tokens=None, cost_gpu_hours_per_m_tokens=None
@@ -238,6 +236,7 @@ def recosted(t: TrialView, load: JobLoad, meets: bool, in_flight: float | None =
         throughput=cost.value,
         replicas=cost.replicas,
         box_gpus=cost.gpus,
+        box_output_tok_s=cost.box_tok_s,
         cost_load_rate=cost.load_rate,
         cost_usd_per_hour=cost.usd_per_hour,
         cost_usd_per_m_tokens=cost.usd_per_m_tokens,

@@ -73,6 +73,7 @@ class TrialView:
     gpu_hours_per_m_requests: float | None = None
     # The cost objective (tuner.cost): `throughput` is million output tokens per $ (per GPU-hour without a price)
     # at the job's load, `replicas` x the shape's GPUs (`box_gpus`) the box that load needs.
+    box_output_tok_s: float | None = None  # the box's output tok/s as the record has it (`throughput`, but for cost)
     cost_load_rate: float | None = None
     cost_usd_per_hour: float | None = None
     cost_usd_per_m_tokens: float | None = None
@@ -369,6 +370,7 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         tok_s_per_gpu=r.tok_s_per_gpu,
         usd_per_m_tokens=r.usd_per_m_tokens,
         gpu_hours_per_m_requests=r.gpu_hours_per_m_requests,
+        box_output_tok_s=r.box_output_tok_s,
         cost_load_rate=r.cost_load_rate,
         cost_usd_per_hour=r.cost_usd_per_hour,
         cost_usd_per_m_tokens=r.cost_usd_per_m_tokens,

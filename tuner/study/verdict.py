@@ -14,7 +14,7 @@ from typing import Any, Literal
 from tuner.box import box_figures
 from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
-from tuner.cost import CostFigures, JobLoad, cost_figures
+from tuner.cost import CostFigures, JobLoad, cost_figures, tokens_per_request
 from tuner.flags import resolve
 from tuner.load.results import LoadResult
 from tuner.record import MEASURED, RECORD_VERSION, TrialRecord
@@ -102,7 +102,7 @@ class Scorer:
         summary = m.result.summary
         return cost_figures(
             m.rate,
-            float(summary.output_throughput),
+            tokens_per_request(summary),
             world_size=result.flags.world_size,
             load=self.cost_load,
             in_flight=float(summary.concurrency),
@@ -152,8 +152,11 @@ class Scorer:
 
     def _box(self, result: TrialResult, summary: LoadSummary, rate: float | None) -> dict[str, Any]:
         cost = self.cost(result)
+        if self.cost_load is not None and cost is None:
+            return {}  # no rate met the SLOs: no box the load could be served by
         box = box_figures(
-            float(summary.output_throughput),
+            # a cost trial's replica at its capacity rate, a request's tokens counted whole (`tuner.cost`)
+            cost.box_tok_s / cost.replicas if cost is not None else float(summary.output_throughput),
             rate,
             n_replicas=cost.replicas if cost is not None else _replicas(result),
             # The cost objective's box is the one the job's load needs, not `target.gpus` (a node's bound on a shape).

@@ -14,41 +14,59 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.config import Job
-from tuner.cost import cost_figures
+from tuner.cost import cost_figures, tokens_per_request
 from tuner.flags import VllmFlags
 from tuner.load import Arrival
 from tuner.twin.model import Predicted, Simulate, Twin
 from tuner.twin.simulate import Coefficients, SimPoint
 
-__all__ = ["CostScore", "capacity_simulate"]
+__all__ = ["CapacitySimulate", "CostScore", "capacity_simulate"]
 
 _PROBE_USERS = 32  # the capacity search's saturating closed loop
 _TOLERANCE = 0.1  # its bisection's stop: bounds within 10% of each other
 
 
-def capacity_simulate(simulate_fn: Simulate) -> Simulate:
-    """A `Simulate` of one replica at its capacity within the job's SLOs, as the cost objective's trial measures it."""
+class CapacitySimulate:
+    """A `Simulate` of one replica at its capacity within the job's SLOs, as the cost objective's trial measures it;
+    `rate_of(point)` is the rate of the step it returns (the trial's `request_rate`)."""
 
-    def run(job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficients()) -> SimPoint:
+    def __init__(self, simulate_fn: Simulate) -> None:
+        self.simulate_fn = simulate_fn
+        self._rates: dict[int, tuple[SimPoint, float]] = {}  # by id(point), the point kept alive beside it
+
+    def __call__(self, job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficients()) -> SimPoint:
         # One server of the shape, whatever the node (`target.gpus`) holds: the search loads a lone replica.
         one = job.model_copy(update={"target": job.target.model_copy(update={"gpus": flags.world_size})})
         per_step = job.capacity_search.requests_per_step
         probe = _at(one, Arrival(concurrency=_PROBE_USERS, requests=max(2 * _PROBE_USERS, per_step // 2)))
-        point = simulate_fn(probe, flags, coefficients)
+        point = self.simulate_fn(probe, flags, coefficients)
         summary = point.summary(probe)
         if summary is None or summary.request_throughput <= 0:
             return point
-        return _search(one, flags, coefficients, simulate_fn, summary.request_throughput)
+        rate, best = _search(one, flags, coefficients, self.simulate_fn, summary.request_throughput)
+        if rate is not None:
+            self._rates[id(best)] = (best, rate)
+        return best
 
-    return run
+    def rate_of(self, point: SimPoint) -> float | None:
+        """The rate the point was simulated at, where it met the SLOs (None: it met them at no rate)."""
+        held = self._rates.get(id(point))
+        return held[1] if held is not None and held[0] is point else None
+
+
+def capacity_simulate(simulate_fn: Simulate) -> CapacitySimulate:
+    return CapacitySimulate(simulate_fn)
 
 
 def _at(job: Job, arrival: Arrival) -> Job:
     return job.model_copy(update={"arrival": arrival})
 
 
-def _search(job: Job, flags: VllmFlags, c: Coefficients, simulate_fn: Simulate, estimate: float) -> SimPoint:
-    """The capacity search's steps in virtual time: the best step that met the SLOs, else the nearest miss."""
+def _search(
+    job: Job, flags: VllmFlags, c: Coefficients, simulate_fn: Simulate, estimate: float
+) -> tuple[float | None, SimPoint]:
+    """The capacity search's steps in virtual time: the best step that met the SLOs and its rate, else the nearest
+    miss (no rate)."""
     slos = job.parsed_slos()
     per_step = job.capacity_search.requests_per_step
     lo: float | None = None
@@ -71,9 +89,9 @@ def _search(job: Job, flags: VllmFlags, c: Coefficients, simulate_fn: Simulate, 
                 nearest = (worst, point)
         rate = _next_rate(rate, lo, hi)
     if best is not None:
-        return best
+        return lo, best
     assert nearest is not None
-    return nearest[1]
+    return None, nearest[1]
 
 
 def _next_rate(rate: float, lo: float | None, hi: float | None) -> float | None:
@@ -84,10 +102,11 @@ def _next_rate(rate: float, lo: float | None, hi: float | None) -> float | None:
 
 @dataclass
 class CostScore:
-    """A prediction as the cost objective scores it; `twin` gives the twin whose points hold the request rate."""
+    """A prediction as the cost objective scores it; `twin` gives the twin whose points hold the rates."""
 
     job: Job
     twin: Callable[[], Twin | None]
+    simulated: CapacitySimulate
 
     def optimistic(self, p: Predicted) -> float:
         """Million output tokens per $ (or GPU-hour) if the prediction holds; 0 for a start or load that fails."""
@@ -95,14 +114,16 @@ class CostScore:
         load = self.job.cost_load()
         if twin is None or load is None or not p.started or p.crashed or p.output_tok_s <= 0:
             return 0.0
-        summary = twin.point(p.key).summary(twin.job)
-        if summary is None or summary.output_throughput <= 0 or summary.request_throughput <= 0:
+        point = twin.exact.get(p.key) or twin.point(p.key)
+        rate = self.simulated.rate_of(point)
+        summary = point.summary(twin.job)
+        if rate is None or summary is None or summary.output_throughput <= 0:
             return 0.0
-        # The fit moves the throughput; the tokens a request asks for stay the workload's.
-        tokens_per_request = summary.output_throughput / summary.request_throughput
+        # The fit moves the throughput, and the capacity with it; a request's tokens stay the workload's.
+        moved = p.output_tok_s / summary.output_throughput
         cost = cost_figures(
-            p.output_tok_s / tokens_per_request,
-            p.output_tok_s,
+            rate * moved,
+            tokens_per_request(summary),
             world_size=twin.known[p.key].world_size,
             load=load,
             in_flight=summary.concurrency,

@@ -138,10 +138,12 @@ class TwinSampler(BaseSampler):
         self.job = job
         if job.objective == "cost":
             # Each flag set simulated at its capacity within the SLOs and ranked by the cost of the job's load.
-            from tuner.twin.cost import CostScore, capacity_simulate
+            from tuner.twin.cost import CapacitySimulate, CostScore, capacity_simulate
 
-            self.simulate_fn = capacity_simulate(self.simulate_fn)
-            score = CostScore(job, lambda: self.twin)
+            simulated = self.simulate_fn if isinstance(self.simulate_fn, CapacitySimulate) else None
+            simulated = simulated or capacity_simulate(self.simulate_fn)
+            self.simulate_fn = simulated
+            score = CostScore(job, lambda: self.twin, simulated)
             self._expected, self._optimistic = score.expected, score.optimistic
         if on_event is not None:
             self.on_event = on_event
