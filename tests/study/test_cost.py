@@ -414,3 +414,20 @@ def test_a_shape_that_meets_the_slos_at_no_rate_has_no_cost_and_no_box() -> None
     assert a["outcome"] == "measured" and a["feasible"] is False and values[0] == 0.0
     assert "replicas" not in a or a["replicas"] is None
     assert "cost_usd_per_m_tokens" not in a and "cost_gpu_hours_per_m_tokens" not in a
+
+
+def test_the_run_names_the_cheapest_in_a_line_the_progress_bar_holds(cost_study: tuple[str, str]) -> None:
+    from tuner.cli.trial_lines import best_text, trial_line
+    from tuner.record import TrialRecord
+
+    url, name = cost_study
+    study = optuna.load_study(study_name=name, storage=url)
+    costed = [t for t in study.trials if TrialRecord.from_attrs(t.user_attrs).cost_usd_per_m_tokens is not None]
+    cheapest = min(costed, key=lambda t: t.user_attrs["cost_usd_per_m_tokens"])
+    a = cheapest.user_attrs
+    each = a["box_gpus"] // a["replicas"]
+    assert (
+        best_text(study)
+        == f"cheapest: #{cheapest.number} ${a['cost_usd_per_m_tokens']:,.2f}/M tok, {a['replicas']}×{each} GPUs"
+    )
+    assert f"{a['replicas']}×{each} GPUs for {LOAD_RATE:.2f} req/s: $" in trial_line(cheapest)

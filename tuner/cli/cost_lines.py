@@ -50,4 +50,11 @@ def trial_cost_part(r: TrialRecord) -> str:
 
 
 def best_cost_text(number: int, r: TrialRecord) -> str:
-    return f"cheapest feasible: #{number} {trial_cost_part(r)}"
+    """`cheapest: #3 $3.47/M tok, 6×1 GPUs`: short, as the progress bar's column holds it in 80 columns."""
+    each = (r.box_gpus or 1) // max(1, r.replicas or 1)
+    per_m = (
+        f"${r.cost_usd_per_m_tokens:,.2f}/M tok"
+        if r.cost_usd_per_m_tokens is not None
+        else f"{r.cost_gpu_hours_per_m_tokens or 0:,.2f} GPU-h/M tok"
+    )
+    return f"cheapest: #{number} {per_m}, {r.replicas}×{each} GPUs"
