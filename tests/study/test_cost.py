@@ -275,6 +275,16 @@ def test_pareto_cost_shows_the_front_of_box_throughput_against_dollars(cost_stud
     assert [p["number"] for p in doc["front"]] == [t.number for t in front]
 
 
+def test_pareto_cost_draws_its_front_to_html_and_png(cost_study: tuple[str, str], tmp_path: Path) -> None:
+    url, name = cost_study
+    html, png = tmp_path / "cost.html", tmp_path / "cost.png"
+    _cli("pareto", name, "--storage", url, "--cost", "--no-plot", "--html", str(html), "--png", str(png))
+    page = html.read_text()
+    # Plotly writes the labels JSON-escaped ("/" as \u002f)
+    assert "per million output tokens" in page and "box output tok\\u002fs" in page and '"name":"front"' in page
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_pareto_cost_without_a_price_is_one_line_and_exit_2(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'free.db'}"
     study = optuna.create_study(storage=url, study_name="free", directions=DIRECTIONS)

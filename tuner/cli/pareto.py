@@ -23,6 +23,7 @@ from tuner.cli.common import (
 from tuner.errors import TunerError
 from tuner.report import choose, pareto_front, study_view, write_html, write_png
 from tuner.report.cost_front import box_tok_s, cost_front, cost_front_table, cost_scatter, need_price
+from tuner.report.cost_plots import write_cost_html, write_cost_png
 from tuner.report.views import StudyView
 
 __all__ = ["pareto_cmd"]
@@ -49,8 +50,8 @@ def pareto_cmd(
         bool,
         typer.Option(
             "--cost",
-            help="The front of the box's output tok/s against $ per million output tokens instead (needs a study "
-            "with a GPU-hour price, target.gpu_hour_usd).",
+            help="The front of the box's output tok/s against $ per million output tokens instead, in the table, "
+            "the plot and --html/--png (needs a study with a GPU-hour price, target.gpu_hour_usd).",
         ),
     ] = False,
 ) -> None:
@@ -65,7 +66,7 @@ def pareto_cmd(
         view = study_view(s)
         need_trials(view, url)
         if cost:
-            show_cost_front(view, as_json=as_json, plot=plot, width=width, height=height)
+            show_cost_front(view, html=html, png=png, as_json=as_json, plot=plot, width=width, height=height)
             return
         front = pareto_front(view.trials)
         if html is not None:
@@ -80,10 +81,16 @@ def pareto_cmd(
         choose(front, "throughput", study=view.name)  # raises the one-line NoFeasibleTrial
 
 
-def show_cost_front(view: StudyView, *, as_json: bool, plot: bool, width: int, height: int) -> None:
-    """The front of box throughput against $ per million output tokens: table (or JSON) and scatter plot."""
+def show_cost_front(
+    view: StudyView, *, html: Path | None, png: Path | None, as_json: bool, plot: bool, width: int, height: int
+) -> None:
+    """The front of box throughput against $ per million output tokens: table (or JSON), scatter plot, files."""
     need_price(view)
     front = cost_front(view.trials)
+    if html is not None:
+        write_cost_html(view, front, html)
+    if png is not None:
+        write_cost_png(view, front, png)
     if as_json:
         points = [t.as_dict() | {"box_output_tok_s": box_tok_s(t)} for t in front]
         print_json({"study": view.name, "front": points})

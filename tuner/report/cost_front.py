@@ -14,7 +14,7 @@ from rich.table import Table
 from tuner.errors import ConfigError
 from tuner.report.views import StudyView, TrialView
 
-__all__ = ["box_tok_s", "cost_front", "cost_front_table", "cost_scatter", "need_price"]
+__all__ = ["box_tok_s", "cost_front", "cost_front_table", "cost_scatter", "need_price", "priced_trials"]
 
 
 def box_tok_s(t: TrialView) -> float | None:
@@ -24,7 +24,8 @@ def box_tok_s(t: TrialView) -> float | None:
     return t.throughput
 
 
-def _priced(trials: Sequence[TrialView]) -> list[TrialView]:
+def priced_trials(trials: Sequence[TrialView]) -> list[TrialView]:
+    """Feasible measured trials with a $ figure: the points the cost front is drawn from."""
     return [
         t
         for t in trials
@@ -44,7 +45,7 @@ def need_price(view: StudyView) -> None:
 def cost_front(trials: Sequence[TrialView]) -> list[TrialView]:
     """Feasible priced trials no other beats on both box tok/s (more) and $ per million tokens (fewer); cheapest
     first."""
-    pool = _priced(trials)
+    pool = priced_trials(trials)
 
     def beats(a: TrialView, b: TrialView) -> bool:
         ta, tb, ua, ub = box_tok_s(a) or 0.0, box_tok_s(b) or 0.0, _usd(a), _usd(b)
@@ -81,7 +82,7 @@ def cost_scatter(view: StudyView, front: Sequence[TrialView], *, width: int = 80
     """Every feasible priced trial (`o`), the front joined (`*`): box tok/s across, $ per million tokens up."""
     import plotext as plt
 
-    pool = _priced(view.trials)
+    pool = priced_trials(view.trials)
     if not pool:
         return "(no feasible priced trial to plot)\n"
     on_front = {t.number for t in front}
