@@ -324,10 +324,13 @@ def test_the_twin_ranks_shapes_by_the_cost_of_the_load_and_twin_first_search_sta
     assert cheapest.key != fastest.key and fastest.flags.tensor_parallel_size == 2
     point = twin.point(cheapest.key).summary(j)
     assert point is not None and point.request_throughput > 0  # each shape simulated at its capacity
-    sampler = make_sampler(j, j.search_space())
+    events: list[str] = []
+    sampler = make_sampler(j, j.search_space(), on_event=events.append)
     study = optuna.create_study(directions=DIRECTIONS, sampler=sampler)
     study.optimize(Objective(j, FakeLauncher(), measure=_emulated([])), n_trials=1)
     (first,) = study.trials
+    cheapest_cost = 1 / score.optimistic(predicted[cheapest.key])
+    assert any(f"the best at {cheapest_cost:,.2f} $ per million output tokens" in e for e in events), events
     assert first.params == dict(cheapest.params)
     assert first.user_attrs["twin_predicted_tok_s"] == pytest.approx(predicted[cheapest.key].output_tok_s, abs=0.1)
 

@@ -229,7 +229,7 @@ class TwinSampler(BaseSampler):
             self.on_event(
                 f"twin: {len(pool)} flag sets measured in the emulator's engine in virtual time "
                 f"({time.monotonic() - started:.0f} s of CPU); {sum(p.feasible for p in ranked)} predicted to meet "
-                f"the SLOs" + (f", the best at {best.output_tok_s:,.0f} tok/s" if best and best.feasible else "")
+                f"the SLOs" + (f", the best at {self._shown_best(best)}" if best and best.feasible else "")
             )
         return self.twin
 
@@ -385,6 +385,13 @@ class TwinSampler(BaseSampler):
             doubt = 4 * p.chance * (1 - p.chance)
             options.append((self._optimistic(p) * (1 + u * d) * (1 + doubt), key))
         return max(options)[1] if options else None
+
+    def _shown_best(self, p: Predicted) -> str:
+        if self.job is not None and self.job.objective == "cost":
+            value = self._optimistic(p)
+            unit = "$" if self.job.gpu_hour_usd() is not None else "GPU-h"
+            return f"{1 / value:,.2f} {unit} per million output tokens" if value > 0 else "no capacity"
+        return f"{p.output_tok_s:,.0f} tok/s"
 
     def _rank(self, p: Predicted) -> tuple[float, ...]:
         return _rank(p, self._expected(p))
