@@ -364,18 +364,28 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         latency_metric=r.latency_metric,
         started=trial.datetime_start,
         completed=trial.datetime_complete,
-        replicas=r.replicas,
-        box_gpus=r.box_gpus,
-        box_request_rate=r.box_request_rate,
-        tok_s_per_gpu=r.tok_s_per_gpu,
-        usd_per_m_tokens=r.usd_per_m_tokens,
-        gpu_hours_per_m_requests=r.gpu_hours_per_m_requests,
-        box_output_tok_s=r.box_output_tok_s,
-        cost_load_rate=r.cost_load_rate,
-        cost_usd_per_hour=r.cost_usd_per_hour,
-        cost_usd_per_m_tokens=r.cost_usd_per_m_tokens,
-        cost_gpu_hours_per_m_tokens=r.cost_gpu_hours_per_m_tokens,
+        **_box_and_cost(r),
     )
+
+
+# The record's box (tuner.box) and cost (tuner.cost) figures, under the same names in the view.
+_BOX_AND_COST = (
+    "replicas",
+    "box_gpus",
+    "box_request_rate",
+    "tok_s_per_gpu",
+    "usd_per_m_tokens",
+    "gpu_hours_per_m_requests",
+    "box_output_tok_s",
+    "cost_load_rate",
+    "cost_usd_per_hour",
+    "cost_usd_per_m_tokens",
+    "cost_gpu_hours_per_m_tokens",
+)
+
+
+def _box_and_cost(r: TrialRecord) -> dict[str, Any]:
+    return {name: getattr(r, name) for name in _BOX_AND_COST}
 
 
 def _constraints(trial: FrozenTrial, r: TrialRecord, slos: Sequence[str]) -> tuple[tuple[str, ...], tuple[float, ...]]:
