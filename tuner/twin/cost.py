@@ -11,7 +11,7 @@ million output tokens per $ (per GPU-hour without a price), weighted by the chan
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuner.config import Job
 from tuner.cost import cost_figures, tokens_per_request
@@ -32,7 +32,6 @@ class CapacitySimulate:
 
     def __init__(self, simulate_fn: Simulate) -> None:
         self.simulate_fn = simulate_fn
-        self._rates: dict[int, tuple[SimPoint, float]] = {}  # by id(point), the point kept alive beside it
 
     def __call__(self, job: Job, flags: VllmFlags, coefficients: Coefficients = Coefficients()) -> SimPoint:
         # One server of the shape, whatever the node (`target.gpus`) holds: the search loads a lone replica.
@@ -44,14 +43,12 @@ class CapacitySimulate:
         if summary is None or summary.request_throughput <= 0:
             return point
         rate, best = _search(one, flags, coefficients, self.simulate_fn, summary.request_throughput)
-        if rate is not None:
-            self._rates[id(best)] = (best, rate)
-        return best
+        return replace(best, rate=rate)  # the point's `rate`, as a trace's search keeps it (tuner.twin.simulate)
 
-    def rate_of(self, point: SimPoint) -> float | None:
+    @staticmethod
+    def rate_of(point: SimPoint) -> float | None:
         """The rate the point was simulated at, where it met the SLOs (None: it met them at no rate)."""
-        held = self._rates.get(id(point))
-        return held[1] if held is not None and held[0] is point else None
+        return point.rate
 
 
 def capacity_simulate(simulate_fn: Simulate) -> CapacitySimulate:
