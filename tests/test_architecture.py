@@ -22,7 +22,7 @@ ROOT = Path(tuner.__file__).parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "clock", "vllm_pin"),
     ("catalog", "scoring", "intervals", "record", "vllm_args", "flags", "tuner"),
-    ("load", "capacity", "step_profile", "export", "box"),
+    ("load", "capacity", "step_profile", "export", "box", "cost"),
     ("emulator", "feasibility", "space", "store", "config"),
     ("launch", "twin", "calibration", "conformance"),
     ("study",),

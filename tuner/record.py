@@ -55,6 +55,10 @@ _ONLY_WHEN_SET = (
     "ttft_p95_first_turn_s",
     "ttft_p95_later_turns_s",
     "prefix_cache_hit_rate",
+    "cost_load_rate",
+    "cost_gpu_hours_per_m_tokens",
+    "cost_usd_per_hour",
+    "cost_usd_per_m_tokens",
 )
 
 
@@ -116,6 +120,12 @@ class TrialRecord(BaseModel):
     tok_s_per_gpu: float | None = None
     usd_per_m_tokens: float | None = None
     gpu_hours_per_m_requests: float | None = None
+    # The cost objective (tuner.cost): the box above is the one the job's load needs (`replicas` x the shape's GPUs,
+    # each at its capacity within the SLOs); the load it serves (req/s) and what serving it costs.
+    cost_load_rate: float | None = None
+    cost_gpu_hours_per_m_tokens: float | None = None
+    cost_usd_per_hour: float | None = None
+    cost_usd_per_m_tokens: float | None = None
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:

@@ -104,7 +104,8 @@ def show_cmd(
             con.print(_failures_table(summary))
     elif t.measured:
         con.print(
-            f"load: {fmt(t.throughput)} tok/s, latency P95 {fmt(t.objective_latency_s, '.3f', ' s')}, "
+            f"load: {fmt(t.output_tok_s if view.is_cost else t.throughput)} tok/s, "
+            f"latency P95 {fmt(t.objective_latency_s, '.3f', ' s')}, "
             + "".join(f"{f.label} {fmt(t.latency(f.name), '.3f', ' s')}, " for f in figures() if f.headline)
             + f"success {fmt(t.success_rate, '.1%')}, "
             + f"goodput {fmt(t.goodput, '.2f', ' req/s')} ({fmt(t.good_share, '.1%')} good)"
@@ -112,6 +113,8 @@ def show_cmd(
     _print_intervals(con, view, t.number, url, detail)
     if t.measured and t.replicas is not None:
         con.print(box_line(t))
+    if t.costed:
+        con.print(cost_line(t))
     if d.get("capacity_steps"):
         con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
     if d.get("server_metrics"):
@@ -189,4 +192,17 @@ def box_line(t: TrialView) -> str:
     )
     hours = f", {t.gpu_hours_per_m_requests:,.1f} GPU-h per million requests" if t.gpu_hours_per_m_requests else ""
     shape = f"{t.replicas} replica{'s' if t.replicas != 1 else ''} on {t.box_gpus} GPU{'s' if t.box_gpus != 1 else ''}"
-    return f"box: {shape}: {fmt(t.throughput)} tok/s ({fmt(t.tok_s_per_gpu)} per GPU){rate}; {usd}{hours}"
+    # A cost study's first value is tokens per $: its box's throughput is its replicas' at their capacity.
+    tok_s = t.box_output_tok_s if t.costed else t.throughput
+    return f"box: {shape}: {fmt(tok_s)} tok/s ({fmt(t.tok_s_per_gpu)} per GPU){rate}; {usd}{hours}"
+
+
+def cost_line(t: TrialView) -> str:
+    """A cost study's verdict: the box the job's load needs, each replica at its capacity, and what it costs."""
+    each = (t.box_gpus or 1) // max(1, t.replicas or 1)
+    capacity = f"{t.request_rate:,.2f} req/s" if t.request_rate is not None else "—"
+    hourly = f"${t.cost_usd_per_hour:,.2f} an hour, " if t.cost_usd_per_hour is not None else ""
+    return (
+        f"cost: the job's {t.cost_load_rate or 0:,.2f} req/s need {t.replicas} x {each} GPUs (a replica's capacity "
+        f"within the SLOs: {capacity}): {hourly}{t.cost_text} per million output tokens"
+    )

@@ -57,9 +57,13 @@ def status_cmd(
     if st.best is not None:
         base = view.baseline
         r = ratios(st.best, base)
-        vs = f"  ({ratio(r.throughput)} throughput, {ratio(r.latency_p95)} P95 vs baseline)" if base else ""
+        first = ratio(r.throughput) + " throughput"
+        if st.best.costed:  # a cost study: its cost against the baseline's, < 1 cheaper
+            first = ratio(1 / r.throughput if r.throughput else None) + " cost"
+        vs = f"  ({first}, {ratio(r.latency_p95)} P95 vs baseline)" if base else ""
+        figure = f"{st.best.cost_text} per M output tokens" if st.best.costed else f"{fmt(st.best.throughput)} tok/s"
         con.print(
-            f"best so far: trial {st.best.number}: {fmt(st.best.throughput)} tok/s, "
+            f"best so far: trial {st.best.number}: {figure}, "
             f"P95 {fmt(st.best.objective_latency_s, '.3f', ' s')}{vs}  {escape('[' + flags_text(st.best.flags) + ']')}"
         )
     else:

@@ -44,11 +44,15 @@ def _studies_table(rows: list[StudyListing], url: str, *, wide: bool) -> Table:
         cols = ("study", "state", "trials", "feasible", "best tok/s", "GPU")
     numeric = ("trials", "running", "feasible", "best tok/s")
     table = Table(title=f"studies in {escape(safe_url(url))}")
+    # A cost study's best is its cheapest ($ per million output tokens): the column then says both.
+    label = {"best tok/s": "best tok/s or $" if any(r.best_cost is not None for r in rows) else "best tok/s"}
     for col in cols:
         # Names wrap rather than end in "…": a cut study name cannot be typed back.
-        table.add_column(col, justify="right" if col in numeric else "left", overflow="fold")
+        table.add_column(label.get(col, col), justify="right" if col in numeric else "left", overflow="fold")
     for r in rows:
         best = f"{r.best_throughput:,.1f} (#{r.best_trial})" if r.best_throughput is not None else "—"
+        if r.best_cost is not None:  # a cost study: its cheapest, not its tokens per $
+            best = f"{r.best_cost} (#{r.best_trial})"
         cells = {
             "study": escape(r.name),
             "state": r.state,

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 from rich.table import Table
 
+from tuner.cli.cost_lines import best_cost_text, trial_cost_part
 from tuner.config import Job
 from tuner.record import MEASURED, TrialRecord
 from tuner.report.tables import flag_label
@@ -72,6 +73,7 @@ def trial_line(t: FrozenTrial, trace_rate: float | None = None) -> str:
         f"{metric} {latency:.2f}s" if latency is not None else "",
         f"success {r.success_rate:.1%}" if r.success_rate is not None else "",
         _turns(r),
+        trial_cost_part(r),
         verdict,
     ]
     return f"{head} -> " + "  ".join(p for p in parts if p) + suffix
@@ -101,7 +103,8 @@ def pareto_table(study: optuna.Study) -> Table:
 
     view = study_view(study)
     front = pareto_front(view.trials)
-    title = f"Feasible Pareto front of {study.study_name} (output tok/s vs {view.latency_metric})"
+    first = "cost per M output tokens" if view.is_cost else "output tok/s"
+    title = f"Feasible Pareto front of {study.study_name} ({first} vs {view.latency_metric})"
     # One Table (the type callers print) holding the table and its flag lines.
     both = Table.grid()
     both.add_row(front_table(front, view.baseline, title))
@@ -211,4 +214,7 @@ def best_text(study: optuna.Study) -> str:
         return "best feasible: none yet"
     best = max(feasible, key=lambda t: t.values[0] if t.values else 0.0)
     assert best.values is not None
+    record = TrialRecord.from_attrs(best.user_attrs)
+    if record.cost_gpu_hours_per_m_tokens is not None:
+        return best_cost_text(best.number, record)
     return f"best feasible: #{best.number} {best.values[0]:.1f} tok/s"

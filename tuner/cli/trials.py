@@ -17,7 +17,8 @@ from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, StudyArg, WideOpt, con
 from tuner.errors import ConfigError
 from tuner.record import OUTCOMES
 from tuner.report import StudyView, TrialView
-from tuner.report.tables import flag_lines, flags_text, fmt
+from tuner.report.tables import flag_lines, flags_text, fmt, gpus_text
+from tuner.report.views import first_label
 from tuner.scoring import METRICS, figures
 
 __all__ = ["trials_cmd"]
@@ -111,6 +112,7 @@ def trials_cmd(
         fields += ["output_tok_s_ci", "starts", "repeat_of"]  # after tuner 0.1's columns: scripts read by place
         fields += ["replicas", "box_gpus", "box_request_rate", "tok_s_per_gpu", "usd_per_m_tokens"]
         fields += ["gpu_hours_per_m_requests"]
+        fields += ["cost_load_rate", "cost_usd_per_hour", "cost_usd_per_m_tokens", "cost_gpu_hours_per_m_tokens"]
         w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for t in rows:
@@ -144,10 +146,12 @@ def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Tabl
     in the table."""
     shown = [f for f in figures() if f.headline]
     labels = tuple(f.label for f in shown)
-    cols: tuple[str, ...] = ("#", "flags", "tok/s", *labels, "success", _GOOD, "verdict", "bottleneck")
+    # A cost study's first column is its cost per million output tokens at the job's load, then the GPUs it needs.
+    first: tuple[str, ...] = (first_label(view.trials), "GPUs") if view.is_cost else ("tok/s",)
+    cols: tuple[str, ...] = ("#", "flags", *first, *labels, "success", _GOOD, "verdict", "bottleneck")
     if not wide:
-        cols = ("#", "tok/s", *labels, "success", _GOOD, "verdict")
-    numeric = ("#", "tok/s", *labels, "success", _GOOD)
+        cols = ("#", *first, *labels, "success", _GOOD, "verdict")
+    numeric = ("#", *first, *labels, "success", _GOOD)
     confirming = len(view.confirmation_starts)
     folded = f" (+{confirming} confirmation start{'s' if confirming != 1 else ''})" if confirming else ""
     table = Table(title=f"{escape(view.name)}: {len(rows)} of {len(view.search_trials)} trials{folded}")
@@ -159,6 +163,8 @@ def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Tabl
             "#": f"{t.number}{'ᵇ' if t.baseline else ''}",
             "flags": escape(flags_text(t.flags)),
             "tok/s": t.throughput_text if t.measured else fmt(t.output_tok_s),
+            first[0]: t.throughput_text if t.costed or not view.is_cost else "—",
+            "GPUs": gpus_text(t),
             **{f.label: fmt(t.latency(f.name), ".3f", " s") for f in shown},
             "success": fmt(t.success_rate, ".1%"),
             _GOOD: fmt(t.good_share, ".1%"),

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tuner.box import replica_arrival, replicas
 from tuner.cli import app
+from tuner.cli.cost_lines import cost_box_text, directions_text
 from tuner.cli.trial_lines import (
     TextLog,
     best_text,
@@ -109,7 +110,7 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     device = gpu.device_name if gpu.is_cpu else f"{gpu.device_name} ({gpu.memory_gib:g} GiB)"
     console.print(f"[bold]{job.study.name}[/bold]: {job.target.model} on {device} via {job.target.launcher}")
     console.print(f"storage: {safe_url(url)}")
-    console.print(f"objective: {job.objective}; directions: maximize output tok/s, minimize {job.primary_latency()}")
+    console.print(directions_text(job))
     options = job.sampler.model_dump(exclude={"name", "seed"}, exclude_none=True)
     sampler = sampler_name(job) + "".join(f", {k}: {str(v).lower()}" for k, v in options.items())
     console.print(f"SLOs: {', '.join(job.slos)}; budget: {job.budget.n_trials} trials; sampler: {sampler}")
@@ -120,7 +121,7 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
     )
     for line in trace_lines(job):
         console.print(line, markup=False)
-    box = box_text(job, space.baseline().world_size)
+    box = cost_box_text(job) if job.objective == "cost" else box_text(job, space.baseline().world_size)
     if box:
         console.print(box)
     for name, dist in space.distributions.items():

@@ -7,7 +7,7 @@ name the file, the field path and what is allowed, never a traceback.
     workload: {input_len: 512, output_len: 128}
     arrival:  {concurrency: 16, requests: 100}
     slos:     ["e2e_p95 <= 20s", "success_rate >= 0.99"]
-    objective: throughput                          # or max_rate (highest SLO-meeting request rate), goodput
+    objective: throughput                          # or max_rate (highest SLO-meeting request rate), goodput, cost
     budget:   {n_trials: 12, timeout: 8h}
     sampler:  {name: tpe, seed: 0}
 

@@ -144,6 +144,19 @@ def _objective_problems(job: Job) -> Iterator[str]:
             "objective: goodput needs a latency SLO to judge each request by (an upper bound on ttft, tpot, e2e or "
             "itl, e.g. 'ttft_p95 <= 2s'); slos has none"
         )
+    if job.objective == "cost":
+        yield from _cost_problems(job)
+
+
+def _cost_problems(job: Job) -> Iterator[str]:
+    """The cost objective sizes a deployment for the job's load within its SLOs: both must be given."""
+    if job.cost_load() is None:
+        yield (
+            "objective: cost serves the job's load, given as arrival.rate (requests/s) or arrival.concurrency "
+            "(users); a trace's load is its own: use objective: throughput, or give a rate"
+        )
+    if not job.parsed_slos():
+        yield "objective: cost finds each shape's capacity within the SLOs; slos is empty (e.g. 'e2e_p95 <= 10s')"
 
 
 def _trace_problem(job: Job) -> str | None:

@@ -18,6 +18,7 @@ from tuner.catalog.models import ModelProfile
 from tuner.catalog.nvml import machine_devices
 from tuner.config.fields import Duration, SloText, StrictModel
 from tuner.config.target import TargetSection
+from tuner.cost import JobLoad
 from tuner.errors import ConfigError
 from tuner.load import Arrival, Workload
 from tuner.load.workload import LengthDist
@@ -91,7 +92,7 @@ class SamplerSection(StrictModel):
     name: SamplerName | None = Field(
         default=None,
         description="default: twin where the GPU and model are known to the start-up arithmetic and the objective "
-        "is throughput, else tpe",
+        "is throughput or cost, else tpe",
     )
     seed: int | None = 0
     n_startup_trials: int | None = Field(default=None, ge=0, description="random trials before the model (tpe, gp)")
@@ -134,10 +135,12 @@ class Job(StrictModel):
     workload: WorkloadSection = Field(default_factory=WorkloadSection)
     arrival: Arrival
     slos: list[SloText] = Field(default_factory=lambda: ["e2e_p95 <= 10s", "success_rate >= 0.99"])
-    objective: Literal["throughput", "max_rate", "goodput"] = Field(
+    objective: Literal["throughput", "max_rate", "goodput", "cost"] = Field(
         default="throughput",
         description="throughput: tok/s under the job's load; max_rate: the highest rate meeting every SLO; goodput: "
-        "the highest rate at which the success_rate SLO's share of requests meets every latency SLO on its own",
+        "the highest rate at which the success_rate SLO's share of requests meets every latency SLO on its own; "
+        "cost: the cheapest deployment for the job's load (arrival.rate, or arrival.concurrency users) within the "
+        "SLOs, replicas of each shape included ($ per million output tokens with target.gpu_hour_usd, else GPUs)",
     )
     latency_metric: str | None = Field(
         default=None, description="the P95 minimised beside throughput; default: the first latency SLO, else e2e_p95"
@@ -224,6 +227,14 @@ class Job(StrictModel):
             return 1
         given = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         return len(given) or self._resolved("box_gpus", "machine", lambda: len(machine_devices()) or 1)
+
+    def cost_load(self) -> JobLoad | None:
+        """What the cost objective serves: the open loop's rate or the closed loop's users (None: a trace)."""
+        if self.arrival.rate is not None:
+            return JobLoad(rate=self.arrival.rate)
+        if self.arrival.concurrency is not None:
+            return JobLoad(users=self.arrival.concurrency)
+        return None
 
     def gpu_hour_usd(self) -> float | None:
         """The price of one GPU-hour: the job's, else the catalog's for its card (None: unknown)."""

@@ -13,7 +13,7 @@ from tuner.record import StoredLauncherOptions
 from tuner.report.uncertainty import trial_intervals
 from tuner.report.views import StudyView, TrialView
 
-__all__ = ["IMAGE_REPOSITORY", "ROCM_REPOSITORY", "deploy_options", "export_image", "provenance"]
+__all__ = ["IMAGE_REPOSITORY", "ROCM_REPOSITORY", "cost_note", "deploy_options", "export_image", "provenance"]
 
 IMAGE_REPOSITORY = "vllm/vllm-openai"
 ROCM_REPOSITORY = "vllm/vllm-openai-rocm"
@@ -55,7 +55,8 @@ def provenance(view: StudyView, t: TrialView) -> Provenance:
         model=_opt(a.get("model")),
         launcher=_opt(a.get("launcher")),
         workload_hash=_opt(a.get("workload_hash")),
-        output_tok_s=t.throughput,
+        # A cost study's first value is tokens per $, not tok/s: the replica's measured figure, its cost a note.
+        output_tok_s=t.output_tok_s if t.costed else t.throughput,
         objective_latency_s=t.objective_latency_s,
         latency_metric=view.latency_metric,
         latencies=dict(t.latencies),
@@ -63,8 +64,22 @@ def provenance(view: StudyView, t: TrialView) -> Provenance:
         slos=tuple(view.slos),
         tuner_version=__version__,
         vllm_version=t.vllm_version,
-        notes=tuple(note for note in (export_image(view, t)[1],) if note),
+        notes=tuple(note for note in (export_image(view, t)[1], cost_note(t)) if note),
         **_intervals(view, t),
+    )
+
+
+def cost_note(t: TrialView) -> str | None:
+    """What a cost study chose this trial for: the deployment the job's load needs and what it costs."""
+    if not t.costed or t.replicas is None or t.box_gpus is None:
+        return None
+    each = t.box_gpus // max(1, t.replicas)
+    price = f", ${t.cost_usd_per_hour:,.2f} an hour" if t.cost_usd_per_hour is not None else ""
+    per_m = t.cost_text + (" per million output tokens" if t.cost_usd_per_m_tokens is not None else " per M tokens")
+    return (
+        f"cost objective: {t.replicas} replica{'s' if t.replicas != 1 else ''} x {each} GPU{'s' if each != 1 else ''} "
+        f"for the job's {t.cost_load_rate or 0:.2f} req/s{price}, {per_m}; output tok/s above is one replica's "
+        "at its capacity within the SLOs"
     )
 
 

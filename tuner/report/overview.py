@@ -29,6 +29,7 @@ class StudyListing:
     gpu: str | None
     model: str | None
     started: dt.datetime | None
+    best_cost: str | None = None  # a cost study's: its best's cost per million output tokens (`best_throughput`: 1/it)
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -126,6 +127,7 @@ def listing(view: StudyView) -> StudyListing:
         feasible=sum(t.feasible for t in view.trials),
         best_throughput=best.throughput if best else None,
         best_trial=best.number if best else None,
+        best_cost=best.cost_text + "/M" if best is not None and best.costed else None,
         state=_state(view),
         gpu=_opt_str(view.record.gpu),
         model=_opt_str(view.record.model),

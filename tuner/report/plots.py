@@ -13,9 +13,19 @@ import optuna
 from tuner.errors import TunerError
 from tuner.report.views import StudyView, TrialView
 
-__all__ = ["X_LABEL", "terminal_scatter", "write_html", "write_png"]
+__all__ = ["COST_X_LABEL", "X_LABEL", "terminal_scatter", "write_html", "write_png"]
 
 X_LABEL = "output tok/s"
+# A cost study's first value (tuner.cost): the inverse of its cost, more is cheaper.
+COST_X_LABEL = "M output tokens per $ (or GPU-h) at the job's load"
+
+
+def _x_label(view: StudyView) -> str:
+    return COST_X_LABEL if view.is_cost else X_LABEL
+
+
+def _title(view: StudyView) -> str:
+    return f"{view.name}: {'cost' if view.is_cost else 'throughput'} vs latency P95"
 
 
 def _y_label(view: StudyView) -> str:
@@ -58,8 +68,8 @@ def terminal_scatter(
     for name, marker in markers:
         if groups[name]:
             fig.draw(fig.signal(*_points(groups[name]), marker=marker))
-    fig.title(f"{view.name}: throughput vs latency P95")
-    fig.label(X_LABEL, axis="x")
+    fig.title(_title(view))
+    fig.label(_x_label(view), axis="x")
     fig.label(_y_label(view), axis="y")
     text = str(fig.build())
     fig.clear()
@@ -73,7 +83,7 @@ def terminal_scatter(
 def write_html(view: StudyView, front: Sequence[TrialView], path: Path) -> None:
     """Optuna's own `plot_pareto_front` (feasible trials coloured, infeasible grey), in one self-contained file
     (plotly.js inlined: it opens offline), with the front joined and the baseline marked."""
-    fig = optuna.visualization.plot_pareto_front(_plot_study(view), target_names=[X_LABEL, _y_label(view)])
+    fig = optuna.visualization.plot_pareto_front(_plot_study(view), target_names=[_x_label(view), _y_label(view)])
     fig.update_layout(title=f"Pareto-front plot: {view.name}")
     _add_overlays(fig, view, front)
     try:
@@ -141,10 +151,14 @@ def _add_overlays(fig: Any, view: StudyView, front: Sequence[TrialView]) -> None
         )
 
 
+def _first_text(t: TrialView) -> str:
+    return f"{t.cost_text} per M output tokens" if t.costed else f"{t.throughput or 0:,.1f} tok/s"
+
+
 def _hover(t: TrialView) -> str:
     flags = "<br>".join(f"{k}={v}" for k, v in t.flags.items())
     return (
-        f"trial {t.number}{' (baseline)' if t.baseline else ''}<br>{t.throughput or 0:,.1f} tok/s, "
+        f"trial {t.number}{' (baseline)' if t.baseline else ''}<br>{_first_text(t)}, "
         f"P95 {t.objective_latency_s or 0:.3f} s<br>{t.verdict}<br>{flags}"
     )
 
@@ -170,9 +184,9 @@ def write_png(view: StudyView, front: Sequence[TrialView], path: Path) -> None:
             ax.annotate(f"#{t.number}", (t.throughput or 0.0, t.objective_latency_s or 0.0), fontsize=8)
     if groups["baseline"]:
         ax.scatter(*_points(groups["baseline"]), marker="*", s=200, color="#2ca02c", label="baseline", zorder=3)
-    ax.set_xlabel(X_LABEL)
+    ax.set_xlabel(_x_label(view))
     ax.set_ylabel(_y_label(view))
-    ax.set_title(f"{view.name}: throughput vs latency P95")
+    ax.set_title(_title(view))
     ax.grid(True, alpha=0.3)
     if any(groups.values()):
         ax.legend()

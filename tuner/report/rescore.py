@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from tuner.cost import JobLoad, cost_figures, tokens_per_request
+from tuner.flags import VllmFlags
 from tuner.load.results import RequestRecord
 from tuner.report.front import pareto_front
 from tuner.report.views import StudyView, TrialView, pooled_over_starts
@@ -97,7 +99,7 @@ def rescore(view: StudyView, source: RecordSource, slos: Sequence[Slo]) -> Resco
     if view.record.objective == "goodput" and not any(s.metric == "good_share" for s in slos):
         # A goodput study's steps are judged by their share of good requests, under the new SLOs' bounds.
         slos = [*slos, goodput_bound(slos)]
-    rescorer = _Rescorer(view.name, source, list(slos), view.latency_metric, worst_latency)
+    rescorer = _Rescorer(view.name, source, list(slos), view.latency_metric, worst_latency, _stored_load(view))
     out = [rescorer.trial(t) for t in view.trials]
     # A duplicate ran nothing itself: it takes its original's new verdict. A confirmation start ran its flag set
     # again, so it is re-scored on its own records, and its flag set stands at the figure pooled over its starts.
@@ -128,6 +130,7 @@ class _Rescorer:
     slos: list[Slo]
     latency_metric: str
     worst_latency: float
+    cost_load: JobLoad | None = None  # a cost study's load: its trials are costed again at their new capacity
 
     def trial(self, t: TrialView) -> RescoredTrial:
         if not t.measured:
@@ -161,6 +164,8 @@ class _Rescorer:
             constraint_names=tuple(str(x) for x in self.slos),
             violated=tuple(str(x) for x, v in zip(self.slos, run.violations, strict=True) if v > 0),
         )
+        if t.costed and self.cost_load is not None:
+            after = recosted(after, self.cost_load, run.meets, float(s.concurrency), tokens_per_request(s))
         note = (
             "its load stopped at a certain miss of the old SLOs, so it is judged on part of a run: run it again"
             if run.partial and all(v <= 0 for v in run.violations)
@@ -197,6 +202,46 @@ class _Rescorer:
             # percentile an SLO can name; only goodput stays as it was measured under the old SLOs.
             return _Run(step, None, stored_summary, [x.violation(stored_summary) for x in self.slos], "stored summary")
         return None
+
+
+def _stored_load(view: StudyView) -> JobLoad | None:
+    """A cost study's load as its stored job gave it (None: another objective, or a job not stored)."""
+    arrival = (view.record.job or {}).get("arrival")
+    if not view.is_cost or not isinstance(arrival, dict):
+        return None
+    if isinstance(arrival.get("rate"), int | float):
+        return JobLoad(rate=float(arrival["rate"]))
+    if isinstance(arrival.get("concurrency"), int):
+        return JobLoad(users=int(arrival["concurrency"]))
+    return None
+
+
+def recosted(t: TrialView, load: JobLoad, meets: bool, in_flight: float | None, tokens: float) -> TrialView:
+    """A cost trial re-scored: the replicas its load needs at its new capacity (`t`'s rate, `in_flight` requests
+    held there, `tokens` output tokens a request), at the price its record implies; no cost, and no value, where no
+    step meets the new SLOs."""
+    priced = t.cost_usd_per_hour is not None and t.box_gpus
+    price = (t.cost_usd_per_hour or 0.0) / (t.box_gpus or 1) if priced else None
+    summary_rate = t.request_rate or 0.0
+    cost = None
+    if meets:
+        world = VllmFlags.from_dict(t.flags).world_size
+        cost = cost_figures(summary_rate, tokens, world_size=world, load=load, in_flight=in_flight, gpu_hour_usd=price)
+    if cost is None:
+        return dataclasses.replace(
+            t, throughput=0.0, cost_usd_per_hour=None, cost_usd_per_m_tokens=None, cost_gpu_hours_per_m_tokens=None
+        )
+    return dataclasses.replace(
+        t,
+        throughput=cost.value,
+        replicas=cost.replicas,
+        box_gpus=cost.gpus,
+        box_output_tok_s=cost.box_tok_s,
+        cost_load_rate=cost.load_rate,
+        cost_usd_per_hour=cost.usd_per_hour,
+        cost_usd_per_m_tokens=cost.usd_per_m_tokens,
+        cost_gpu_hours_per_m_tokens=cost.gpu_hours_per_m_tokens,
+    )
 
 
 def _summary(data: Any) -> LoadSummary | None:

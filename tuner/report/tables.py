@@ -14,7 +14,7 @@ from tuner.errors import TunerError
 from tuner.flags import VllmFlags
 from tuner.record import StudyRecord
 from tuner.report.front import BEST_CHOICES, choose, ratios
-from tuner.report.views import StudyView, TrialView
+from tuner.report.views import StudyView, TrialView, first_label
 from tuner.scoring import STATS, figures, latency_metrics
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "front_doc",
     "front_flags",
     "front_table",
+    "gpus_text",
     "kv_table",
     "ratio",
     "steps_table",
@@ -93,7 +94,8 @@ def front_table(front: list[TrialView], baseline: TrialView | None, title: str, 
         return _front_table_wide(front, baseline, title)
     picks = _picks(front)
     table = Table(title=title)
-    for col in ("pick", "#", "tok/s", "P95", "success", "× tok/s", "× P95"):
+    first = first_label(front)
+    for col in ("pick", "#", first, "P95", "success", _ratio_label(first), "× P95"):
         table.add_column(col, justify="left" if col == "pick" else "right", no_wrap=col != "pick")
     for t in front:
         r = ratios(t, baseline)
@@ -103,7 +105,7 @@ def front_table(front: list[TrialView], baseline: TrialView | None, title: str, 
             t.throughput_text,
             fmt(t.objective_latency_s, ".3f", " s"),
             fmt(t.success_rate, ".1%"),
-            ratio(r.throughput),
+            _first_ratio(t, r.throughput),
             ratio(r.latency_p95),
         )
     if baseline is not None:
@@ -120,6 +122,24 @@ def front_table(front: list[TrialView], baseline: TrialView | None, title: str, 
     return table
 
 
+def _ratio_label(first: str) -> str:
+    return "× tok/s" if first == "tok/s" else "× cost"
+
+
+def _first_ratio(t: TrialView, value: float | None) -> str:
+    """The first value's ratio to the baseline; a cost's is the inverse of its tokens per $ (< 1: cheaper)."""
+    if t.costed:
+        return ratio(1.0 / value if value else None)
+    return ratio(value)
+
+
+def gpus_text(t: TrialView) -> str:
+    """`3×2` (replicas x the shape's GPUs) for a cost study's trial, `—` for one with no capacity."""
+    if not t.costed or t.replicas is None or t.box_gpus is None:
+        return "—"
+    return f"{t.replicas}×{t.box_gpus // max(1, t.replicas)}"
+
+
 def front_flags(front: list[TrialView], baseline: TrialView | None) -> Table:
     """The narrow front table's flags, a line each (the baseline's verdict with its own)."""
     rows = [(f"#{t.number}", flags_text(t.flags)) for t in front]
@@ -132,7 +152,9 @@ def _front_table_wide(front: list[TrialView], baseline: TrialView | None, title:
     picks = _picks(front)
     table = Table(title=title)
     shown = [f for f in figures() if f.headline]
-    cols = ("pick", "#", "tok/s", "latency P95", *(f.label for f in shown), "success", "× tok/s", "× P95", "flags")
+    first = first_label(front)
+    cols = ("pick", "#", first, "latency P95", *(f.label for f in shown), "success", _ratio_label(first), "× P95")
+    cols = (*cols, "flags")
     for col in cols:
         table.add_column(col, justify="left" if col in ("pick", "flags") else "right")
     for t in front:
@@ -144,7 +166,7 @@ def _front_table_wide(front: list[TrialView], baseline: TrialView | None, title:
             fmt(t.objective_latency_s, ".3f", " s"),
             *(fmt(t.latency(f.name), ".3f", " s") for f in shown),
             fmt(t.success_rate, ".1%"),
-            ratio(r.throughput),
+            _first_ratio(t, r.throughput),
             ratio(r.latency_p95),
             escape(flags_text(t.flags)),
         )

@@ -20,7 +20,7 @@ from tuner.intervals import Interval, format_with_ci, learn_noise, pool
 from tuner.record import MEASURED, StoredJob, StudyRecord, TrialRecord
 from tuner.scoring import OBJECTIVE_FALLBACK, Slo, figures, parse_slo
 
-__all__ = ["StudyView", "TrialView", "pooled_over_starts", "study_view", "trial_view"]
+__all__ = ["StudyView", "TrialView", "first_label", "pooled_over_starts", "study_view", "trial_view"]
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,32 @@ class TrialView:
     tok_s_per_gpu: float | None = None
     usd_per_m_tokens: float | None = None
     gpu_hours_per_m_requests: float | None = None
+    # The cost objective (tuner.cost): `throughput` is million output tokens per $ (per GPU-hour without a price)
+    # at the job's load, `replicas` x the shape's GPUs (`box_gpus`) the box that load needs.
+    box_output_tok_s: float | None = None  # the box's output tok/s as the record has it (`throughput`, but for cost)
+    cost_load_rate: float | None = None
+    cost_usd_per_hour: float | None = None
+    cost_usd_per_m_tokens: float | None = None
+    cost_gpu_hours_per_m_tokens: float | None = None
+
+    @property
+    def costed(self) -> bool:
+        """Scored by the cost objective: the first value is the inverse of what serving the job's load costs."""
+        return self.cost_gpu_hours_per_m_tokens is not None
+
+    @property
+    def cost_text(self) -> str:
+        """`$1.23` per million output tokens at the job's load, or `4.56 GPU-h` without a price; `—` unscored."""
+        if self.cost_usd_per_m_tokens is not None:
+            return f"${self.cost_usd_per_m_tokens:,.2f}"
+        return fmt_or_dash(self.cost_gpu_hours_per_m_tokens, ",.2f", " GPU-h")
 
     @property
     def throughput_text(self) -> str:
-        """`312 ± 9` where the interval is known, the bare figure where not; `—` for no measurement."""
+        """`312 ± 9` where the interval is known, the bare figure where not; `—` for no measurement; a cost study's
+        trial: its cost per million output tokens (`cost_text`)."""
+        if self.costed:
+            return self.cost_text
         if self.throughput_ci is None:
             return "—" if self.throughput is None else f"{self.throughput:,.1f}"
         return format_with_ci(*self.throughput_ci, "")
@@ -157,6 +179,16 @@ class StudyView:
     def job(self) -> StoredJob:
         """The job stored with the study, as far as it reads (nothing of it for a study written by hand)."""
         return StoredJob.of(self.attrs)
+
+    @property
+    def is_cost(self) -> bool:
+        """A study of the cost objective: its trials' first value is million output tokens per $ (or GPU-hour)."""
+        return self.record.objective == "cost"
+
+    @property
+    def priced(self) -> bool:
+        """Some trial carries a $ per million output tokens (the study had a GPU-hour price)."""
+        return any(t.usd_per_m_tokens is not None for t in self.trials)
 
     @property
     def baseline(self) -> TrialView | None:
@@ -259,6 +291,8 @@ def _pooled(confirm: Any) -> dict[int, tuple[tuple[float, float, float], int]]:
 
 
 def _with_interval(view: TrialView, pooled: Mapping[int, Any]) -> TrialView:
+    if view.costed:
+        return view  # its first value is a cost, not the tok/s the intervals are of
     if view.number in pooled and pooled[view.number][1] > 1:
         ci, starts = pooled[view.number]
         # The flag set's figure is its starts' pooled one: the front, the picks and the ratio to the baseline then
@@ -330,13 +364,28 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         latency_metric=r.latency_metric,
         started=trial.datetime_start,
         completed=trial.datetime_complete,
-        replicas=r.replicas,
-        box_gpus=r.box_gpus,
-        box_request_rate=r.box_request_rate,
-        tok_s_per_gpu=r.tok_s_per_gpu,
-        usd_per_m_tokens=r.usd_per_m_tokens,
-        gpu_hours_per_m_requests=r.gpu_hours_per_m_requests,
+        **_box_and_cost(r),
     )
+
+
+# The record's box (tuner.box) and cost (tuner.cost) figures, under the same names in the view.
+_BOX_AND_COST = (
+    "replicas",
+    "box_gpus",
+    "box_request_rate",
+    "tok_s_per_gpu",
+    "usd_per_m_tokens",
+    "gpu_hours_per_m_requests",
+    "box_output_tok_s",
+    "cost_load_rate",
+    "cost_usd_per_hour",
+    "cost_usd_per_m_tokens",
+    "cost_gpu_hours_per_m_tokens",
+)
+
+
+def _box_and_cost(r: TrialRecord) -> dict[str, Any]:
+    return {name: getattr(r, name) for name in _BOX_AND_COST}
 
 
 def _constraints(trial: FrozenTrial, r: TrialRecord, slos: Sequence[str]) -> tuple[tuple[str, ...], tuple[float, ...]]:
@@ -376,6 +425,18 @@ def _parsed(text: str) -> Slo | None:
         return parse_slo(text)
     except ConfigError:  # a study written by hand may list anything: it has no latency SLO then
         return None
+
+
+def first_label(trials: Sequence[TrialView]) -> str:
+    """The column of the first value: output tok/s, or a cost study's cost per million output tokens."""
+    costed = [t for t in trials if t.costed]
+    if not costed:
+        return "tok/s"
+    return "$/M tok" if any(t.cost_usd_per_m_tokens is not None for t in costed) else "GPU-h/M"
+
+
+def fmt_or_dash(v: float | None, spec: str, suffix: str = "") -> str:
+    return "—" if v is None else f"{v:{spec}}{suffix}"
 
 
 def _float(v: Any) -> float | None:

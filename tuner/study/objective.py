@@ -87,6 +87,7 @@ class Objective:
             job.model_profile(),
             box_gpus=job.box_gpus(),
             gpu_hour_usd=job.gpu_hour_usd(),
+            cost_load=job.cost_load() if job.objective == "cost" else None,
         )
         self.claims = Claims(store, self.study_name, self.on_event, poll_s)
         # The real load is preceded by the real probes; a load of one's own (a test's fake) has no server to probe

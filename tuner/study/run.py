@@ -470,7 +470,8 @@ class TuningRun:
                 return self._ask()  # a retried start (its first attempt interrupted): run it
             if pending:
                 return False
-            if count >= self.job.budget.confirm:
+            # The confirmation ranks flag sets by tok/s intervals; a cost study ranks them by the cost of its load.
+            if count >= self.job.budget.confirm or self.job.objective == "cost":
                 return None
             target = Confirmation.of(trials, self.objective.slos).next_start()
             if target is None:
@@ -490,6 +491,8 @@ class TuningRun:
 
     def closing(self) -> list[str]:
         """How sure the study's result is (also kept in the study's `confirm` attribute)."""
+        if self.job.objective == "cost":
+            return ["no confirmation starts: they compare flag sets by tok/s, a cost study by what its load costs"]
         trials = self.study.get_trials(deepcopy=False)
         count, seconds = spent(trials)
         c = Confirmation.of(trials, self.objective.slos)

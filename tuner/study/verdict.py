@@ -1,6 +1,7 @@
 """A trial's verdict in Optuna's terms: the two values, the constraints, and the record the readers read.
 
-Directions: maximize output tok/s, minimize the job's primary latency P95 (seconds). SLOs are constraints named
+Directions: maximize output tok/s (the cost objective: million output tokens per dollar at the job's load,
+`tuner.cost`), minimize the job's primary latency P95 (seconds). SLOs are constraints named
 "slo:<slo>" (<= 0 met); a failure is the worst values with a positive "startup" constraint, graded by how far from
 starting the flags were, so every sampler steers away from the region (see the package's docstring).
 """
@@ -13,6 +14,7 @@ from typing import Any, Literal
 from tuner.box import box_figures
 from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
+from tuner.cost import CostFigures, JobLoad, cost_figures, tokens_per_request
 from tuner.flags import resolve
 from tuner.load.results import LoadResult
 from tuner.record import MEASURED, RECORD_VERSION, TrialRecord
@@ -52,6 +54,8 @@ class Scorer:
     model: ModelProfile
     box_gpus: int = 1
     gpu_hour_usd: float | None = None
+    # The cost objective's load (None: another objective): each trial is scored by what serving it costs.
+    cost_load: JobLoad | None = None
 
     def scored_summary(self, result: TrialResult) -> tuple[LoadSummary | None, list[float] | None]:
         """The summary the trial is scored on, and (for a capacity search that met no SLOs) its step's violations."""
@@ -77,11 +81,33 @@ class Scorer:
                     slo_c = {f"slo:{s}": float(v) for s, v in zip(self.slos, violations, strict=True)}
                 else:
                     slo_c = {f"slo:{s}": float(s.violation(summary)) for s in self.slos}
-                box_tok_s = float(summary.output_throughput) * _replicas(result)
-                return (box_tok_s, latency), {STARTUP_CONSTRAINT: 0.0, **slo_c}
+                return (self._first_value(result, summary), latency), {STARTUP_CONSTRAINT: 0.0, **slo_c}
             # A load phase that produced nothing: as bad as a crash, and counted as one.
             return worst, {STARTUP_CONSTRAINT: _STARTUP_VIOLATION["unknown"], **zero_slos}
         return worst, {STARTUP_CONSTRAINT: self._startup_violation(result), **zero_slos}
+
+    def _first_value(self, result: TrialResult, summary: LoadSummary) -> float:
+        """The box's output tok/s; for the cost objective, million output tokens per dollar (0: no capacity)."""
+        if self.cost_load is None:
+            return float(summary.output_throughput) * _replicas(result)
+        cost = self.cost(result)
+        return cost.value if cost is not None else 0.0
+
+    def cost(self, result: TrialResult) -> CostFigures | None:
+        """What serving the job's load with replicas of this shape costs; None for another objective, or a replica
+        that met the SLOs at no rate."""
+        m = result.measurement
+        if self.cost_load is None or m is None or m.result is None or not m.rate:
+            return None
+        summary = m.result.summary
+        return cost_figures(
+            m.rate,
+            tokens_per_request(summary),
+            world_size=result.flags.world_size,
+            load=self.cost_load,
+            in_flight=float(summary.concurrency),
+            gpu_hour_usd=self.gpu_hour_usd,
+        )
 
     def _startup_violation(self, result: TrialResult) -> float:
         severity = _STARTUP_VIOLATION.get(result.reason or "unknown", 10.0)
@@ -125,14 +151,19 @@ class Scorer:
         return known.model_copy(update=verdict)
 
     def _box(self, result: TrialResult, summary: LoadSummary, rate: float | None) -> dict[str, Any]:
+        cost = self.cost(result)
+        if self.cost_load is not None and cost is None:
+            return {}  # no rate met the SLOs: no box the load could be served by
         box = box_figures(
-            float(summary.output_throughput),
+            # a cost trial's replica at its capacity rate, a request's tokens counted whole (`tuner.cost`)
+            cost.box_tok_s / cost.replicas if cost is not None else float(summary.output_throughput),
             rate,
-            n_replicas=_replicas(result),
-            box_gpus=self.box_gpus,
+            n_replicas=cost.replicas if cost is not None else _replicas(result),
+            # The cost objective's box is the one the job's load needs, not `target.gpus` (a node's bound on a shape).
+            box_gpus=cost.gpus if cost is not None else self.box_gpus,
             gpu_hour_usd=self.gpu_hour_usd,
         )
-        return {
+        return _cost_record(cost) | {
             "replicas": box.replicas,
             "box_gpus": box.gpus,
             "box_output_tok_s": box.output_tok_s,
@@ -141,6 +172,17 @@ class Scorer:
             "usd_per_m_tokens": box.usd_per_m_tokens,
             "gpu_hours_per_m_requests": box.gpu_hours_per_m_requests,
         }
+
+
+def _cost_record(cost: CostFigures | None) -> dict[str, Any]:
+    if cost is None:
+        return {}
+    return {
+        "cost_load_rate": cost.load_rate,
+        "cost_gpu_hours_per_m_tokens": cost.gpu_hours_per_m_tokens,
+        "cost_usd_per_hour": cost.usd_per_hour,
+        "cost_usd_per_m_tokens": cost.usd_per_m_tokens,
+    }
 
 
 def _replicas(result: TrialResult) -> int:

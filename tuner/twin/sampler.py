@@ -69,11 +69,12 @@ NEAR_BEST = 0.02  # candidates predicted within this of the best are equals: the
 def twin_unsupported(job: Job) -> str | None:
     """Why the twin cannot imitate this job's target, or None: it needs a GPU (or a CPU with a fitted step-time
     profile) and a model the start-up arithmetic knows, and a throughput objective (it predicts the job's fixed
-    load) or a trace (whose capacity search it runs: tuner.twin.rate_search)."""
-    if job.objective != "throughput" and job.arrival.trace is None:
+    load), a trace (whose capacity search it runs: tuner.twin.rate_search) or the cost objective (each shape's
+    capacity: tuner.twin.cost)."""
+    if job.objective not in ("throughput", "cost") and job.arrival.trace is None:
         return (
             f"the objective is {job.objective} on a {'closed loop' if job.arrival.closed else 'rate'} (the twin "
-            "predicts throughput under the job's load, and a capacity search only on a trace)"
+            "predicts throughput under the job's load, a capacity search on a trace, and the cost objective)"
         )
     try:
         gpu, model = job.gpu_profile(), job.model_profile()
@@ -111,6 +112,9 @@ class TwinSampler(BaseSampler):
         self.error_bound = error_bound
         self.check_after = check_after
         self.simulate_fn = simulate_fn
+        # What a prediction is worth to the study: its feasible throughput (the cost objective's: `bind`).
+        self._expected: Callable[[Predicted], float] = lambda p: p.expected_tok_s
+        self._optimistic: Callable[[Predicted], float] = lambda p: p.box_tok_s
         self.job: Job | None = None
         self.on_event: Callable[[str], None] = lambda _m: None
         self.twin: Twin | None = None
@@ -132,6 +136,15 @@ class TwinSampler(BaseSampler):
 
     def bind(self, job: Job, on_event: Callable[[str], None] | None = None) -> None:
         self.job = job
+        if job.objective == "cost":
+            # Each flag set simulated at its capacity within the SLOs and ranked by the cost of the job's load.
+            from tuner.twin.cost import CapacitySimulate, CostScore, capacity_simulate
+
+            simulated = self.simulate_fn if isinstance(self.simulate_fn, CapacitySimulate) else None
+            simulated = simulated or capacity_simulate(self.simulate_fn)
+            self.simulate_fn = simulated
+            score = CostScore(job, lambda: self.twin, simulated)
+            self._expected, self._optimistic = score.expected, score.optimistic
         if on_event is not None:
             self.on_event = on_event
 
@@ -211,12 +224,12 @@ class TwinSampler(BaseSampler):
             pool = candidates(self.space, self.max_points, self.seed)
             self.twin = Twin(self.job, pool, self.simulate_fn)
             self.twin.sweep()
-            ranked = sorted((self.twin.predict(c.key) for c in pool), key=_rank)
+            ranked = sorted((self.twin.predict(c.key) for c in pool), key=self._rank)
             best = ranked[0] if ranked else None
             self.on_event(
                 f"twin: {len(pool)} flag sets measured in the emulator's engine in virtual time "
                 f"({time.monotonic() - started:.0f} s of CPU); {sum(p.feasible for p in ranked)} predicted to meet "
-                f"the SLOs" + (f", the best at {_box_figure(best)}" if best and best.feasible else "")
+                f"the SLOs" + (f", the best at {self._shown_best(best)}" if best and best.feasible else "")
             )
         return self.twin
 
@@ -308,7 +321,7 @@ class TwinSampler(BaseSampler):
             key = flag_key(flags.as_dict())
             twin.known.setdefault(key, flags)
             p = twin.predict(key)
-            score = -1.0 if key in tried else p.expected_tok_s
+            score = -1.0 if key in tried else self._expected(p)
             if best is None or score > best[0]:
                 best = (score, i, params, p)
         assert best is not None
@@ -344,17 +357,17 @@ class TwinSampler(BaseSampler):
     def _exploit(self, twin: Twin, untried: list[str], study: Study) -> str:
         """The best untried candidate under the refit twin, its leaders simulated again under the fit."""
         for _ in range(RERANK):
-            ranked = sorted((twin.predict(k) for k in untried), key=_rank)
+            ranked = sorted((twin.predict(k) for k in untried), key=self._rank)
             leaders = [p.key for p in ranked[:3]]
             if all(twin.predict(k).exact for k in leaders):
                 break
             twin.rerank(leaders)
-        ranked = sorted((twin.predict(k) for k in untried), key=_rank)
+        ranked = sorted((twin.predict(k) for k in untried), key=self._rank)
         top = ranked[0]
-        if _rank(top)[0] != 0:
+        if self._rank(top)[0] != 0:
             return top.key
-        bar = (1 - NEAR_BEST) * top.expected_tok_s
-        equals = [p.key for p in ranked[:3] if _rank(p)[0] == 0 and p.expected_tok_s >= bar]
+        bar = (1 - NEAR_BEST) * self._expected(top)
+        equals = [p.key for p in ranked[:3] if self._rank(p)[0] == 0 and self._expected(p) >= bar]
         tried = self._tried_params(study)
         return max(equals, key=lambda k: (self._distance(twin.pool[k].params, tried), -equals.index(k)))
 
@@ -370,8 +383,18 @@ class TwinSampler(BaseSampler):
             d = self._distance(twin.pool[key].params, tried)
             # where the verdict is least sure a trial teaches the most: an even chance doubles the weight
             doubt = 4 * p.chance * (1 - p.chance)
-            options.append((p.box_tok_s * (1 + u * d) * (1 + doubt), key))
+            options.append((self._optimistic(p) * (1 + u * d) * (1 + doubt), key))
         return max(options)[1] if options else None
+
+    def _shown_best(self, p: Predicted) -> str:
+        if self.job is not None and self.job.objective == "cost":
+            value = self._optimistic(p)
+            unit = "$" if self.job.gpu_hour_usd() is not None else "GPU-h"
+            return f"{1 / value:,.2f} {unit} per million output tokens" if value > 0 else "no capacity"
+        return _box_figure(p)
+
+    def _rank(self, p: Predicted) -> tuple[float, ...]:
+        return _rank(p, self._expected(p))
 
     def _tried_params(self, study: Study) -> list[dict[str, Any]]:
         return [t.params for t in study.get_trials(deepcopy=False) if t.params]
@@ -386,11 +409,12 @@ class TwinSampler(BaseSampler):
 MIN_CHANCE = 0.05  # below this a flag set is ranked as missing the SLOs, by how far
 
 
-def _rank(p: Predicted) -> tuple[float, ...]:
-    """By the feasible throughput it is expected to add (its throughput times its chance of meeting the SLOs);
-    then the closest to the SLOs; what cannot start or crashes last."""
+def _rank(p: Predicted, expected: float) -> tuple[float, ...]:
+    """By the feasible value it is expected to add (`expected`: its throughput, or for the cost objective its
+    tokens per $, times its chance of meeting the SLOs); then the closest to the SLOs; what cannot start or crashes
+    last."""
     if p.started and not p.crashed and p.chance >= MIN_CHANCE:
-        return (0, -p.expected_tok_s)
+        return (0, -expected)
     if p.started and not p.crashed:  # none likely to meet them: the likeliest, nearest the SLOs in its spread
         return (1, -p.chance, p.violation - p.box_tok_s * 1e-9)
     return (2, 0.0)
