@@ -82,7 +82,7 @@ def _box_best(j: Job) -> tuple[int, dict[int, float]]:
     twin = Twin(j, candidates(j.search_space(), 100, 1))
     twin.sweep()
     predicted = {c.flags.tensor_parallel_size: twin.predict(c.key) for c in twin.pool.values()}
-    best = min(predicted.values(), key=_rank)
+    best = min(predicted.values(), key=lambda p: _rank(p, p.expected_tok_s))
     shape = {p.key: tp for tp, p in predicted.items()}[best.key]
     return shape, {tp: p.box_tok_s for tp, p in predicted.items() if p.feasible}
 
