@@ -211,7 +211,8 @@ def test_max_rate_rescore_walks_down_the_stored_steps() -> None:
     # 8 req/s misses 3 s (4.0 s), 4 req/s meets it (2.5 s): the highest rate that still meets the SLO
     assert (tight.step, tight.source, tight.after.request_rate) == (1, "stored summary", 4.0)
     assert tight.after.feasible and tight.after.objective_latency_s == pytest.approx(2.5)
-    assert tight.after.throughput == pytest.approx(400.0)  # 10 requests x 400 tokens / 10 s
+    # scored at the tokens its rate asks for (4 req/s x 400 tokens), not the step's 400 tok/s diluted by its drain
+    assert tight.after.throughput == pytest.approx(1600.0) and tight.after.output_tok_s == pytest.approx(400.0)
     none = rescore(view, source, [parse_slo("e2e_p95<=1s")]).trials[0]
     assert not none.after.feasible and none.step == 0  # closest miss, as the study scores it
 

@@ -21,6 +21,7 @@ from tuner.box import box_figures, replica_arrival, replicas, shape_refusal
 from tuner.cli.show import box_line
 from tuner.cli.tune import box_text
 from tuner.config import Job, load_job, schema
+from tuner.cost import tokens_per_request
 from tuner.emulator import Emulator
 from tuner.errors import ConfigError
 from tuner.flags import VllmFlags
@@ -287,7 +288,9 @@ def test_max_rate_on_the_box_is_replicas_times_the_replicas_rate() -> None:
     a = trial.user_attrs
     assert seen[0].replicas == 2 and a["outcome"] == "measured" and a["request_rate"] > 0
     assert a["box_request_rate"] == pytest.approx(2 * a["request_rate"])
-    assert values[0] == pytest.approx(2 * a["output_tok_s"])
+    # the box's: each replica at the tokens its SLO-meeting rate asks for (`replica_tok_s`)
+    assert seen[0].result is not None
+    assert values[0] == pytest.approx(2 * a["request_rate"] * tokens_per_request(seen[0].result.summary))
 
 
 def test_the_dry_run_says_the_box_its_share_and_its_price() -> None:

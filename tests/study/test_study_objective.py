@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from optuna.trial import FixedTrial
 from study_fakes import FakeLauncher, fake_measure, job, records_for
 
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
+from tuner.load.results import CapacityStep, LoadResult, RequestRecord
 from tuner.scoring import summarize
-from tuner.study import Objective
+from tuner.study import Measurement, Objective
 
 CONTRACT_ATTRS = {
     "flags",
@@ -188,3 +191,30 @@ def test_calibration_from_the_first_start_changes_the_next_prediction() -> None:
     assert trial.user_attrs["outcome"] == "skipped_infeasible" and trial.user_attrs["kv_scale"] == pytest.approx(
         0.7, abs=0.01
     )
+
+
+def _capacity_measure(rates: dict[int, tuple[float, float]]) -> Any:
+    """A max_rate search that found `rate` for a flag set's `max_num_seqs`, each of 40 requests taking `e2e_s`."""
+
+    async def measure(server: Any, job: Any, flags: VllmFlags) -> Measurement:
+        rate, e2e = rates[flags.max_num_seqs or 0]
+        records = [
+            RequestRecord(index=i, start_s=i / rate, ttft_s=0.05, e2e_s=e2e, completion_tokens=100, ok=True)
+            for i in range(40)
+        ]
+        summary = summarize(records, duration_s=39 / rate + e2e)  # first send to last answer: the drain included
+        step = CapacityStep(rate=rate, summary=summary, meets_slos=True)
+        return Measurement(LoadResult(summary=summary, records=records), [step], 0, rate)
+
+    return measure
+
+
+def test_max_rate_scores_the_higher_slo_meeting_rate_higher_whatever_its_drain() -> None:
+    """22 req/s with 4 s answers against 20 req/s with 0.5 s ones, both within e2e_p95 <= 5 s: the step's own tok/s
+    reads 22 req/s lower (its last answers come long after its last send), the objective does not."""
+    j = job(objective="max_rate", arrival={"rate": 1.0, "requests": 40}, slos=["e2e_p95 <= 5s"])
+    objective = Objective(j, FakeLauncher(), measure=_capacity_measure({8: (20.0, 0.5), 16: (22.0, 4.0)}))
+    (fast, _), a = run(objective, {"max_num_seqs": 8, "gpu_memory_utilization": 0.9})
+    (slow, _), b = run(objective, {"max_num_seqs": 16, "gpu_memory_utilization": 0.9})
+    assert b.user_attrs["output_tok_s"] < a.user_attrs["output_tok_s"]  # the steps' own figures, as measured
+    assert fast == pytest.approx(20.0 * 100) and slow == pytest.approx(22.0 * 100) and slow > fast

@@ -151,7 +151,9 @@ class _Rescorer:
         s = run.summary
         after = dataclasses.replace(
             t,
-            throughput=float(s.output_throughput) * (t.replicas or 1),  # the box's, as the study scored it
+            # the box's, as the study scored it: at a capacity step meeting the SLOs, the tokens its rate asks for
+            throughput=(run.rate * tokens_per_request(s) if run.meets and run.rate else float(s.output_throughput))
+            * (t.replicas or 1),
             objective_latency_s=objective_latency(s, self.latency_metric, self.worst_latency),
             output_tok_s=float(s.output_throughput),
             request_rate=run.rate if run.rate is not None else float(s.request_throughput),

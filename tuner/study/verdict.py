@@ -89,7 +89,7 @@ class Scorer:
     def _first_value(self, result: TrialResult, summary: LoadSummary) -> float:
         """The box's output tok/s; for the cost objective, million output tokens per dollar (0: no capacity)."""
         if self.cost_load is None:
-            return float(summary.output_throughput) * _replicas(result)
+            return replica_tok_s(result, summary) * _replicas(result)
         cost = self.cost(result)
         return cost.value if cost is not None else 0.0
 
@@ -156,7 +156,7 @@ class Scorer:
             return {}  # no rate met the SLOs: no box the load could be served by
         box = box_figures(
             # a cost trial's replica at its capacity rate, a request's tokens counted whole (`tuner.cost`)
-            cost.box_tok_s / cost.replicas if cost is not None else float(summary.output_throughput),
+            cost.box_tok_s / cost.replicas if cost is not None else replica_tok_s(result, summary),
             rate,
             n_replicas=cost.replicas if cost is not None else _replicas(result),
             # The cost objective's box is the one the job's load needs, not `target.gpus` (a node's bound on a shape).
@@ -172,6 +172,17 @@ class Scorer:
             "usd_per_m_tokens": box.usd_per_m_tokens,
             "gpu_hours_per_m_requests": box.gpu_hours_per_m_requests,
         }
+
+
+def replica_tok_s(result: TrialResult, summary: LoadSummary) -> float:
+    """One replica's output tok/s as the trial is scored. At a fixed load, the run's own. For a capacity search
+    that found a rate meeting the SLOs, the tokens that rate asks for (rate x a request's tokens, `tuner.cost`): a
+    step's own tok/s is diluted by its drain (the last requests finish after the last one is sent), more for a
+    server whose answers take longer, so a higher SLO-meeting rate could read fewer tok/s and rank lower."""
+    m = result.measurement
+    if m is None or not m.steps or not m.rate or m.result is None:
+        return float(summary.output_throughput)
+    return m.rate * tokens_per_request(summary)
 
 
 def _cost_record(cost: CostFigures | None) -> dict[str, Any]:
