@@ -158,3 +158,23 @@ def test_the_price_defaults_to_the_jobs_gpu_hour_usd(max_rate_job: Path, tmp_pat
     assert got["cost_per_hour"] == pytest.approx(2.5 * got["gpus"])
     given = json.loads(plan(job, "--rate", "40", "--price-per-gpu-hour", "3", "--json").stdout)
     assert given["cost_per_hour"] == pytest.approx(3 * given["gpus"])  # the command line's price wins
+
+
+@pytest.mark.parametrize(
+    ("objective", "basis"),
+    [
+        ("max_rate", "its highest SLO-meeting rate"),
+        ("cost", "its highest SLO-meeting rate"),  # a cost trial's rate is its replica's capacity within the SLOs
+        ("throughput", "a floor of its capacity"),
+    ],
+)
+def test_the_plan_names_what_the_trials_rate_is(objective: str, basis: str) -> None:
+    from tuner.record import MEASURED, TrialRecord
+    from tuner.report.views import StudyView, trial_view
+    from tuner.ship.plan import make_plan
+
+    record = TrialRecord(flags={"max_num_seqs": 16}, outcome=MEASURED, output_tok_s=900.0, request_rate=6.0)
+    trial = optuna.trial.create_trial(values=[900.0, 2.0], params={}, distributions={}, user_attrs=record.to_attrs())
+    view = StudyView("s", {"objective": objective, "slos": ["e2e_p95<=5s"]}, [trial_view(trial)])
+    got = make_plan(view, view.trials[0], rate=12.0, tokens_per_request=150.0)
+    assert basis in got.basis and got.capacity_rps == 6.0 and got.replicas == math.ceil(12.0 / (6.0 * 0.7))

@@ -121,7 +121,7 @@ def make_plan(
         capacity = t.request_rate
         basis = (
             "its highest SLO-meeting rate, measured by the study"
-            if objective == "max_rate"
+            if objective in ("max_rate", "cost")
             else "its highest rate at which the SLOs' share of requests were good, measured by the study"
             if objective == "goodput"
             else "the rate it held under the job's fixed load, a floor of its capacity; measure: "
