@@ -5,6 +5,7 @@ times divided alike (exact on fake time), its lengths and shared blocks kept, it
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from load_fakes import FakeVllm, LoopClock, fake_time
@@ -12,6 +13,7 @@ from load_fakes import FakeVllm, LoopClock, fake_time
 from tuner.errors import ConfigError
 from tuner.load import Arrival, Workload, find_max_rate
 from tuner.load.capacity_search import trace_probe
+from tuner.load.results import CapacitySearchResult
 from tuner.scoring import parse_slo
 
 TRACES = Path(__file__).parent.parent / "data" / "traces"
@@ -37,17 +39,7 @@ def test_the_slice_s_own_rate_and_a_rate_s_speed_up() -> None:
 @fake_time
 async def test_each_step_sends_the_trace_s_times_divided_by_its_speed_up() -> None:
     fake = FakeVllm(token_s=0.001)
-    async with fake.client() as client:
-        result = await find_max_rate(
-            "http://fake",
-            "m",
-            Workload(),
-            [parse_slo("e2e_p95<=10s")],
-            client=client,
-            clock=LoopClock(),
-            max_steps=3,
-            trace=Arrival(trace=MOONCAKE, speedup=2),
-        )
+    result = await _search(fake, "e2e_p95<=10s", max_steps=3, trace=Arrival(trace=MOONCAKE, speedup=2))
     # speedup 2 is where it starts (no probe): 1.5 req/s, then up by half each step as every one meets the SLO
     assert [s.rate for s in result.steps] == pytest.approx([1.5, 2.25, 3.375])
     assert [s.speedup for s in result.steps] == pytest.approx([2.0, 3.0, 4.5])
@@ -68,18 +60,7 @@ async def test_each_step_sends_the_trace_s_times_divided_by_its_speed_up() -> No
 @fake_time
 async def test_the_probe_is_the_trace_s_requests_at_most_n_in_flight_and_the_first_step_its_rate() -> None:
     fake = FakeVllm(token_s=0.01)
-    async with fake.client() as client:
-        result = await find_max_rate(
-            "http://fake",
-            "m",
-            Workload(),
-            [parse_slo("e2e_p95<=10s")],
-            client=client,
-            clock=LoopClock(),
-            max_steps=1,
-            probe_concurrency=2,
-            trace=Arrival(trace=MOONCAKE),
-        )
+    result = await _search(fake, "e2e_p95<=10s", max_steps=1, probe_concurrency=2, trace=Arrival(trace=MOONCAKE))
     probe = trace_probe(Arrival(trace=MOONCAKE), 2)
     assert probe.max_in_flight == 2 and probe.warmup_requests == 1 and probe.requests == 3
     assert result.probe is not None and result.probe.requests_sent == 3
@@ -93,17 +74,7 @@ async def test_the_probe_is_the_trace_s_requests_at_most_n_in_flight_and_the_fir
 async def test_the_search_finds_the_highest_speed_up_that_meets_the_slo() -> None:
     # one request at a time, 0.5 s each: played too fast, the trace's requests queue and e2e grows
     fake = FakeVllm(ttft_s=0.5, slots=1)
-    async with fake.client() as client:
-        result = await find_max_rate(
-            "http://fake",
-            "m",
-            Workload(),
-            [parse_slo("e2e_max<=1s")],
-            client=client,
-            clock=LoopClock(),
-            max_steps=6,
-            trace=Arrival(trace=MOONCAKE, speedup=1.5),
-        )
+    result = await _search(fake, "e2e_max<=1s", max_steps=6, trace=Arrival(trace=MOONCAKE, speedup=1.5))
     met = [s.rate for s in result.steps if s.meets_slos]
     missed = [s.rate for s in result.steps if not s.meets_slos]
     assert met and missed and result.best_rate == max(met) < min(missed)
@@ -119,3 +90,11 @@ async def test_a_slice_of_one_instant_cannot_be_sped_up(tmp_path: Path) -> None:
     trace.write_text('{"t": 3, "input_len": 5, "output_len": 1}\n')
     with pytest.raises(ConfigError, match="its slice needs at least two requests at different times"):
         await find_max_rate("http://fake", "m", Workload(), [parse_slo("e2e_p95<=1s")], trace=Arrival(trace=trace))
+
+
+async def _search(fake: FakeVllm, slo: str, **options: Any) -> CapacitySearchResult:
+    """The capacity search against the fake server on the test loop's clock, judged by one SLO."""
+    async with fake.client() as client:
+        return await find_max_rate(
+            "http://fake", "m", Workload(), [parse_slo(slo)], client=client, clock=LoopClock(), **options
+        )

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from engine_proxy import EngineProxy
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from study_fakes import JOB, fake_measure, job
 
 from tuner.config import Job
@@ -60,15 +60,7 @@ def test_a_trial_whose_engine_went_away_runs_again_once_it_answers(
             cut.append(1)
         return await measured(server, job_, flags)
 
-    launcher = DockerLauncher.for_emulator(image, "llama-3.1-8b", "l4", time_scale=50)
-    events: list[str] = []
-    tuning = TuningRun(j, launcher, storage_url="sqlite://", measure=measure, poll_s=0.05, on_event=events.append)
-    try:
-        tuning.run()
-        trials = tuning.study.get_trials(deepcopy=False)
-    finally:
-        tuning.close()
-        launcher.close()
+    trials, events = _tune_on_docker(j, image, measure)
     assert cut, "the engine was never cut: no trial but the baseline ran"
     failed = [t for t in trials if t.state == TrialState.FAIL]
     assert len(failed) == 1 and failed[0].user_attrs["reason"] == "engine_gone", events
@@ -106,15 +98,7 @@ def test_a_container_killed_by_an_engine_restart_done_before_we_look_runs_again(
             killed.append(container.name)
         return await measured(server, job_, flags)
 
-    launcher = DockerLauncher.for_emulator(image, "llama-3.1-8b", "l4", time_scale=50)
-    events: list[str] = []
-    tuning = TuningRun(j, launcher, storage_url="sqlite://", measure=measure, poll_s=0.05, on_event=events.append)
-    try:
-        tuning.run()
-        trials = tuning.study.get_trials(deepcopy=False)
-    finally:
-        tuning.close()
-        launcher.close()
+    trials, events = _tune_on_docker(j, image, measure)
     assert killed, "no trial but the baseline ran"
     failed = [t for t in trials if t.state == TrialState.FAIL]
     assert len(failed) == 1 and failed[0].user_attrs["reason"] == "engine_gone", events
@@ -125,3 +109,17 @@ def test_a_container_killed_by_an_engine_restart_done_before_we_look_runs_again(
     assert not {t.user_attrs.get("outcome") for t in trials} & {"crashed", "launch_failed"}
     assert sum("answers again" in e for e in events) == 1
     assert docker_client.containers.list(all=True, filters={"label": f"tuner.study={study_name}"}) == []
+
+
+def _tune_on_docker(j: Job, image: str, measure: Any) -> tuple[list[FrozenTrial], list[str]]:
+    """The study run whole on the emulator image through the Docker launcher (its engine behind the test's proxy):
+    its trials and the events it said."""
+    launcher = DockerLauncher.for_emulator(image, "llama-3.1-8b", "l4", time_scale=50)
+    events: list[str] = []
+    tuning = TuningRun(j, launcher, storage_url="sqlite://", measure=measure, poll_s=0.05, on_event=events.append)
+    try:
+        tuning.run()
+        return tuning.study.get_trials(deepcopy=False), events
+    finally:
+        tuning.close()
+        launcher.close()
