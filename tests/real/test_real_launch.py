@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,7 +21,13 @@ from tests.real.conftest import SERVE
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import ProcessLauncher
-from tuner.launch.failures import CRASHED_UNDER_LOAD, INVALID_FLAGS, KV_CACHE_TOO_SMALL, MODEL_NOT_FOUND
+from tuner.launch.failures import (
+    CRASHED_UNDER_LOAD,
+    INVALID_FLAGS,
+    KV_CACHE_TOO_SMALL,
+    MODEL_NOT_FOUND,
+    classify_startup_exit,
+)
 
 pytestmark = pytest.mark.real_vllm
 
@@ -28,11 +35,13 @@ START_LIMIT_S = 900.0  # a bound for a busy machine, not an assertion on speed
 EXIT_LIMIT_S = 120.0
 
 
-def launcher(vllm_python: Path, model: str, tmp_path: Path) -> ProcessLauncher:
+def launcher(vllm_python: Path, model: str, tmp_path: Path, *, eager: bool = False) -> ProcessLauncher:
     return ProcessLauncher(
         [str(vllm_python), *SERVE],
         model,
         served_model_name="tiny",
+        # Eager skips the torch.compile pass a refused start would sit through; a good start keeps vLLM's default.
+        extra_args=("--enforce-eager",) if eager else (),
         # 1 GiB of KV space; no usage report leaves the machine.
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
         startup_timeout_s=START_LIMIT_S,
@@ -48,30 +57,38 @@ async def refused(launcher: ProcessLauncher, flags: VllmFlags) -> LaunchError:
     return raised.value
 
 
-async def test_kv_cache_too_small_carries_vllms_estimate(vllm_python: Path, tiny_model: Path, tmp_path: Path) -> None:
+Refusals = Callable[[str], tuple[str, int | None]]
+
+
+def read_refusal(refused_starts: Refusals, name: str) -> LaunchError:
+    """The launchers' reading of real vLLM's refused start (the conformance recorder's, started once a session)."""
+    log, code = refused_starts(name)
+    assert code is not None and code != 0, log[-2000:]
+    return classify_startup_exit(log, code)
+
+
+def test_kv_cache_too_small_carries_vllms_estimate(refused_starts: Refusals) -> None:
     """16 CPU blocks of 128 tokens cannot hold one 4,096-token request; vLLM says 1,920 would fit."""
-    flags = VllmFlags(max_model_len=4096, extra={"num_gpu_blocks_override": 16})
-    error = await refused(launcher(vllm_python, str(tiny_model), tmp_path), flags)
+    error = read_refusal(refused_starts, "kv_cache_too_small")
     assert error.reason == KV_CACHE_TOO_SMALL
     assert error.estimated_max_model_len == 1920
     assert "To serve at least one request with the model's max seq len (4096)" in str(error)
 
 
-async def test_flag_combination_vllm_rejects(vllm_python: Path, tiny_model: Path, tmp_path: Path) -> None:
-    flags = VllmFlags(max_model_len=1024, max_num_seqs=64, max_num_batched_tokens=32)
-    error = await refused(launcher(vllm_python, str(tiny_model), tmp_path), flags)
+def test_flag_combination_vllm_rejects(refused_starts: Refusals) -> None:
+    error = read_refusal(refused_starts, "invalid_flags")  # max_num_seqs 64 with max_num_batched_tokens 32
     assert error.reason == INVALID_FLAGS
     assert str(error).endswith(": max_num_batched_tokens (32) must be greater than or equal to max_num_seqs (64).")
 
 
-async def test_unknown_flag(vllm_python: Path, tiny_model: Path, tmp_path: Path) -> None:
-    flags = VllmFlags(max_model_len=1024, extra={"no_such_flag": 1})
-    error = await refused(launcher(vllm_python, str(tiny_model), tmp_path), flags)
+def test_unknown_flag(refused_starts: Refusals) -> None:
+    error = read_refusal(refused_starts, "unknown_flag")
     assert error.reason == INVALID_FLAGS
     assert str(error).endswith("error: unrecognized arguments: --no-such-flag")
 
 
 async def test_missing_model_is_model_not_found(vllm_python: Path, tmp_path: Path) -> None:
+    """Through the launcher whole: the process started, its exit seen, its log read and classified."""
     missing = tmp_path / "no-such-model"
     error = await refused(launcher(vllm_python, str(missing), tmp_path), VllmFlags(max_model_len=1024))
     assert error.reason == MODEL_NOT_FOUND
@@ -175,7 +192,7 @@ async def test_kv_cache_memory_bytes_and_the_null_block_as_the_arithmetic_predic
     model, cpu = load_model(str(tiny_model)), cpu_profile({})
     predicted = plan_startup(model, cpu, resolve(flags, cpu, model))
     assert predicted.reason == KV_CACHE_TOO_SMALL and predicted.estimated_max_model_len == 31 * 128
-    real = launcher(vllm_python, str(tiny_model), tmp_path)
+    real = launcher(vllm_python, str(tiny_model), tmp_path, eager=True)
     # unset, not empty: the CPU worker int()s an empty value and dies
     real.env.pop("VLLM_CPU_KVCACHE_SPACE")
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)

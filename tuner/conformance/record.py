@@ -146,13 +146,26 @@ def record_server(
     return {"http": http, "metrics": metrics, "startup": {"lines": startup_lines(log)}}
 
 
-def record_failure(python: Path, model_dir: Path, refusal: Refusal, workdir: Path) -> dict[str, Any]:
-    with start_vllm(python, model_dir, _free_port(), refusal.flags, workdir, refusal.env) as server:
+def refused_start(python: Path, model_dir: Path, refusal: Refusal, workdir: Path) -> tuple[str, int | None]:
+    """Real vLLM started with what it should refuse: its whole log and its exit code. Eager: the refusals that come
+    after the model's warm-up (the KV cache's) are the same without its torch.compile pass, which the CPU build
+    redoes at every start (its compiled-function cache fails to load) and which is most of a start here."""
+    extra = ("--enforce-eager", *refusal.flags)
+    with start_vllm(python, model_dir, _free_port(), extra, workdir, refusal.env) as server:
         if wait_ready(server):
             given = " ".join([*(f"{k}={v}" for k, v in refusal.env), *refusal.flags])
             raise RecordError(f"vLLM started with {given}, which it should refuse")
-        env = {"env": dict(refusal.env)} if refusal.env else {}
-        return {"flags": list(refusal.flags), **env, **failure_shape(server.log(), server.proc.returncode)}
+        return server.log(), server.proc.returncode
+
+
+def failure_record(refusal: Refusal, log: str, exit_code: int | None) -> dict[str, Any]:
+    """The fixture's entry for a refused start: what was given and the failure's shape."""
+    env = {"env": dict(refusal.env)} if refusal.env else {}
+    return {"flags": list(refusal.flags), **env, **failure_shape(log, exit_code)}
+
+
+def record_failure(python: Path, model_dir: Path, refusal: Refusal, workdir: Path) -> dict[str, Any]:
+    return failure_record(refusal, *refused_start(python, model_dir, refusal, workdir))
 
 
 def record_all(python: Path, model_dir: Path, out: Path, *, port: int | None = None) -> list[Path]:
