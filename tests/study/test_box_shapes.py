@@ -144,3 +144,32 @@ def test_a_run_with_every_request_answered_meets_a_success_rate_slo_for_certain(
     assert chance_of_meeting(slo, {"success_rate": 1.0}, {"success_rate": 0.08}) == 1.0
     assert chance_of_meeting(slo, {"success_rate": 0.995}, {"success_rate": 0.08}) > 0.99
     assert chance_of_meeting(slo, {"success_rate": 0.98}, {"success_rate": 0.08}) < 0.01
+
+
+def test_the_cost_objective_on_the_node_serves_the_load_on_the_fewest_gpus_not_the_fastest_server() -> None:
+    """`objective: cost` on the same node: 20 req/s of chat within TTFT and TPOT bounds. One TP-8 server has the most
+    capacity (and tok/s), but one TP-4 server already holds the load, so it serves it on half the GPUs, for half the
+    $ per million tokens; TP 1 and 2 cannot start and cost nothing to rank."""
+    from tuner.twin.cost import CostScore, capacity_simulate
+
+    j = job(
+        target={**TARGET, "gpus": 8, "gpu_hour_usd": 2.5},
+        space={"tensor_parallel_size": {"choices": SHAPES}, "max_model_len": 4096},
+        workload={"input_len": 1024, "output_len": 128},
+        arrival={"rate": 20.0, "requests": 64},
+        objective="cost",
+        capacity_search={"requests_per_step": 64, "max_steps": 4},
+        slos=["ttft_p95 <= 4s", "tpot_p95 <= 60ms", "success_rate >= 0.99"],
+    )
+    simulated = capacity_simulate(simulate)
+    twin = Twin(j, candidates(j.search_space(), 100, 0), simulated)
+    twin.sweep()
+    score = CostScore(j, lambda: twin, simulated)
+    by_tp = {c.flags.tensor_parallel_size: c.key for c in twin.pool.values()}
+    capacity = {tp: simulated.rate_of(twin.point(key)) for tp, key in by_tp.items()}
+    usd_per_m = {tp: 1 / v for tp, key in by_tp.items() if (v := score.optimistic(twin.predict(key))) > 0}
+    assert capacity[1] is None and capacity[2] is None and set(usd_per_m) == {4, 8}
+    assert capacity[4] is not None and capacity[8] is not None and 20.0 <= capacity[4] < capacity[8]
+    assert twin.predict(by_tp[8]).output_tok_s > twin.predict(by_tp[4]).output_tok_s  # the fastest server: TP 8
+    assert min(usd_per_m, key=lambda tp: usd_per_m[tp]) == 4  # the cheapest for the load: one TP-4 server
+    assert usd_per_m[8] == pytest.approx(2 * usd_per_m[4], rel=0.01)  # 8 GPUs against 4 for the same tokens
