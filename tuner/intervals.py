@@ -38,6 +38,7 @@ __all__ = [
     "pool",
     "relative_difference",
     "run_intervals",
+    "scaled",
     "separable",
     "slo_verdict",
     "spotless",
@@ -70,6 +71,15 @@ class Interval:
 
     def as_list(self) -> list[float]:
         return [self.low, self.high]
+
+
+def scaled(interval: Interval, value: float) -> Interval:
+    """`interval` brought to `value` by one factor: a run measured on one replica to the box's figure, or a capacity
+    step's own tok/s to the tokens its rate asks for (what the trial was scored by)."""
+    if interval.value <= 0:
+        return interval
+    k = value / interval.value
+    return Interval(value, interval.low * k, interval.high * k)
 
 
 def t_quantile(p: float, df: float) -> float:

@@ -20,6 +20,8 @@ from tuner.record import MEASURED, TrialRecord
 from tuner.report.overview import status
 from tuner.report.uncertainty import trial_intervals
 from tuner.report.views import study_view
+from tuner.scoring import parse_slo
+from tuner.study.confirm import Confirmation
 from tuner.study.verdict import DIRECTIONS
 
 STUDY = "confirmed"
@@ -203,8 +205,29 @@ def test_a_box_flag_set_started_again_stands_at_its_pooled_box_figure(tmp_path: 
     (replicas x the replica's), as the confirmation pools it, not at one replica's."""
     study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'box.db'}", directions=DIRECTIONS)
     study.set_user_attr("slos", ["e2e_p95<=5s"])
-    study.add_trial(measured(16, 400.0, 10.0, replicas=4, box_gpus=8))
-    study.add_trial(measured(16, 420.0, 10.0, replicas=4, box_gpus=8, repeat_of=0, duplicate_of=0))
+    for tok_s, extra in ((400.0, {}), (420.0, {"repeat_of": 0, "duplicate_of": 0})):
+        one = measured(16, tok_s, 10.0, replicas=4, box_gpus=8, **extra)
+        study.add_trial(create_trial(  # the study scores the box: 4 x the replica's tok/s
+            params=one.params, distributions=one.distributions, values=[4 * tok_s, 2.0], user_attrs=one.user_attrs
+        ))  # fmt: skip
     first = study_view(study).trials[0]
     assert first.starts == 2
     assert 4 * 400.0 < (first.throughput or 0.0) < 4 * 420.0
+
+
+def test_a_capacity_studys_flag_set_started_again_pools_the_figure_each_start_was_scored_by(tmp_path: Path) -> None:
+    """A max_rate trial is scored by its rate's tokens (1,000 and 1,100 tok/s here), not its step's own tok/s (600
+    and 640, diluted by the drain): the confirmation and the views pool the scored figures, so a confirmed flag set
+    stands beside unconfirmed ones on the same footing."""
+    study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'rate.db'}", directions=DIRECTIONS)
+    study.set_user_attr("slos", ["e2e_p95<=5s"])
+    study.set_user_attr("objective", "max_rate")
+    for step_tok_s, scored, extra in ((600.0, 1000.0, {}), (640.0, 1100.0, {"repeat_of": 0, "duplicate_of": 0})):
+        one = measured(16, step_tok_s, 10.0, **extra)
+        study.add_trial(create_trial(
+            params=one.params, distributions=one.distributions, values=[scored, 2.0], user_attrs=one.user_attrs
+        ))  # fmt: skip
+    first = study_view(study).trials[0]
+    assert first.starts == 2 and 1000.0 < (first.throughput or 0.0) < 1100.0
+    (group,) = Confirmation.of(study.get_trials(), [parse_slo("e2e_p95<=5s")]).flag_sets
+    assert group.throughput is not None and 1000.0 < group.throughput.value < 1100.0

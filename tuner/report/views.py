@@ -269,6 +269,9 @@ def _pooled_starts(views: Sequence[TrialView]) -> dict[int, tuple[tuple[float, f
             run = t.run_intervals.get("output_tok_s") or (t.output_tok_s,) * 3
             box = t.replicas or 1  # flag sets of different shapes compare on the box, as the confirmation pools them
             run = (run[0] * box, run[1] * box, run[2] * box)
+            if t.throughput and t.cost_usd_per_m_tokens is None and run[0] > 0:
+                k = t.throughput / run[0]  # at the figure it was scored by (a capacity search's rate x tokens)
+                run = (run[0] * k, run[1] * k, run[2] * k)
             groups.setdefault(t.repeat_of if t.repeat_of is not None else t.number, []).append(Interval(*run))
     noise = learn_noise([[i.value for i in g] for g in groups.values()])
     out = {}

@@ -29,6 +29,7 @@ from tuner.intervals import (
     pool,
     relative_difference,
     run_intervals,
+    scaled,
     separable,
     slo_verdict,
     spotless,
@@ -145,6 +146,10 @@ def _start(t: FrozenTrial, record: TrialRecord) -> Start:
         # Flag sets of different shapes are compared on the box (`target.gpus`), as the study compared them.
         f = figures[THROUGHPUT]
         figures[THROUGHPUT] = Interval(f.value * box, f.low * box, f.high * box)
+    if THROUGHPUT in figures and t.values and t.values[0] > 0 and record.cost_load_rate is None:
+        # The start at the figure it was scored by: a capacity search's is its rate's tokens, not its step's own
+        # tok/s (tuner.study.verdict.replica_tok_s); a fixed load's is the run's, so nothing moves.
+        figures[THROUGHPUT] = scaled(figures[THROUGHPUT], float(t.values[0]))
     meets = {
         name.removeprefix("slo:"): value <= 0
         for name, value in zip(record.constraint_names or [], record.constraints or [], strict=False)
