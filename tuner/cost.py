@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from tuner.scoring import LoadSummary
 
-__all__ = ["CostFigures", "JobLoad", "cost_figures", "tokens_per_request"]
+__all__ = ["CostFigures", "JobLoad", "cost_figures", "scored_tok_s", "tokens_per_request"]
 
 _MILLION = 1_000_000
 # A replica a hair short of a whole share (capacity 9.999 for a load of 10) is not a second replica: capacities are
@@ -94,6 +94,14 @@ def cost_figures(
     usd_m = gpu_hour_usd * gpu_hours if gpu_hour_usd is not None else None
     box_tok_s = n * capacity_rate * tokens_per_request
     return CostFigures(n, gpus, rate, load_tok_s, box_tok_s, gpu_hours, usd_h, usd_m)
+
+
+def scored_tok_s(summary: LoadSummary, rate: float | None) -> float:
+    """One server's output tok/s as a trial is scored: at a fixed load (`rate` None) the run's own; at a capacity
+    search's rate that met the SLOs, the tokens that rate asks for (rate x a request's tokens). A step's own tok/s
+    is diluted by its drain (the last requests finish after the last one is sent), more for a server whose answers
+    take longer, so a higher SLO-meeting rate could read fewer tok/s and rank lower."""
+    return rate * tokens_per_request(summary) if rate else float(summary.output_throughput)
 
 
 def tokens_per_request(summary: LoadSummary) -> float:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from tuner.cost import JobLoad, cost_figures, tokens_per_request
+from tuner.cost import JobLoad, cost_figures, scored_tok_s, tokens_per_request
 from tuner.flags import VllmFlags
 from tuner.load.results import RequestRecord
 from tuner.report.front import pareto_front
@@ -151,9 +151,8 @@ class _Rescorer:
         s = run.summary
         after = dataclasses.replace(
             t,
-            # the box's, as the study scored it: at a capacity step meeting the SLOs, the tokens its rate asks for
-            throughput=(run.rate * tokens_per_request(s) if run.meets and run.rate else float(s.output_throughput))
-            * (t.replicas or 1),
+            # the box's, as the study scored it (a capacity step meeting the SLOs: the tokens its rate asks for)
+            throughput=scored_tok_s(s, run.rate if run.meets else None) * (t.replicas or 1),
             objective_latency_s=objective_latency(s, self.latency_metric, self.worst_latency),
             output_tok_s=float(s.output_throughput),
             request_rate=run.rate if run.rate is not None else float(s.request_throughput),

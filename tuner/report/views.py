@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError
-from tuner.intervals import Interval, format_with_ci, learn_noise, pool
+from tuner.intervals import Interval, format_with_ci, learn_noise, pool, scaled
 from tuner.record import MEASURED, StoredJob, StudyRecord, TrialRecord
 from tuner.scoring import OBJECTIVE_FALLBACK, Slo, figures, parse_slo
 
@@ -266,13 +266,11 @@ def _pooled_starts(views: Sequence[TrialView]) -> dict[int, tuple[tuple[float, f
     groups: dict[int, list[Interval]] = {}
     for t in views:
         if t.measured and t.output_tok_s is not None and (t.duplicate_of is None or t.repeat_of is not None):
-            run = t.run_intervals.get("output_tok_s") or (t.output_tok_s,) * 3
-            box = t.replicas or 1  # flag sets of different shapes compare on the box, as the confirmation pools them
-            run = (run[0] * box, run[1] * box, run[2] * box)
-            if t.throughput and t.cost_usd_per_m_tokens is None and run[0] > 0:
-                k = t.throughput / run[0]  # at the figure it was scored by (a capacity search's rate x tokens)
-                run = (run[0] * k, run[1] * k, run[2] * k)
-            groups.setdefault(t.repeat_of if t.repeat_of is not None else t.number, []).append(Interval(*run))
+            run = Interval(*(t.run_intervals.get("output_tok_s") or (t.output_tok_s,) * 3))
+            # at the figure the start was scored by, as the confirmation pools it: the box's, a capacity search's
+            # rate x tokens (its first value; a cost trial's is a cost, so its run's figure on the box)
+            scored = t.throughput if t.throughput and not t.costed else run.value * (t.replicas or 1)
+            groups.setdefault(t.repeat_of if t.repeat_of is not None else t.number, []).append(scaled(run, scored))
     noise = learn_noise([[i.value for i in g] for g in groups.values()])
     out = {}
     for first, starts in groups.items():

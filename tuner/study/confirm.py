@@ -141,21 +141,23 @@ def _start(t: FrozenTrial, record: TrialRecord) -> Start:
         value = getattr(record, name, None)
         if name not in figures and value is not None:
             figures[name] = Interval(float(value), float(value), float(value))  # a trial from before the intervals
-    box = record.replicas or 1
-    if box > 1 and THROUGHPUT in figures:
-        # Flag sets of different shapes are compared on the box (`target.gpus`), as the study compared them.
-        f = figures[THROUGHPUT]
-        figures[THROUGHPUT] = Interval(f.value * box, f.low * box, f.high * box)
-    if THROUGHPUT in figures and t.values and t.values[0] > 0 and record.cost_load_rate is None:
-        # The start at the figure it was scored by: a capacity search's is its rate's tokens, not its step's own
-        # tok/s (tuner.study.verdict.replica_tok_s); a fixed load's is the run's, so nothing moves.
-        figures[THROUGHPUT] = scaled(figures[THROUGHPUT], float(t.values[0]))
+    if (run := figures.get(THROUGHPUT)) is not None:
+        figures[THROUGHPUT] = scaled(run, _scored_tok_s(t, record, run.value))
     meets = {
         name.removeprefix("slo:"): value <= 0
         for name, value in zip(record.constraint_names or [], record.constraints or [], strict=False)
         if name.startswith("slo:")
     }
     return Start(t.number, figures, meets)
+
+
+def _scored_tok_s(t: FrozenTrial, record: TrialRecord, run_tok_s: float) -> float:
+    """The start's tok/s as the study compared it: the box's (`target.gpus`: flag sets of different shapes), and a
+    capacity search's rate x tokens rather than its step's own (`tuner.cost.scored_tok_s`): its first value. A cost
+    trial's first value is a cost, and a trial from before the box has none: there, the run's figure on the box."""
+    if t.values and t.values[0] > 0 and record.cost_gpu_hours_per_m_tokens is None:
+        return float(t.values[0])
+    return run_tok_s * (record.replicas or 1)
 
 
 def _flag_sets(trials: Sequence[FrozenTrial]) -> list[FlagSet]:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from tuner.box import box_figures
 from tuner.catalog.gpus import GpuProfile
 from tuner.catalog.models import ModelProfile
-from tuner.cost import CostFigures, JobLoad, cost_figures, tokens_per_request
+from tuner.cost import CostFigures, JobLoad, cost_figures, scored_tok_s, tokens_per_request
 from tuner.flags import resolve
 from tuner.load.results import LoadResult
 from tuner.record import MEASURED, RECORD_VERSION, TrialRecord
@@ -175,14 +175,11 @@ class Scorer:
 
 
 def replica_tok_s(result: TrialResult, summary: LoadSummary) -> float:
-    """One replica's output tok/s as the trial is scored. At a fixed load, the run's own. For a capacity search
-    that found a rate meeting the SLOs, the tokens that rate asks for (rate x a request's tokens, `tuner.cost`): a
-    step's own tok/s is diluted by its drain (the last requests finish after the last one is sent), more for a
-    server whose answers take longer, so a higher SLO-meeting rate could read fewer tok/s and rank lower."""
+    """One replica's output tok/s as the trial is scored (`tuner.cost.scored_tok_s`): a capacity search's rate
+    counts only where it met the SLOs (its scored step); a fixed load's figure is its run's."""
     m = result.measurement
-    if m is None or not m.steps or not m.rate or m.result is None:
-        return float(summary.output_throughput)
-    return m.rate * tokens_per_request(summary)
+    met = m is not None and bool(m.steps) and m.result is not None
+    return scored_tok_s(summary, m.rate if met and m is not None else None)
 
 
 def _cost_record(cost: CostFigures | None) -> dict[str, Any]:
