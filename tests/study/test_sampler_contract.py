@@ -252,3 +252,17 @@ def test_a_killed_workers_study_resumes_with_a_new_sampler_that_runs_nothing_twi
     launched = [flag_key(x["flags"]) for x in first.launches + resumed.launches]
     assert len(launched) == len(set(launched)) == 5  # no flag set of the first run launched again
     assert sum(bool(t.user_attrs.get("baseline")) for t in trials) == 1
+
+
+@pytest.mark.parametrize("sampler", ["random", "nsga2"])
+def test_a_resumed_seeded_sampler_goes_on_instead_of_drawing_its_first_runs_proposals_again(
+    sampler: str, tmp_path: Path
+) -> None:
+    # The same seed in a new process replays the first run's draws: each would be a repeat of a tried flag set,
+    # answered without a launch, and enough of them end the run short of its budget (REPEAT_CAP).
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    first = run(contract_job(sampler, 3, space=STARTABLE), url, FakeLauncher())
+    drawn = [flag_key(TrialRecord.from_attrs(t.user_attrs).flags) for t in first.study.trials[1:]]
+    resumed = run(contract_job(sampler, 5, space=STARTABLE), url, FakeLauncher())
+    again = [flag_key(TrialRecord.from_attrs(t.user_attrs).flags) for t in resumed.study.trials[3:5]]
+    assert again != drawn and resumed.distinct == 5, (drawn, again)

@@ -178,16 +178,23 @@ class TuningRun:
                     sampler=sampler,
                     load_if_exists=True,
                 )
+            resumed = len(self.study.get_trials(deepcopy=False))
+            if resumed and job.sampler.seed is not None and sampler_name(job) != "grid":
+                self.study.sampler = self._worker_sampler(worker, resumed=resumed)
         except BaseException:
             self.store.close()
             raise
 
-    def _worker_sampler(self, worker: int | None) -> optuna.samplers.BaseSampler:
-        """The job's sampler as this worker runs it: a seed of its own, and the twin's proposals reserved."""
+    def _worker_sampler(self, worker: int | None, *, resumed: int = 0) -> optuna.samplers.BaseSampler:
+        """The job's sampler as this worker runs it: a seed of its own, and the twin's proposals reserved.
+
+        `resumed`: the trials the study already holds. A seeded sampler started again on them would draw its first
+        run's proposals again (each one now a repeat, answered without a launch until REPEAT_CAP ends the run short
+        of its budget); offset by them, a resumed run goes on where the first left off, still reproducibly."""
         job = self.job
         distributed = not self.url.startswith("sqlite")
         # Workers of one study must not share a seed, or their first random proposals coincide.
-        offset = worker if worker is not None else (os.getpid() % 100_000) if distributed else 0
+        offset = (worker if worker is not None else (os.getpid() % 100_000) if distributed else 0) + resumed
         seeded = job
         if sampler_name(job) == "grid":
             # Except the grid: its seed shuffles the grid's order and a trial holds a grid *id*, so workers
