@@ -5,6 +5,7 @@ fit."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,20 @@ from tuner.launch.registry import ProcessRegistry
 from tuner.step_profile import StepCoefficients, StepProfile, load_profile
 
 pytestmark = pytest.mark.slow
+
+# A Llama of a few million parameters (a config is all the emulator reads of a model).
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+}
 
 
 def tuned(tmp: Path, refuse: tuple[int, ...] = (), **changes: Any) -> tuple[str, dict[str, Any]]:
@@ -171,9 +186,14 @@ def test_a_study_tuner_tune_ran_against_emulator_processes_gives_back_their_prof
     """The whole path: `tuner tune` launching emulator servers that serve the known profile (real processes, HTTP
     and time: the figures carry this machine's noise, and the latency the round trip), then `tuner calibrate
     --job` on what the study stored."""
+    # A tiny model loads in no time: the servers' start-ups (an 8B's weights take 8 s each) are not tested here.
     known = tmp_path / "known.json"
     _profile(TRUE).write(known)
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
     data = twin_job(known, f"sqlite:///{tmp_path / 'study.db'}", budget={"n_trials": 6})
+    data["target"]["model"] = str(model)
     data["target"]["startup_timeout"] = "60s"
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(data))

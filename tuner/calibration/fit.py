@@ -12,8 +12,9 @@ measures is a sum of step features, linear in the coefficients (`StepCoefficient
 the previous one's results, Engine.begin_step; a profile's step period stays linear either way). The coefficients
 are then ordinary non-negative least squares over every (load, figure) row, each row divided by its measured value
 so that a 5 ms TPOT weighs as much as a 5 s duration; where each request's figures were kept (a study's records),
-every request is a row. numpy's lstsq does the solving; with five coefficients the non-negative solution is found
-exactly by trying each subset of them (31 solves), which saves a scipy dependency for one function.
+every request is a row, relative to its load's mean. numpy's lstsq does the solving; with five coefficients the
+non-negative solution is found exactly by trying each subset of them (31 solves), which saves a scipy dependency
+for one function.
 
 The schedule itself depends on the coefficients (which step an arrival joins), so the fit replays the loads under
 its own result and fits again, keeping whichever coefficients reproduce their own replay best. A probe's points
@@ -143,17 +144,26 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best[1] if best is not None else np.zeros(n)
 
 
-def _rows(feats: Features, m: Measured) -> Iterator[tuple[np.ndarray, float, float]]:
-    """(features, measured value, weight) of each figure of one load: its duration, and its TTFT and TPOT, each
-    request's when they were kept (together weighing as much as one mean), else the means."""
-    yield feats.duration, m.duration_s, 1.0
+def _rows(feats: Features, m: Measured) -> Iterator[tuple[np.ndarray, float, float, float]]:
+    """(features, measured value, the value its error is relative to, weight) of each figure of one load: its
+    duration, and its TTFT and TPOT, each request's when they were kept (together weighing as much as one mean),
+    else the means.
+
+    A request's error is relative to its load's mean, not to its own value: on a real server a request joins a
+    step or two off the replay's (the schedule is not the replay's to the step), and a request that happened to
+    join at once, its TTFT one step, would read that as an error of several times its own value and pull the
+    whole fit toward that one request."""
+    yield feats.duration, m.duration_s, m.duration_s, 1.0
     if m.each_ttft_s and feats.each_ttft is not None and feats.each_tpot is not None:
         w = 1.0 / np.sqrt(len(m.each_ttft_s))
-        yield from ((vec, value, w) for vec, value in zip(feats.each_ttft, m.each_ttft_s, strict=True))
-        yield from ((vec, value, w) for vec, value in zip(feats.each_tpot, m.each_tpot_s, strict=True))
+        for vecs, values, mean in (
+            (feats.each_ttft, m.each_ttft_s, m.ttft_mean_s),
+            (feats.each_tpot, m.each_tpot_s, m.tpot_mean_s),
+        ):
+            yield from ((vec, value, mean, w) for vec, value in zip(vecs, values, strict=True) if value > 0)
     else:
-        yield feats.ttft, m.ttft_mean_s, 1.0
-        yield feats.tpot, m.tpot_mean_s, 1.0
+        yield feats.ttft, m.ttft_mean_s, m.ttft_mean_s, 1.0
+        yield feats.tpot, m.tpot_mean_s, m.tpot_mean_s, 1.0
 
 
 @dataclass(frozen=True)
@@ -171,10 +181,10 @@ class _System:
         b_rows: list[float] = []
         weight = 0.0
         for feats, m in zip(features, measured, strict=True):
-            for vec, value, w in _rows(feats, m):
-                if value > 0 and np.any(vec[:COEFFICIENTS]):
-                    a_rows.append(w * vec[:COEFFICIENTS] / value)
-                    b_rows.append(w * (1.0 - vec[COEFFICIENTS] / value))
+            for vec, value, scale, w in _rows(feats, m):
+                if scale > 0 and np.any(vec[:COEFFICIENTS]):
+                    a_rows.append(w * vec[:COEFFICIENTS] / scale)
+                    b_rows.append(w * (value - vec[COEFFICIENTS]) / scale)
                     weight += w * w
         if len(a_rows) < COEFFICIENTS:
             raise ConfigError(
