@@ -3,8 +3,8 @@ but for the emulator's time scale: twin-first, predicted against measured in the
 many distinct flag sets measured as its budget.
 
 The job file holds no option for the time scale (`tuner tune` overrides only n_trials), so the test runs a copy in
-which that one value is changed: the emulator runs 50x faster than the L4 instead of 10x, the work (12 servers, 96
-requests each, the twin's sweep of 80 flag sets in virtual time) the same. A busy machine stretches emulated
+which it is changed, the emulator 50x faster than the L4 instead of 10x, and the budget halved (6 servers, not 12;
+96 requests each, the twin's sweep of 80 flag sets in virtual time, as shipped). A busy machine stretches emulated
 durations (and may make a trial miss its SLOs or the twin hand over to TPE), which changes none of the assertions.
 """
 
@@ -30,6 +30,8 @@ pytestmark = pytest.mark.slow
 DEMO = Path(__file__).resolve().parents[2] / "search_spaces" / "emulator-demo.yaml"
 SHIPPED_SCALE = "emulator: {time_scale: 10}"
 TEST_SCALE = "emulator: {time_scale: 50}"
+SHIPPED_BUDGET = "budget: {n_trials: 12}"
+TEST_BUDGET = "budget: {n_trials: 6}"
 # A line of the study log per real trial: the twin's prediction, then the measurement.
 TRIAL_LINE = re.compile(
     r"trial (\d+): twin (?:predicted [\d,]+ tok/s, (?:meets the SLOs(?:, uncertain \(\d+% chance\))?"
@@ -44,8 +46,9 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
     folder = tmp_path_factory.mktemp("demo")
     text = DEMO.read_text(encoding="utf-8")
     assert text.count(SHIPPED_SCALE) == 1, "the demo's time scale moved: update SHIPPED_SCALE"
+    assert text.count(SHIPPED_BUDGET) == 1, "the demo's budget moved: update SHIPPED_BUDGET"
     job = folder / DEMO.name
-    job.write_text(text.replace(SHIPPED_SCALE, TEST_SCALE), encoding="utf-8")
+    job.write_text(text.replace(SHIPPED_SCALE, TEST_SCALE).replace(SHIPPED_BUDGET, TEST_BUDGET), encoding="utf-8")
     log = folder / "study.log"
     done = subprocess.run(
         [sys.executable, "-m", "tuner", "tune", str(job), "--log-file", str(log)],
@@ -90,6 +93,6 @@ def test_the_demo_measures_as_many_distinct_flag_sets_as_its_budget(demo_run: tu
     study = optuna.load_study(study_name=job.study.name, storage=job.storage_url())
     records = [TrialRecord.from_attrs(t.user_attrs) for t in study.trials]
     measured = {flag_key(r.flags) for r in records if r.outcome == MEASURED and not r.is_duplicate}
-    assert len(measured) == n == 12
+    assert len(measured) == n == 6
     closing = f"{n} distinct flag sets tried ({n} measured)"
     assert closing in log and closing in " ".join(out.split())  # the terminal wraps long lines

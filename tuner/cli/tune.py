@@ -321,9 +321,10 @@ def run(
             f"{report.confirmation_starts} confirmation starts (budget.confirm)"
         )
         console.print(pareto_table(tuning.study))
+        front_numbers = [t.number for t in tuning.study.best_trials]
         for line in report.closing:  # how sure the result is: the confirmation's verdict
             say(line)
-        log(json.dumps([t.number for t in tuning.study.best_trials]))
+        log("the front's trials (Optuna's best_trials, starts again included): " + json.dumps(front_numbers))
     except KeyboardInterrupt:
         say("interrupted: the running trial is recorded as interrupted and will run again; the same command continues")
         raise typer.Exit(130) from None

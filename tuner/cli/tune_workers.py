@@ -138,7 +138,10 @@ def run_workers(
         console.print(pareto_table(parent.study))
         for line in parent.closing():  # how sure the result is, from every worker's starts
             say(line)
-        log(json.dumps([t.number for t in parent.study.best_trials]))
+        log(
+            "the front's trials (Optuna's best_trials, starts again included): "
+            + json.dumps([t.number for t in parent.study.best_trials])
+        )
     except KeyboardInterrupt:
         say(
             "interrupted: every worker's running trial is recorded as interrupted and will run again, every server "
