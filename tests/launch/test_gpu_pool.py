@@ -38,9 +38,9 @@ def test_borrowers_get_disjoint_sets_their_own_first(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_a_large_trial_waits_for_enough_gpus_and_is_not_overtaken(tmp_path: Path) -> None:
-    """While a 4-GPU trial waits at the head of the queue, a 1-GPU trial asking after it does not take the GPU that
-    frees first: it waits behind, then runs when the large one is done."""
+def test_a_large_trial_waits_for_enough_gpus_while_a_narrow_one_backfills_the_idle_ones(tmp_path: Path) -> None:
+    """While a 4-GPU trial waits at the head of the queue for the one GPU a running trial holds, a 1-GPU trial asking
+    after it starts at once on one of the three idle GPUs (a backfill); then the large one runs on all four."""
 
     async def main() -> list[str]:
         p = pool(tmp_path)
@@ -58,21 +58,58 @@ def test_a_large_trial_waits_for_enough_gpus_and_is_not_overtaken(tmp_path: Path
                 order.append(f"large {','.join(got)}")
 
         async def late_small() -> None:
-            async with p.borrow(1):
-                order.append("late small")
+            async with p.borrow(1) as got:
+                order.append(f"late small {','.join(got)}")
 
         first = asyncio.create_task(small())
         await small_started.wait()
         big = asyncio.create_task(large())
         await asyncio.sleep(0.05)  # the large one is queued first (ordering only; nothing is timed)
-        late = asyncio.create_task(late_small())
+        await asyncio.wait_for(late_small(), 600)  # returns: it did not wait for the large one (a hang's guard)
+        assert order == ["late small 1"]
+        release_small.set()
+        await asyncio.gather(first, big)
+        return order
+
+    assert asyncio.run(main()) == ["late small 1", "large 0,1,2,3"]
+
+
+def test_past_its_count_of_backfills_the_head_is_not_overtaken(tmp_path: Path) -> None:
+    """A stream of narrow trials cannot starve a wide one: once the head has let its count of backfills by (here
+    one), the next narrow trial waits behind it although GPUs are idle, then runs when the wide one is done."""
+
+    async def main() -> list[str]:
+        p = GpuPool([str(i) for i in range(4)], tmp_path / "gpus", poll_s=0.01, backfills=1)
+        order: list[str] = []
+        small_started = asyncio.Event()
+        release_small = asyncio.Event()
+
+        async def small() -> None:
+            async with p.borrow(1):
+                small_started.set()
+                await release_small.wait()
+
+        async def narrow(name: str) -> None:
+            async with p.borrow(1):
+                order.append(name)
+
+        async def large() -> None:
+            async with p.borrow(4):
+                order.append("large")
+
+        first = asyncio.create_task(small())
+        await small_started.wait()
+        big = asyncio.create_task(large())
+        await asyncio.sleep(0.05)  # the large one is queued first (ordering only; nothing is timed)
+        await narrow("backfill")  # the one backfill the head allows
+        late = asyncio.create_task(narrow("late"))
         await asyncio.sleep(0.05)
-        assert order == []  # one GPU busy: the large trial waits, and the late small one waits behind it
+        assert order == ["backfill"]  # three GPUs idle, yet the late one waits behind the head
         release_small.set()
         await asyncio.gather(first, big, late)
         return order
 
-    assert asyncio.run(main()) == ["large 0,1,2,3", "late small"]
+    assert asyncio.run(main()) == ["backfill", "large", "late"]
 
 
 def test_a_killed_holder_gives_its_gpus_back(tmp_path: Path) -> None:

@@ -6,6 +6,11 @@ worker processes (and across two studies tuned on one box at once) without a coo
 SIGKILL gives its GPUs back as the kernel closes its files. A borrower waits at the head of a queue (one more lock)
 while it holds none: a trial of 4 GPUs is not starved by trials of 1 that keep taking whichever GPU frees first, and
 nobody holds some GPUs while waiting for others, so no two borrowers can deadlock.
+
+Behind the head, a narrower trial may start on GPUs that are free now (a backfill): a TP-4 trial waiting for the
+last of its four would otherwise leave three idle for a whole trial. Backfills are counted per wait at the head
+(at most `backfills`, by default the pool's size, the head announcing itself in a file of its own), so a stream
+of narrow trials cannot starve it: past the count they queue behind it like everyone else.
 """
 
 from __future__ import annotations
@@ -13,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -35,12 +41,15 @@ def default_pool_dir() -> Path:
 class GpuPool:
     """`ids`: the device ids a server can be given (NVML indices, or the entries of CUDA_VISIBLE_DEVICES)."""
 
-    def __init__(self, ids: Sequence[str], lock_dir: Path | None = None, *, poll_s: float = 0.2) -> None:
+    def __init__(
+        self, ids: Sequence[str], lock_dir: Path | None = None, *, poll_s: float = 0.2, backfills: int | None = None
+    ) -> None:
         if not ids:
             raise ValueError("a GPU pool needs at least one device")
         self.ids = tuple(str(i) for i in ids)
         self.dir = lock_dir if lock_dir is not None else default_pool_dir()
         self.poll_s = poll_s
+        self.backfills = len(self.ids) if backfills is None else backfills
 
     @property
     def size(self) -> int:
@@ -54,17 +63,11 @@ class GpuPool:
     async def borrow(self, n: int, prefer: Sequence[str] = ()) -> AsyncIterator[tuple[str, ...]]:
         """`n` GPUs held until the block ends; the `prefer`red ones first (a worker's own, so that a study of
         one-GPU trials keeps each worker on one GPU), then the lowest free ids."""
-        order = self._order(n, prefer)
         held: list[tuple[str, IO[str]]] = []
         try:
-            with self._open(".queue") as queue:
-                while not _try_lock(queue):
+            with self._waiting(n, prefer) as attempt:
+                while not (held := attempt()):
                     await asyncio.sleep(self.poll_s)
-                try:
-                    while not (held := self._take(n, order)):
-                        await asyncio.sleep(self.poll_s)
-                finally:
-                    fcntl.flock(queue, fcntl.LOCK_UN)
             yield self._sorted(held)
         finally:
             _release(held)
@@ -73,20 +76,61 @@ class GpuPool:
     def hold(self, n: int, prefer: Sequence[str] = ()) -> Iterator[tuple[str, ...]]:
         """`borrow` for a caller outside an event loop: the study holds a trial's GPUs from its prediction (which
         reads their memory) through every start of its server, each start an event loop of its own."""
-        order = self._order(n, prefer)
         held: list[tuple[str, IO[str]]] = []
         try:
-            with self._open(".queue") as queue:
-                while not _try_lock(queue):
+            with self._waiting(n, prefer) as attempt:
+                while not (held := attempt()):
                     time.sleep(self.poll_s)
-                try:
-                    while not (held := self._take(n, order)):
-                        time.sleep(self.poll_s)
-                finally:
-                    fcntl.flock(queue, fcntl.LOCK_UN)
             yield self._sorted(held)
         finally:
             _release(held)
+
+    @contextlib.contextmanager
+    def _waiting(self, n: int, prefer: Sequence[str]) -> Iterator[Callable[[], list[tuple[str, IO[str]]]]]:
+        """One borrower's wait, as an attempt to call until it returns GPUs: first for the head of the queue
+        (a backfill meanwhile where the head allows one), then, at the head, for `n` free at once."""
+        order = self._order(n, prefer)
+        head = False
+
+        def attempt() -> list[tuple[str, IO[str]]]:
+            nonlocal head
+            if not head:
+                if not _try_lock(queue):
+                    return self._backfill(n, order)
+                head = True
+                self._announce({"n": n, "backfills": 0})
+            return self._take(n, order)
+
+        with self._open(".queue") as queue:
+            try:
+                yield attempt
+            finally:
+                if head:
+                    self._announce(None)
+                    fcntl.flock(queue, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def _head_file(self) -> Iterator[tuple[IO[str], dict[str, int] | None]]:
+        """The head's announcement (its width and the backfills made past it), locked while read and written."""
+        with self._open(".head") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            text = f.read().strip()
+            yield f, json.loads(text) if text else None
+
+    def _announce(self, head: dict[str, int] | None) -> None:
+        with self._head_file() as (f, _):
+            _rewrite(f, head)
+
+    def _backfill(self, n: int, order: Sequence[str]) -> list[tuple[str, IO[str]]]:
+        """`n` GPUs taken past the head when it is wider and has not seen its count of backfills; else none."""
+        with self._head_file() as (f, head):
+            if head is None or n >= head["n"] or head["backfills"] >= self.backfills:
+                return []
+            held = self._take(n, order)
+            if held:
+                _rewrite(f, {**head, "backfills": head["backfills"] + 1})
+            return held
 
     def _order(self, n: int, prefer: Sequence[str]) -> list[str]:
         if not 1 <= n <= self.size:
@@ -131,6 +175,14 @@ def _try_lock(f: IO[str]) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+def _rewrite(f: IO[str], head: dict[str, int] | None) -> None:
+    f.seek(0)
+    f.truncate()
+    if head is not None:
+        f.write(json.dumps(head))
+    f.flush()
 
 
 def _release(held: list[tuple[str, IO[str]]]) -> None:
