@@ -68,5 +68,6 @@ class GpuLost(EngineGone):
     reset): what ran on it says nothing about its flags. Unlike an engine, a lost GPU rarely comes back without a
     reset: the worker that owns it stops (its trial kept as interrupted, run again by the next run), not waits."""
 
-    def __init__(self, message: str, gpu: str, answers: Callable[[], bool]) -> None:
+    def __init__(self, message: str, gpu: str, answers: Callable[[], bool], indices: tuple[int, ...] = ()) -> None:
         super().__init__(message, gpu, answers, GPU_LOST)
+        self.indices = indices  # the NVML indices of the GPUs lost

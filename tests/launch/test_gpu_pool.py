@@ -14,7 +14,7 @@ import pytest
 
 from tuner.config import parse_job
 from tuner.emulator.config import parse_config
-from tuner.errors import ConfigError, LaunchError
+from tuner.errors import ConfigError, GpuLost, LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import DockerLauncher, EmulatorLauncher, ProcessLauncher
 from tuner.launch.docker import gpu_create_kwargs
@@ -231,3 +231,34 @@ def test_a_pooled_server_runs_on_the_gpus_its_flags_need(tmp_path: Path) -> None
 
     with pytest.raises(LaunchError, match="World size"):
         asyncio.run(refused())
+
+
+def _lost(*indices: int) -> GpuLost:
+    return GpuLost("NVML no longer reads GPU 1 (NVIDIA L4): GPU is lost", "GPU 1 (NVIDIA L4)", lambda: False, indices)
+
+
+def test_a_gpu_lost_under_a_trial_leaves_the_pool_until_the_next_run(tmp_path: Path) -> None:
+    """Lost under a 2-GPU trial: that GPU, and only it, is given to no later borrower (another worker would stop on
+    it too); a trial that cannot be placed without it stops as on a lost GPU; a new run reads the GPUs afresh."""
+    p = pool(tmp_path, 3)
+    launcher = PooledLauncher(lambda devices: build_launcher(parse_job(_job("emulator")), devices), p)
+    with pytest.raises(GpuLost), launcher.hold(VllmFlags(tensor_parallel_size=2)) as (_, devices):
+        assert devices == ("0", "1")
+        raise _lost(1)
+    assert p.lost() == ["1"]
+    with p.hold(2) as got:
+        assert got == ("0", "2")  # past the lost one
+    with pytest.raises(GpuLost, match=r"needs 3 GPUs and 1 of the 3 given are lost \(1\)"), p.hold(3):
+        pass
+    GpuPool(p.ids, p.dir).clear_lost()
+    with p.hold(3) as got:
+        assert got == ("0", "1", "2")
+
+
+def test_a_lost_gpu_the_pool_cannot_name_takes_the_trials_whole_set_out(tmp_path: Path) -> None:
+    # The pool's ids are CUDA_VISIBLE_DEVICES' entries, UUIDs here: NVML's index names none of them.
+    p = GpuPool(["GPU-aa", "GPU-bb", "GPU-cc"], tmp_path / "gpus", poll_s=0.01)
+    launcher = PooledLauncher(lambda devices: build_launcher(parse_job(_job("emulator")), devices), p)
+    with pytest.raises(GpuLost), launcher.hold(VllmFlags(tensor_parallel_size=2)):
+        raise _lost(0)
+    assert p.lost() == ["GPU-aa", "GPU-bb"]

@@ -88,7 +88,7 @@ class _NvmlProbe:
             return not unreachable(nvml, list(lost))
 
         log.debug("NVML lost a GPU", exc_info=error)  # the details, for the log file only
-        raise GpuLost(f"NVML no longer reads {said}", f"GPU {first} ({names[first]})", answers)
+        raise GpuLost(f"NVML no longer reads {said}", f"GPU {first} ({names[first]})", answers, tuple(sorted(lost)))
 
 
 def _used(nvml: Any, indices: Iterable[int]) -> list[int]:

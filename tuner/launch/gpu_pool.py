@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
+from tuner.errors import GpuLost
 from tuner.launch.registry import default_state_dir
 
 __all__ = ["GpuPool", "default_pool_dir", "visible_ids"]
@@ -57,7 +58,10 @@ class GpuPool:
 
     def _open(self, name: str) -> IO[str]:
         self.dir.mkdir(parents=True, exist_ok=True)
-        return (self.dir / f"{_SAFE.sub('_', name)}.lock").open("a+")
+        return self._path(name).open("a+")
+
+    def _path(self, name: str) -> Path:
+        return self.dir / f"{_SAFE.sub('_', name)}.lock"
 
     @contextlib.asynccontextmanager
     async def borrow(self, n: int, prefer: Sequence[str] = ()) -> AsyncIterator[tuple[str, ...]]:
@@ -94,6 +98,7 @@ class GpuPool:
 
         def attempt() -> list[tuple[str, IO[str]]]:
             nonlocal head
+            self._usable(n)
             if not head:
                 if not _try_lock(queue):
                     return self._backfill(n, order)
@@ -137,13 +142,40 @@ class GpuPool:
             raise ValueError(f"cannot borrow {n} of {self.size} GPUs")
         return [i for i in prefer if i in self.ids] + [i for i in self.ids if i not in prefer]
 
+    # -- GPUs lost (NVML stopped reading them): out of the pool until a run starts afresh ----------------------
+
+    def mark_lost(self, ids: Sequence[str]) -> None:
+        """No borrower is given these again (a worker that stopped on a lost GPU would hand it to the next)."""
+        for device in ids:
+            self._open(f"gpu-{device}.lost").close()
+
+    def lost(self) -> list[str]:
+        return [d for d in self.ids if self._path(f"gpu-{d}.lost").exists()]
+
+    def clear_lost(self) -> None:
+        """A new run reads the GPUs afresh (a lost GPU comes back after a reset): the marks of the last run go."""
+        for device in self.ids:
+            self._path(f"gpu-{device}.lost").unlink(missing_ok=True)
+
+    def _usable(self, n: int) -> None:
+        lost = self.lost()
+        if len(self.ids) - len(lost) < n:
+            raise GpuLost(
+                f"a server needs {n} GPUs and {len(lost)} of the {self.size} given are lost ({', '.join(lost)})",
+                f"GPU {lost[0]}",
+                lambda: False,
+            )
+
     def _take(self, n: int, order: Sequence[str]) -> list[tuple[str, IO[str]]]:
         """`n` GPUs locked, in `order`'s preference; none when fewer are free (what was taken is given back, so
         others' trials can end and free theirs)."""
         held: list[tuple[str, IO[str]]] = []
+        lost = set(self.lost())
         for device in order:
             if len(held) == n:
                 break
+            if device in lost:
+                continue
             f = self._open(f"gpu-{device}")
             if _try_lock(f):
                 held.append((device, f))

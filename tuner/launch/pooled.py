@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 
+from tuner.errors import GpuLost
 from tuner.flags import VllmFlags
 from tuner.launch.base import Launcher, Server
 from tuner.launch.gpu_pool import GpuPool
@@ -67,7 +68,13 @@ class PooledLauncher:
         on them (its servers name them), and the GPUs."""
         with self.pool.hold(gpus_needed(flags), prefer=self.home) as devices:
             self._on_borrow(trial, devices)
-            yield OnDevices(self._launcher(devices), devices), devices
+            try:
+                yield OnDevices(self._launcher(devices), devices), devices
+            except GpuLost as e:
+                # Out of the pool for the rest of the run: another worker would borrow it next and stop too.
+                named = [d for d in devices if d in {str(i) for i in e.indices}]
+                self.pool.mark_lost(named or devices)  # ids NVML does not number (UUIDs): the trial's set
+                raise
 
     def cleanup_leftovers(self, study: str | None) -> list[str]:
         return self._launcher(self.home or self.pool.ids[:1]).cleanup_leftovers(study)

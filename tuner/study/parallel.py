@@ -214,6 +214,7 @@ def run_parallel(
         sqlite_wal(url)
     low, _ = trial_gpu_range(job)
     ids = tuple(gpus)
+    GpuPool(ids, pool_dir).clear_lost()  # read afresh: a GPU lost in the last run may be back after a reset
     ctx = multiprocessing.get_context("spawn")  # no fork of a process holding threads and database connections
     events = ctx.Queue()
     procs = []
