@@ -262,3 +262,14 @@ def test_a_lost_gpu_the_pool_cannot_name_takes_the_trials_whole_set_out(tmp_path
     with pytest.raises(GpuLost), launcher.hold(VllmFlags(tensor_parallel_size=2)):
         raise _lost(0)
     assert p.lost() == ["GPU-aa", "GPU-bb"]
+
+
+def test_a_single_worker_given_some_gpus_waits_on_and_watches_only_those(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A GPU lost elsewhere on the box is not this study's: only the ones its servers inherit are read.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    process = build_launcher(parse_job(_job("process")))
+    assert isinstance(process, ProcessLauncher)
+    assert process.gpu_idle._probe._indices == [4, 5]  # type: ignore[attr-defined]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    every = build_launcher(parse_job(_job("process")))
+    assert isinstance(every, ProcessLauncher) and every.gpu_idle._probe._indices is None  # type: ignore[attr-defined]

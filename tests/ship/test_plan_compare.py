@@ -57,16 +57,30 @@ def test_cards_are_ranked_by_cost_with_the_arithmetic_kept(max_rate_job: Path) -
     assert by_card["h100-80gb"]["capacity_rps"] > by_card["l40s"]["capacity_rps"]
 
 
+def test_without_prices_given_the_catalogs_defaults_rank_the_cards_and_are_named(max_rate_job: Path) -> None:
+    from tuner.catalog import GPUS
+
+    done = compare(max_rate_job, "--compare-gpus", CARDS, "--json")
+    assert done.returncode == 0, done.stderr
+    plans = json.loads(done.stdout)
+    for p in plans:
+        assert p["gpu_hour_usd"] == GPUS[p["card"]].usd_per_hour
+        assert p["price_source"].startswith("Runpod Serverless") and "read 2026-12-05" in p["price_source"]
+    costs = [p["usd_per_hour"] for p in plans]
+    assert costs == sorted(costs)
+
+
 def test_the_table_is_marked_as_predictions_and_reads_in_80_columns(max_rate_job: Path) -> None:
-    done = compare(max_rate_job, "--compare-gpus", CARDS)
+    cards = "h100-80gb,l40s,a10g"  # AWS's A10G has no catalog price: the cards cannot all be priced
+    done = compare(max_rate_job, "--compare-gpus", cards)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     assert lines[0].startswith("PREDICTED by the twin")
     rows = [line.split() for line in lines if line[:4].strip().isdigit()]
-    assert [r[0] for r in rows] == ["1", "2", "3"] and {r[1] for r in rows} == set(CARDS.split(","))
+    assert [r[0] for r in rows] == ["1", "2", "3"] and {r[1] for r in rows} == set(cards.split(","))
     gpus = [int(r[6]) for r in rows]
-    assert gpus == sorted(gpus)  # no price given: ranked by GPUs needed, and it says so
+    assert gpus == sorted(gpus)  # not every card priced: ranked by GPUs needed, and it says so
     text = " ".join(done.stdout.split())
     assert "ranked by GPUs needed" in text and "--gpu-hour-usd" in text
     assert f"confirm {rows[0][1]} on the real card" in text and "tuner tune" in text

@@ -86,7 +86,8 @@ def test_a_shape_leaving_gpus_idle_still_pays_for_them_and_no_price_means_no_cos
 
 
 def test_the_box_defaults_to_one_gpu_on_the_emulator_and_the_price_to_the_job() -> None:
-    assert box_job(None).box_gpus() == 1 and box_job(None).gpu_hour_usd() is None
+    assert box_job(None).box_gpus() == 1 and box_job(None).gpu_hour_usd() == 0.468  # the catalog's, for the L4
+    assert job(target={**JOB["target"], "gpu": "a10g"}).gpu_hour_usd() is None  # a card with no catalog price
     priced = job(target={**JOB["target"], "gpus": 8, "gpu_hour_usd": 2.5})
     assert priced.box_gpus() == 8 and priced.gpu_hour_usd() == 2.5
 
@@ -122,7 +123,8 @@ def test_on_a_4_gpu_emulated_box_a_replica_gets_its_share_and_the_box_multiplies
     assert a["outcome"] == "measured" and a["output_tok_s"] == pytest.approx(replica)
     assert values[0] == pytest.approx(n * replica) == pytest.approx(a["box_output_tok_s"])
     assert a["replicas"] == n and a["box_gpus"] == 4 and a["tok_s_per_gpu"] == pytest.approx(n * replica / 4)
-    assert a["usd_per_m_tokens"] is None  # the emulated card has no price and the job gave none
+    # The job gave no price: the catalog's for the L4, for the box's four GPUs.
+    assert a["usd_per_m_tokens"] == pytest.approx(4 * 0.468 / (values[0] * 3600) * 1e6)
 
 
 def test_a_shape_wider_than_the_box_is_refused_before_launch() -> None:
@@ -299,4 +301,4 @@ def test_the_dry_run_says_the_box_its_share_and_its_price() -> None:
         "box: 8 GPUs (target.gpus): a shape runs as 8 // (tensor x pipeline parallel) replicas, scored together; "
         "the baseline's 4 each get closed loop, 16 users; $2.5 a GPU-hour"
     )
-    assert box_text(job(), 1) is None  # one GPU and no price: nothing changes, nothing said
+    assert box_text(job(), 1) is None  # one GPU and no price of the job's own: nothing changes, nothing said

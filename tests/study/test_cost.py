@@ -414,7 +414,13 @@ def test_the_dry_run_says_what_a_cost_study_minimises_and_the_load_it_sizes_for(
         "cost: each shape's capacity within the SLOs, then ceil(load / capacity) replicas for 12 req/s; a shape may "
         "span at most 2 GPUs (target.gpus); $0.8 a GPU-hour"
     )
-    unpriced = cost_job(target={**JOB["target"], "gpus": 2}, arrival={"concurrency": 40, "requests": 8})
+    # The L4 has a catalog price, with its source and the day it was read; the A10G (AWS's alone) has none.
+    listed = cost_job(target={**JOB["target"], "gpus": 2})
+    assert cost_box_text(listed).endswith(
+        "$0.468 a GPU-hour, the catalog's default (Runpod Serverless, L4 active worker $0.00013/s "
+        "(docs.runpod.io/serverless/pricing, read 2026-12-05); target.gpu_hour_usd for yours)"
+    )
+    unpriced = cost_job(target={**JOB["target"], "gpu": "a10g", "gpus": 2}, arrival={"concurrency": 40, "requests": 8})
     assert "per GPU-hour" in directions_text(unpriced)
     assert "for 40 users (sized by Little's law" in cost_box_text(unpriced)
     assert "no price (target.gpu_hour_usd): scored in GPU-hours" in cost_box_text(unpriced)

@@ -37,9 +37,10 @@ class GpuProfile:
     vendor: str = "nvidia"  # or "amd": the ROCm image and devices
     count: int | None = None  # GPUs of this kind in the machine when measured or given: the most TP can use
     source: str = ""  # where the figures come from: a datasheet, NVML, or the job file
-    # One GPU-hour on demand, in USD, with its source and date in `source`: set only where a named cloud's public
-    # list price can be cited (none is yet; `target.gpu_hour_usd` gives the price a study and `tuner plan` use).
+    # One GPU-hour, in USD, and where that price is listed and when it was read (`target.gpu_hour_usd` overrides it
+    # for a study, `--gpu-hour-usd` for `tuner plan`): a default with its source, never a quote for the user's cloud.
     usd_per_hour: float | None = None
+    price_source: str = ""
 
     @property
     def memory_bytes(self) -> int:
@@ -132,6 +133,40 @@ GPUS: dict[str, GpuProfile] = {
         ),
     )
 }
+
+# Default prices: one provider's public list price for each card it names unambiguously, read on one day, the same
+# basis for every card so that `tuner plan --compare-gpus` ranks them on one footing. Runpod's Serverless page lists
+# a per-second price per card; an "active" worker is the always-running one a served model is (the "flex" worker
+# scales to zero). Cards it does not list (A10G, T4, MI300X, the A100 40GB, the PCIe H100) have no default. Cloud
+# prices differ by several times for one card (AWS, Azure, neoclouds): give yours in the job.
+_PRICE_PAGE = "docs.runpod.io/serverless/pricing"
+_PRICE_READ = "2026-12-05"
+_ACTIVE_USD_PER_S = {  # card: (Runpod's name for it, USD per second of an active worker)
+    "l4": ("L4", 0.00013),
+    "rtx3090": ("3090", 0.00013),
+    "rtx4090": ("4090 PRO", 0.00021),
+    "rtx-a6000": ("A6000", 0.00024),
+    "l40s": ("L40S", 0.00037),
+    "a100-80gb": ("A100 80 GB", 0.00060),
+    "h100-80gb": ("H100 PRO 80 GB", 0.00093),
+    "h200": ("H200 PRO", 0.00124),
+    "b200": ("B200", 0.00190),
+}
+
+
+def _priced(g: GpuProfile) -> GpuProfile:
+    listed = _ACTIVE_USD_PER_S.get(g.key)
+    if listed is None:
+        return g
+    name, per_s = listed
+    return replace(
+        g,
+        usd_per_hour=round(per_s * 3600, 4),
+        price_source=f"Runpod Serverless, {name} active worker ${per_s:g}/s ({_PRICE_PAGE}, read {_PRICE_READ})",
+    )
+
+
+GPUS = {k: _priced(g) for k, g in GPUS.items()}
 
 # Other ways people and drivers name the catalog's cards.
 _ALIASES = {

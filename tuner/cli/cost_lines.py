@@ -24,8 +24,7 @@ def directions_text(job: Job) -> str:
 def cost_box_text(job: Job) -> str:
     """The load a cost study sizes each shape's deployment for, and what it is priced at."""
     load = job.cost_load()
-    price = job.gpu_hour_usd()
-    priced = f"${price:g} a GPU-hour" if price is not None else "no price (target.gpu_hour_usd): scored in GPU-hours"
+    priced = job.gpu_hour_text() or "no price (target.gpu_hour_usd): scored in GPU-hours"
     if load is not None and load.users is not None:
         served = f"{load.users} users (sized by Little's law: a replica serves the requests it held in flight)"
     else:

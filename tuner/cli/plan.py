@@ -201,7 +201,7 @@ def _card_prices(
         elif card == own and job.target.gpu_hour_usd is not None:
             out[card] = (job.target.gpu_hour_usd, "the job's target.gpu_hour_usd")
         elif GPUS[card].usd_per_hour is not None:
-            out[card] = (float(GPUS[card].usd_per_hour or 0.0), GPUS[card].source)
+            out[card] = (float(GPUS[card].usd_per_hour or 0.0), GPUS[card].price_source)
     return out
 
 

@@ -89,10 +89,10 @@ def trace_lines(job: Job) -> list[str]:
 
 def box_text(job: Job, baseline_world_size: int) -> str | None:
     """The box the study fills (`target.gpus`) and its price, said where they change what a trial is."""
-    gpus, price = job.box_gpus(), job.gpu_hour_usd()
-    cost = f"; ${price:g} a GPU-hour" if price is not None else ""
-    if gpus == 1:
-        return f"box: 1 GPU{cost}" if cost else None
+    gpus, price = job.box_gpus(), job.gpu_hour_text()
+    cost = f"; {price}" if price is not None else ""
+    if gpus == 1:  # the catalog's default price changes nothing here: said where the cost is scored
+        return f"box: 1 GPU{cost}" if job.target.gpu_hour_usd is not None else None
     n = replicas(gpus, baseline_world_size)
     share = replica_arrival(job.arrival, max(n, 1)).describe()
     return (

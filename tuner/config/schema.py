@@ -242,6 +242,16 @@ class Job(StrictModel):
             return self.target.gpu_hour_usd
         return self.gpu_profile().usd_per_hour
 
+    def gpu_hour_text(self) -> str | None:
+        """`$3.35 a GPU-hour` and, for the catalog's default, where it is listed (None: no price)."""
+        price = self.gpu_hour_usd()
+        if price is None:
+            return None
+        if self.target.gpu_hour_usd is not None:
+            return f"${price:g} a GPU-hour"
+        listed = self.gpu_profile().price_source
+        return f"${price:g} a GPU-hour, the catalog's default ({listed}; target.gpu_hour_usd for yours)"
+
     def model_profile(self) -> ModelProfile:
         # A model directory's config.json is read once, not at every trial.
         return self._resolved("model", self.target.model, lambda: load_model(self.target.model))

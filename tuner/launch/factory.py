@@ -21,6 +21,7 @@ from tuner.launch.base import Launcher
 from tuner.launch.docker import DockerLauncher
 from tuner.launch.emulator import EmulatorLauncher
 from tuner.launch.gpu_idle import GpuIdleWaiter, nvml_probe
+from tuner.launch.gpu_pool import visible_ids
 from tuner.launch.pinning import usable_cpus
 from tuner.launch.process import ProcessLauncher
 
@@ -174,6 +175,10 @@ def _process_from_job(job: Job, devices: Devices) -> Launcher:
     if devices is not None:
         options["env"] = {**options.get("env", {}), **visible_devices_env(devices, job.gpu_profile().vendor)}
         options.update(_idle_waiter(devices))
+    elif os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        # The server inherits the tuner's CUDA_VISIBLE_DEVICES: only those GPUs are its to wait on and to lose (one
+        # lost elsewhere on the box says nothing of this study's trials).
+        options.update(_idle_waiter(visible_ids(())))
     return ProcessLauncher(
         command=p.command,
         model=p.model_id or job.model_profile().name,
