@@ -146,7 +146,5 @@ def test_catalog_prices_are_one_providers_list_with_its_source_and_date() -> Non
     assert not {"a10g", "t4", "mi300x", "h100-pcie", "a100-40gb"} & set(priced)  # the page does not name them
     for g in priced.values():
         assert "docs.runpod.io/serverless/pricing" in g.price_source and "read 2026-12-05" in g.price_source
-        per_s = float(g.price_source.split("$")[1].split("/s")[0])
-        assert g.usd_per_hour == pytest.approx(per_s * 3600)
     assert GPUS["h100-80gb"].usd_per_hour == pytest.approx(3.348)  # $0.00093/s, an always-on worker
     assert all(not g.price_source for g in GPUS.values() if g.usd_per_hour is None)

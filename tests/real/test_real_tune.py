@@ -52,30 +52,32 @@ def _job(vllm_python: Path, tiny_model: Path, *, model_id: str | None = None) ->
         "space": {
             "max_model_len": 4096,
             "max_num_seqs": 16,
-            "max_num_batched_tokens": {"choices": [512, 1024]},
+            "max_num_batched_tokens": 512,
             # A flag the start-up arithmetic does not model, so the pre-launch filter lets it through and vLLM
             # itself refuses: 16 blocks of 128 tokens cannot hold one 4,096-token request ("... the estimated
             # maximum model length is 1920 ..."); 64 blocks can.
             "num_gpu_blocks_override": {"choices": [16, 64]},
         },
-        "workload": {"input_len": 64, "output_len": 16, "seed": 3},
+        # The chat API of a model with a chat template, and max_model_len room for 200 + 100 tokens: the jobs
+        # test_real_preflight.py sees refused, fixed, pass the preflight in the baseline's own server.
+        "workload": {"input_len": 200, "output_len": 100, "api": "chat", "seed": 3},
         "arrival": {"concurrency": 4, "requests": 16, "warmup_requests": 2},
         "slos": ["e2e_p95 <= 120s", "success_rate >= 0.99"],
         "request_timeout": "120s",
         # confirm 1: one flag set started once more on real vLLM (the confirmation's own logic is
-        # test_study_confirm.py's; each start here costs about a minute of CI)
-        "budget": {"n_trials": 4, "confirm": 1},
+        # test_study_confirm.py's; each start here costs about half a minute of CI)
+        "budget": {"n_trials": 3, "confirm": 1},
         "sampler": {"name": "grid", "seed": 0},
     }
 
 
 @pytest.fixture(scope="module")
 def tuned(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A finished 4-trial study on real vLLM; yields its job file."""
+    """A finished 3-trial study on real vLLM (its log in tune.log beside the job); yields its job file."""
     folder = tmp_path_factory.mktemp("real-tune")
     job = folder / "job.yaml"
     job.write_text(yaml.safe_dump(_job(vllm_python, tiny_model)))
-    run = _tuner("tune", str(job), cwd=folder)
+    run = _tuner("tune", str(job), "--log-file", str(folder / "tune.log"), cwd=folder)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     yield job
 
@@ -93,7 +95,7 @@ def test_a_real_study_records_every_trial_with_kv_tokens_and_version(tuned: Path
     repeats = [t for t in every if t.get("duplicate_of") is not None]
     assert 1 <= len(repeats) <= 2, every
     trials = [t for t in every if t.get("duplicate_of") is None]
-    assert len(trials) == 4  # the baseline and three of the four grid points
+    assert len(trials) == 3  # the baseline and both grid points
     by_outcome: dict[str, list[dict[str, object]]] = {}
     for t in trials:
         by_outcome.setdefault(str(t["outcome"]), []).append(t)
@@ -102,7 +104,7 @@ def test_a_real_study_records_every_trial_with_kv_tokens_and_version(tuned: Path
     assert all(t["reason"] == "kv_cache_too_small" for t in failed)
     assert all(t["flags"]["num_gpu_blocks_override"] == 16 for t in failed)  # type: ignore[index]
     measured = by_outcome.get("measured", [])
-    assert len(measured) + len(failed) == 4
+    assert len(measured) + len(failed) == 3
     from tuner.vllm_pin import PINNED_VLLM
 
     for t in trials:
@@ -115,6 +117,12 @@ def test_a_real_study_records_every_trial_with_kv_tokens_and_version(tuned: Path
         assert t["success_rate"] == 1.0
     # A refused start holds vLLM's own estimate: the tokens 16 blocks would have held, less the one vLLM keeps back.
     assert all(t["kv_tokens"] == 1920 for t in failed)
+
+
+def test_the_preflight_ran_in_the_baselines_own_server(tuned: Path) -> None:
+    log = (tuned.parent / "tune.log").read_text()
+    assert "trial 0: preflight passed: 3 probe requests answered, prompt and output lengths as meant" in log, log
+    assert "retrying" not in log  # the preflight used the trial's own server: one start
 
 
 def test_the_failed_start_carries_vllms_own_line(tuned: Path) -> None:

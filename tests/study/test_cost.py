@@ -417,7 +417,7 @@ def test_the_dry_run_says_what_a_cost_study_minimises_and_the_load_it_sizes_for(
     # The L4 has a catalog price, with its source and the day it was read; the A10G (AWS's alone) has none.
     listed = cost_job(target={**JOB["target"], "gpus": 2})
     assert cost_box_text(listed).endswith(
-        "$0.468 a GPU-hour, the catalog's default (Runpod Serverless, L4 active worker $0.00013/s "
+        "$0.468 a GPU-hour, the catalog's default (Runpod Serverless, an always-on worker's list price "
         "(docs.runpod.io/serverless/pricing, read 2026-12-05); target.gpu_hour_usd for yours)"
     )
     unpriced = cost_job(target={**JOB["target"], "gpu": "a10g", "gpus": 2}, arrival={"concurrency": 40, "requests": 8})

@@ -139,8 +139,9 @@ GPUS: dict[str, GpuProfile] = {
 # a per-second price per card; an "active" worker is the always-running one a served model is (the "flex" worker
 # scales to zero). Cards it does not list (A10G, T4, MI300X, the A100 40GB, the PCIe H100) have no default. Cloud
 # prices differ by several times for one card (AWS, Azure, neoclouds): give yours in the job.
-_PRICE_PAGE = "docs.runpod.io/serverless/pricing"
-_PRICE_READ = "2026-12-05"
+PRICE_SOURCE = (
+    "Runpod Serverless, an always-on worker's list price (docs.runpod.io/serverless/pricing, read 2026-12-05)"
+)
 _ACTIVE_USD_PER_S = {  # card: (Runpod's name for it, USD per second of an active worker)
     "l4": ("L4", 0.00013),
     "rtx3090": ("3090", 0.00013),
@@ -158,12 +159,8 @@ def _priced(g: GpuProfile) -> GpuProfile:
     listed = _ACTIVE_USD_PER_S.get(g.key)
     if listed is None:
         return g
-    name, per_s = listed
-    return replace(
-        g,
-        usd_per_hour=round(per_s * 3600, 4),
-        price_source=f"Runpod Serverless, {name} active worker ${per_s:g}/s ({_PRICE_PAGE}, read {_PRICE_READ})",
-    )
+    _, per_s = listed
+    return replace(g, usd_per_hour=round(per_s * 3600, 4), price_source=PRICE_SOURCE)
 
 
 GPUS = {k: _priced(g) for k, g in GPUS.items()}

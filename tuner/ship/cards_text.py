@@ -72,8 +72,17 @@ def comparison_lines(
     return out
 
 
+def _priced(plans: Sequence[CardPlan]) -> list[str]:
+    """`h100-80gb 3.348, l40s 1.332 (where both are listed)`: each source named once, after its cards."""
+    by_source: dict[str, list[str]] = {}
+    for p in plans:
+        if p.price is not None:
+            by_source.setdefault(p.price_source or "given", []).append(f"{p.pick.card} {p.price:g}")
+    return [f"{', '.join(cards)} ({source})" for source, cards in by_source.items()]
+
+
 def _ranking(plans: Sequence[CardPlan]) -> list[str]:
-    priced = [f"{p.pick.card} {p.price:g} ({p.price_source})" for p in plans if p.price is not None]
+    priced = _priced(plans)
     if by_cost(plans):
         return _wrapped("ranked by $/hour for the load; USD per GPU-hour: " + ", ".join(priced) + ".", "")
     missing = [p.pick.card for p in plans if p.price is None and p.gpus is not None]
