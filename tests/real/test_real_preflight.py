@@ -53,18 +53,61 @@ def _job(vllm_python: Path, model: Path, name: str, **changes: Any) -> dict[str,
     return doc
 
 
-def _tune(doc: dict[str, Any], folder: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _start(doc: dict[str, Any], folder: Path, **env: str) -> tuple[subprocess.Popen[str], Path]:
     job = folder / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
-    run = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "tuner", "tune", str(job), "--log-file", str(folder / "tune.log")],
         cwd=folder,
         env={**vllm_env(), "COLUMNS": "400", **env},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=3600,  # a bound on a hung run, not an assertion on speed
     )
-    return run, job
+    return proc, job
+
+
+Tuned = tuple[subprocess.CompletedProcess[str], Path]
+
+
+@pytest.fixture(scope="module")
+def refused(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Tuned]:
+    """The three jobs tuned side by side, as three users' studies would be: each one real vLLM start (about half a
+    minute of CI), so the module takes about one start's time rather than three."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("no-template", "api-key", "shortened")}
+
+    base_model = folders["no-template"] / "tiny-base"
+    shutil.copytree(tiny_model, base_model, ignore=shutil.ignore_patterns("chat_template.jinja"))
+    chat = {"input_len": 64, "output_len": 16, "api": "chat"}
+    no_template = _job(vllm_python, base_model, "no-template", workload=chat)
+
+    api_key = _job(vllm_python, tiny_model, "api-key")
+    api_key["target"]["process"]["env"] = ["VLLM_CPU_KVCACHE_SPACE", "VLLM_API_KEY"]
+
+    # 200 + 100 tokens under max_model_len 256: vLLM 0.32 answers 200 with the output cut to what fits. Fixed
+    # lengths the job check refuses before a start; a dataset's are only estimated, so the server's answer decides.
+    (folders["shortened"] / "long.jsonl").write_text(
+        "".join(json.dumps({"prompt": "alpha " * 200, "output_len": 100}) + "\n" for _ in range(4))
+    )
+    shortened = _job(vllm_python, tiny_model, "shortened", workload={"dataset": "long.jsonl", "seed": 3})
+    shortened["space"]["max_model_len"] = 256
+
+    started = {
+        "no-template": _start(no_template, folders["no-template"]),
+        "api-key": _start(api_key, folders["api-key"], VLLM_API_KEY="sk-preflight-test"),
+        "shortened": _start(shortened, folders["shortened"]),
+    }
+    done: dict[str, Tuned] = {}
+    try:
+        for name, (proc, job) in started.items():
+            out, err = proc.communicate(timeout=3600)  # a bound on a hung run, not an assertion on speed
+            done[name] = (subprocess.CompletedProcess(proc.args, proc.returncode, out, err), job)
+    finally:
+        for proc, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return done
 
 
 def _trials(job: Path) -> list[dict[str, Any]]:
@@ -94,32 +137,18 @@ def _stopped_in_the_first_start(run: subprocess.CompletedProcess[str], job: Path
     return error
 
 
-def test_a_chat_workload_for_a_model_without_a_chat_template_stops_the_study(
-    vllm_python: Path, tiny_model: Path, tmp_path: Path
-) -> None:
-    base_model = tmp_path / "tiny-base"
-    shutil.copytree(tiny_model, base_model, ignore=shutil.ignore_patterns("chat_template.jinja"))
-    doc = _job(vllm_python, base_model, "no-template", workload={"input_len": 64, "output_len": 16, "api": "chat"})
-    run, job = _tune(doc, tmp_path)
+def test_a_chat_workload_for_a_model_without_a_chat_template_stops_the_study(refused: dict[str, Tuned]) -> None:
+    run, job = refused["no-template"]
     said = ("POST /v1/chat/completions", "HTTP 400", "chat template", "workload.api: completions")
     _stopped_in_the_first_start(run, job, *said)
 
 
-def test_an_api_key_the_server_wants_stops_the_study(vllm_python: Path, tiny_model: Path, tmp_path: Path) -> None:
-    doc = _job(vllm_python, tiny_model, "api-key")
-    doc["target"]["process"]["env"] = ["VLLM_CPU_KVCACHE_SPACE", "VLLM_API_KEY"]
-    run, job = _tune(doc, tmp_path, VLLM_API_KEY="sk-preflight-test")
+def test_an_api_key_the_server_wants_stops_the_study(refused: dict[str, Tuned]) -> None:
+    run, job = refused["api-key"]
     _stopped_in_the_first_start(run, job, "HTTP 401", "VLLM_API_KEY")
     assert "sk-preflight-test" not in run.stdout + run.stderr
 
 
-def test_an_output_the_server_shortens_stops_the_study(vllm_python: Path, tiny_model: Path, tmp_path: Path) -> None:
-    # 200 + 100 tokens under max_model_len 256: vLLM 0.32 answers 200 with the output cut to what fits. Fixed
-    # lengths the job check refuses before a start; a dataset's are only estimated, so the server's answer decides.
-    (tmp_path / "long.jsonl").write_text(
-        "".join(json.dumps({"prompt": "alpha " * 200, "output_len": 100}) + "\n" for _ in range(4))
-    )
-    doc = _job(vllm_python, tiny_model, "shortened", workload={"dataset": "long.jsonl", "seed": 3})
-    doc["space"]["max_model_len"] = 256
-    run, job = _tune(doc, tmp_path)
+def test_an_output_the_server_shortens_stops_the_study(refused: dict[str, Tuned]) -> None:
+    run, job = refused["shortened"]
     _stopped_in_the_first_start(run, job, "asked 100 output tokens, got", "space.max_model_len at least")
