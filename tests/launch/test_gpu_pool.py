@@ -45,30 +45,16 @@ def test_a_large_trial_waits_for_enough_gpus_while_a_narrow_one_backfills_the_id
     async def main() -> list[str]:
         p = pool(tmp_path)
         order: list[str] = []
-        small_started = asyncio.Event()
-        release_small = asyncio.Event()
-
-        async def small() -> None:
-            async with p.borrow(1):
-                small_started.set()
-                await release_small.wait()
-
-        async def large() -> None:
-            async with p.borrow(4) as got:
-                order.append(f"large {','.join(got)}")
 
         async def late_small() -> None:
             async with p.borrow(1) as got:
                 order.append(f"late small {','.join(got)}")
 
-        first = asyncio.create_task(small())
-        await small_started.wait()
-        big = asyncio.create_task(large())
-        await asyncio.sleep(0.05)  # the large one is queued first (ordering only; nothing is timed)
+        release_small, running = await _large_queued_behind_one_busy_gpu(p, order)
         await asyncio.wait_for(late_small(), 600)  # returns: it did not wait for the large one (a hang's guard)
         assert order == ["late small 1"]
         release_small.set()
-        await asyncio.gather(first, big)
+        await asyncio.gather(*running)
         return order
 
     assert asyncio.run(main()) == ["late small 1", "large 0,1,2,3"]
@@ -81,35 +67,44 @@ def test_past_its_count_of_backfills_the_head_is_not_overtaken(tmp_path: Path) -
     async def main() -> list[str]:
         p = GpuPool([str(i) for i in range(4)], tmp_path / "gpus", poll_s=0.01, backfills=1)
         order: list[str] = []
-        small_started = asyncio.Event()
-        release_small = asyncio.Event()
-
-        async def small() -> None:
-            async with p.borrow(1):
-                small_started.set()
-                await release_small.wait()
 
         async def narrow(name: str) -> None:
             async with p.borrow(1):
                 order.append(name)
 
-        async def large() -> None:
-            async with p.borrow(4):
-                order.append("large")
-
-        first = asyncio.create_task(small())
-        await small_started.wait()
-        big = asyncio.create_task(large())
-        await asyncio.sleep(0.05)  # the large one is queued first (ordering only; nothing is timed)
+        release_small, running = await _large_queued_behind_one_busy_gpu(p, order)
         await narrow("backfill")  # the one backfill the head allows
         late = asyncio.create_task(narrow("late"))
         await asyncio.sleep(0.05)
         assert order == ["backfill"]  # three GPUs idle, yet the late one waits behind the head
         release_small.set()
-        await asyncio.gather(first, big, late)
+        await asyncio.gather(*running, late)
         return order
 
-    assert asyncio.run(main()) == ["backfill", "large", "late"]
+    assert asyncio.run(main()) == ["backfill", "large 0,1,2,3", "late"]
+
+
+async def _large_queued_behind_one_busy_gpu(
+    p: GpuPool, order: list[str]
+) -> tuple[asyncio.Event, tuple[asyncio.Task[None], asyncio.Task[None]]]:
+    """A 1-GPU trial holding GPU 0 until the event is set, and a 4-GPU one queued at the head behind it (it writes
+    `large <its GPUs>` to `order` when it runs); the event and both tasks."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def small() -> None:
+        async with p.borrow(1):
+            started.set()
+            await release.wait()
+
+    async def large() -> None:
+        async with p.borrow(4) as got:
+            order.append(f"large {','.join(got)}")
+
+    first = asyncio.create_task(small())
+    await started.wait()
+    big = asyncio.create_task(large())
+    await asyncio.sleep(0.05)  # the large one is queued first (ordering only; nothing is timed)
+    return release, (first, big)
 
 
 def test_a_killed_holder_gives_its_gpus_back(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import logging
 import sys
 import traceback
@@ -29,6 +30,7 @@ __all__ = [
     "best_text",
     "console",
     "count_done",
+    "front_line",
     "pareto_table",
     "search_trace_rate",
     "short_flags",
@@ -218,3 +220,9 @@ def best_text(study: optuna.Study) -> str:
     if record.cost_gpu_hours_per_m_tokens is not None:
         return best_cost_text(best.number, record)
     return f"best feasible: #{best.number} {best.values[0]:.1f} tok/s"
+
+
+def front_line(study: optuna.Study) -> str:
+    """The study log's last line: the front's trial numbers, for a script reading the log."""
+    numbers = [t.number for t in study.best_trials]
+    return f"the front's trials (Optuna's best_trials, starts again included): {json.dumps(numbers)}"

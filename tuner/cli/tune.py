@@ -23,6 +23,7 @@ from tuner.cli.trial_lines import (
     best_text,
     console,
     count_done,
+    front_line,
     pareto_table,
     search_trace_rate,
     short_flags,
@@ -321,10 +322,9 @@ def run(
             f"{report.confirmation_starts} confirmation starts (budget.confirm)"
         )
         console.print(pareto_table(tuning.study))
-        front_numbers = [t.number for t in tuning.study.best_trials]
         for line in report.closing:  # how sure the result is: the confirmation's verdict
             say(line)
-        log("the front's trials (Optuna's best_trials, starts again included): " + json.dumps(front_numbers))
+        log(front_line(tuning.study))
     except KeyboardInterrupt:
         say("interrupted: the running trial is recorded as interrupted and will run again; the same command continues")
         raise typer.Exit(130) from None

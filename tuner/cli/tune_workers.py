@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from tuner.cli.trial_lines import (
     best_text,
     console,
     count_done,
+    front_line,
     pareto_table,
     search_trace_rate,
     trial_line,
@@ -138,10 +138,7 @@ def run_workers(
         console.print(pareto_table(parent.study))
         for line in parent.closing():  # how sure the result is, from every worker's starts
             say(line)
-        log(
-            "the front's trials (Optuna's best_trials, starts again included): "
-            + json.dumps([t.number for t in parent.study.best_trials])
-        )
+        log(front_line(parent.study))
     except KeyboardInterrupt:
         say(
             "interrupted: every worker's running trial is recorded as interrupted and will run again, every server "

@@ -98,13 +98,13 @@ class GpuPool:
 
         def attempt() -> list[tuple[str, IO[str]]]:
             nonlocal head
-            self._usable(n)
+            lost = self._usable(n)
             if not head:
                 if not _try_lock(queue):
-                    return self._backfill(n, order)
+                    return self._backfill(n, order, lost)
                 head = True
                 self._announce({"n": n, "backfills": 0})
-            return self._take(n, order)
+            return self._take(n, order, lost)
 
         with self._open(".queue") as queue:
             try:
@@ -127,12 +127,12 @@ class GpuPool:
         with self._head_file() as (f, _):
             _rewrite(f, head)
 
-    def _backfill(self, n: int, order: Sequence[str]) -> list[tuple[str, IO[str]]]:
+    def _backfill(self, n: int, order: Sequence[str], lost: set[str]) -> list[tuple[str, IO[str]]]:
         """`n` GPUs taken past the head when it is wider and has not seen its count of backfills; else none."""
         with self._head_file() as (f, head):
             if head is None or n >= head["n"] or head["backfills"] >= self.backfills:
                 return []
-            held = self._take(n, order)
+            held = self._take(n, order, lost)
             if held:
                 _rewrite(f, {**head, "backfills": head["backfills"] + 1})
             return held
@@ -157,7 +157,8 @@ class GpuPool:
         for device in self.ids:
             self._path(f"gpu-{device}.lost").unlink(missing_ok=True)
 
-    def _usable(self, n: int) -> None:
+    def _usable(self, n: int) -> set[str]:
+        """The GPUs marked lost; GpuLost when too few others are left for a server of `n`."""
         lost = self.lost()
         if len(self.ids) - len(lost) < n:
             raise GpuLost(
@@ -165,12 +166,12 @@ class GpuPool:
                 f"GPU {lost[0]}",
                 lambda: False,
             )
+        return set(lost)
 
-    def _take(self, n: int, order: Sequence[str]) -> list[tuple[str, IO[str]]]:
-        """`n` GPUs locked, in `order`'s preference; none when fewer are free (what was taken is given back, so
-        others' trials can end and free theirs)."""
+    def _take(self, n: int, order: Sequence[str], lost: set[str]) -> list[tuple[str, IO[str]]]:
+        """`n` GPUs locked, in `order`'s preference, none of the `lost`; none when fewer are free (what was taken
+        is given back, so others' trials can end and free theirs)."""
         held: list[tuple[str, IO[str]]] = []
-        lost = set(self.lost())
         for device in order:
             if len(held) == n:
                 break
