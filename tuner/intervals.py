@@ -6,7 +6,11 @@ requests measures it. Between starts of the same flags, where the server's threa
 worker sharing its core, a GPU's clocks and graph capture): only starting it again measures it, and on a small
 machine it is much the larger (the same flags read 24% apart between starts, 1-3% within a run). A flag set's
 interval over its starts takes the larger of the two, with the between-start spread learnt over the whole study
-(`learn_noise`), since one flag set rarely has enough starts of its own to estimate it.
+(`learn_noise`), since one flag set rarely has enough starts of its own to estimate it. A spread learnt from two or
+three repeats is itself unsure: it is joined with a stated prior for the platform (`PRIORS`, counted as the repeats
+it stands for) and every interval over starts takes Student's t at the degrees of freedom it rests on. Two flag sets
+started one after the other are compared by the log-ratio of each pair (`paired_difference`), so a machine that
+drifts between pairs does not decide the comparison.
 
 Figures that are ratios (throughput, latency) are combined on a log scale, so a relative difference has a symmetric
 interval and a noise learnt on a slow flag set carries over to a fast one. Pure: numpy and the standard library.
@@ -22,19 +26,24 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from tuner.scoring import RequestLike
+from tuner.scoring import METRICS, Metric, RequestLike, latency_of
 
 __all__ = [
     "LEVEL",
+    "PRIORS",
     "RUN_PERCENTILES",
     "Interval",
     "Noise",
     "Pooled",
+    "Prior",
     "bootstrap",
     "figure_of",
     "format_with_ci",
+    "interval_metrics",
     "learn_noise",
     "mean_interval",
+    "paired_difference",
+    "platform_prior",
     "pool",
     "relative_difference",
     "run_intervals",
@@ -158,12 +167,19 @@ def bootstrap(
     return Interval(point, float(min(low, point)), float(max(high, point)))
 
 
+def interval_metrics() -> list[Metric]:
+    """The registry's latencies a run keeps an interval of, read when called (a test may register one): those with
+    one value per request, so a bootstrap over the requests resamples independent draws (ITL pools every gap of a
+    request, which are not)."""
+    return [m for m in METRICS.values() if m.samples is not None and m.per_request]
+
+
 def run_intervals(
     records: Sequence[RequestLike], duration_s: float, *, seed: int = 0, level: float = LEVEL
 ) -> dict[str, Interval]:
     """One run's figures with their within-run intervals: output tok/s over the run, the success rate, and the
-    p50/p95/p99 of each per-request latency (ttft, tpot, e2e) over the successful requests. Keys as the trial
-    record names them: `output_tok_s`, `success_rate`, `ttft_p95_s`, ..."""
+    p50/p95/p99 of each per-request latency of the registry (`interval_metrics`) over the successful requests. Keys
+    as the trial record names them: `output_tok_s`, `success_rate`, `ttft_p95_s`, ..."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     out: dict[str, Interval] = {}
@@ -172,21 +188,16 @@ def run_intervals(
         n = len(measured)
         out["output_tok_s"] = bootstrap(tokens, lambda rows: rows.mean(axis=1) * n / duration_s, seed=seed, level=level)
     out["success_rate"] = wilson(len(ok), len(measured), level)
-    for base in ("ttft", "tpot", "e2e"):
-        values = [v for r in ok if (v := _own(r, base)) is not None]
+    for metric in interval_metrics():
+        samples = metric.samples
+        assert samples is not None
+        # The registry's reading, as `summarize` takes it: the point value is the summary's own figure
+        values = [v for r in ok for v in samples(r)]
         if not values:
             continue
         for q in RUN_PERCENTILES:
-            out[f"{base}_p{q}_s"] = bootstrap(values, _percentile(q), seed=seed + q, level=level)
+            out[f"{metric.name}_p{q}_s"] = bootstrap(values, _percentile(q), seed=seed + q, level=level)
     return out
-
-
-def _own(record: RequestLike, base: str) -> float | None:
-    if base == "ttft":
-        return record.ttft_s
-    if base == "tpot":
-        return record.tpot_s
-    return record.e2e_s
 
 
 def _percentile(q: int) -> Statistic:
@@ -209,6 +220,51 @@ class Noise:
     def relative_sd(self) -> float:
         """About the relative standard deviation of one start's figure (0.05: 5%)."""
         return math.sqrt(math.exp(self.log_var) - 1) if self.df else 0.0
+
+    def with_prior(self, prior: Noise) -> Noise:
+        """This spread and a prior one joined as their degrees of freedom weigh them (the prior counts as `df`
+        repeats seen before the study): two repeats alone no longer stand for a spread known exactly."""
+        df = self.df + prior.df
+        if not df:
+            return Noise()
+        return Noise((self.log_var * self.df + prior.log_var * prior.df) / df, df)
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The between-start spread assumed for a platform until the study has measured enough starts of its own: a
+    relative standard deviation, the repeats it stands for (its weight against the study's), and where it comes
+    from."""
+
+    relative_sd: float
+    df: int
+    source: str
+
+    @property
+    def noise(self) -> Noise:
+        return Noise(math.log1p(self.relative_sd**2), self.df)
+
+
+PRIORS: dict[str, Prior] = {
+    "cpu": Prior(
+        0.14,
+        2,
+        "measured: vLLM 0.32.0's CPU build on 2 cores, the tiny model, 14% between starts of the same flags over "
+        "3 starts (benchmarks/README.md, 'Real vLLM noise'; 24% in the grid's repeats on a shared machine)",
+    ),
+    "gpu": Prior(
+        0.03,
+        2,
+        "an assumption, not a measurement: a few percent between starts of one flag set on a dedicated GPU (fixed "
+        "clocks, graphs captured at start); no GPU repeat has been measured in this repository",
+    ),
+}
+"""The between-start spread assumed per platform (`platform_prior`): wide for vLLM's CPU build, narrow for a GPU."""
+
+
+def platform_prior(cpu: bool) -> Prior:
+    """The prior of a job's platform: vLLM's CPU build (`gpu: cpu`) or a GPU (the emulator's too: it plays one)."""
+    return PRIORS["cpu" if cpu else "gpu"]
 
 
 def learn_noise(groups: Sequence[Sequence[float]]) -> Noise:
@@ -236,6 +292,7 @@ class Pooled:
     df: float
     starts: int
     level: float = LEVEL
+    shared: bool = False  # its variance is the study's noise (shared with other flag sets), not its own starts'
 
     @property
     def interval(self) -> Interval:
@@ -255,27 +312,49 @@ def pool(starts: Sequence[Interval], noise: Noise = Noise(), level: float = LEVE
     k = len(logs)
     z = _two_sided(level)
     within = statistics.fmean(((math.log(s.high) - math.log(max(s.low, 1e-300))) / (2 * z)) ** 2 for s in figures)
-    per_start, df = within, math.inf
+    per_start, df, shared = within, math.inf, False
     if noise.df:
         # The study's pooled spread (this flag set's own starts among it): more degrees of freedom than its own.
         if noise.log_var > per_start:
-            per_start, df = noise.log_var, float(noise.df)
+            per_start, df, shared = noise.log_var, float(noise.df), True
     elif k >= 2:
         own = statistics.variance(logs)
         if own > per_start:
             per_start, df = own, float(k - 1)
     log_mean = statistics.fmean(logs)
-    return Pooled(math.exp(log_mean), log_mean, per_start / k, df, k, level)
+    return Pooled(math.exp(log_mean), log_mean, per_start / k, df, k, level, shared)
 
 
 def relative_difference(a: Pooled, b: Pooled) -> Interval:
-    """a / b - 1 with its interval (Welch's degrees of freedom over the two log variances)."""
+    """a / b - 1 with its interval: Welch's degrees of freedom over two variances of their own starts, the fewer of
+    the two where both rest on the study's one learnt noise (Welch's sum would count its repeats twice)."""
     diff = a.log_mean - b.log_mean
     var = a.log_var + b.log_var
-    df = _welch_df(a, b)
+    df = min(a.df, b.df) if a.shared and b.shared else _welch_df(a, b)
     t = _two_sided(min(a.level, b.level), df)
     se = math.sqrt(var)
     return Interval(math.expm1(diff), math.expm1(diff - t * se), math.expm1(diff + t * se))
+
+
+def paired_difference(
+    pairs: Sequence[tuple[float, float]], noise: Noise = Noise(), level: float = LEVEL
+) -> Interval | None:
+    """a / b - 1 over pairs of starts made one after the other (a's figure, b's), with its interval: the mean of the
+    pairs' log-ratios, whose spread is their own (n - 1 degrees of freedom) joined with `noise` (a pair's
+    difference holds two starts' spread). A drift of the machine moves both halves of a pair alike and cancels.
+    None: no pair, or nothing to estimate a spread from (one pair without a prior): no interval rather than a
+    zero-width one."""
+    logs = [math.log(x / y) for x, y in pairs if x > 0 and y > 0]
+    n = len(logs)
+    df = n - 1 + noise.df
+    if not n or not df:
+        return None
+    mean = statistics.fmean(logs)
+    var = (sum((v - mean) ** 2 for v in logs) + noise.df * 2 * noise.log_var) / df
+    if var <= 0:
+        return None
+    half = _two_sided(level, df) * math.sqrt(var / n)
+    return Interval(math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half))
 
 
 def _welch_df(a: Pooled, b: Pooled) -> float:
@@ -293,10 +372,13 @@ def separable(a: Pooled, b: Pooled) -> bool:
 
 
 def figure_of(metric: str) -> str | None:
-    """The `run_intervals` key that holds an SLO metric's figure (None: no interval is kept for it)."""
-    base, _, stat = metric.partition("_")
-    if base in ("ttft", "tpot", "e2e") and stat in (f"p{q}" for q in RUN_PERCENTILES):
-        return f"{metric}_s"
+    """The `run_intervals` key that holds an SLO metric's figure (None: no interval is kept for it). Matched
+    against the registry (`latency_of`), so a metric whose name holds an underscore is read whole."""
+    latency = latency_of(metric)
+    if latency is not None:
+        entry, stat = latency
+        kept = entry in interval_metrics() and stat in (f"p{q}" for q in RUN_PERCENTILES)
+        return f"{metric}_s" if kept else None
     return {"success_rate": "success_rate", "output_throughput": "output_tok_s"}.get(metric)
 
 

@@ -101,7 +101,8 @@ def test_the_study_starts_again_what_overlaps_the_leader_and_says_what_is_not_se
     # The baseline and both close flag sets were started again; the far ones never.
     assert len(starts[BASELINE]) >= 2 and len(starts[32]) >= 2 and len(starts[64]) >= 2
     assert len(starts[8]) == 1 and len(starts[16]) == 1
-    assert all(len(s) <= MAX_STARTS for s in starts.values())
+    # Each flag set goes to MAX_STARTS; the leader, the partner of every pair, may go further.
+    assert sorted(len(s) for s in starts.values())[-2] <= MAX_STARTS
     # Every start is a launch of its own, and the launcher saw exactly those.
     assert len(launcher.launches) == sum(len(s) for s in starts.values()) == len(servers.starts)
     text = "\n".join(lines)
@@ -109,7 +110,8 @@ def test_the_study_starts_again_what_overlaps_the_leader_and_says_what_is_not_se
     other = 64 if leader == 32 else 32
     assert f"#{starts[leader][0]} and #{starts[other][0]} are not separable (" in text and "either will do" in text
     assert "95% CI +" in text
-    assert f"{len(starts[leader])} starts against {len(starts[BASELINE])}" in text or "starts each" in text
+    # The headline rests on the pairs of starts made one after the other, not on starts taken far apart.
+    assert "1 pair of starts, one after the other" in text
     # What it decided is kept for the readers, and every start has its within-run intervals.
     summary = study.user_attrs[CONFIRM_ATTR]
     assert summary["leader"] == starts[leader][0] and summary["lines"] == lines

@@ -8,10 +8,18 @@ the leader's, or whose SLO verdict lies within the noise of its bound ("marginal
 `MAX_STARTS` each. Every start is a trial of its own (`repeat_of` its flag set's first trial; also `duplicate_of`
 it, so readers that list a flag set once, and the search budget, skip it) with its figures and requests kept, so a
 resumed study decides from everything measured. The decision is stateless: read from the study's trials each time.
+
+Two flag sets are started again as a pair, one right after the other (`PAIR_ATTR`), and the first of each pair
+alternates (A B, then B A): a machine that drifts, each start slower than the last, moves both halves of a pair
+alike, and what is left of it flips sign from one pair to the next. Two flag sets with pairs are compared by the
+log-ratio of each pair (`tuner.intervals.paired_difference`); without pairs, by their starts pooled, and a flag set
+started once is never called separable from another. The between-start noise is joined with the platform's prior
+(`tuner.intervals.PRIORS`) so two repeats do not pass for a noise known exactly.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,14 +31,15 @@ from tuner.intervals import (
     Interval,
     Noise,
     Pooled,
+    Prior,
     figure_of,
     format_with_ci,
     learn_noise,
+    paired_difference,
     pool,
     relative_difference,
     run_intervals,
     scaled,
-    separable,
     slo_verdict,
     spotless,
 )
@@ -46,6 +55,8 @@ __all__ = [
     "CI_RUN_ATTR",
     "CONFIRM_ATTR",
     "MAX_STARTS",
+    "NOT_SEPARABLE",
+    "PAIR_ATTR",
     "REPEAT_OF",
     "Confirmation",
     "FlagSet",
@@ -70,6 +81,12 @@ MAX_STARTS = 3
 """Starts of one flag set the confirmation goes to: three give a marginal SLO a majority and a between-start
 spread of its own, and spread a small budget over several contenders rather than one."""
 THROUGHPUT = "output_tok_s"
+PAIR_ATTR = "confirm_pair"
+"""A confirmation start's user attribute: "A-B-k", the k-th pair of flag sets A and B (their first trials, A < B)
+started one right after the other; pair k starts A first when k is even, B first when odd."""
+NOT_SEPARABLE = "not separable"
+"""The one wording of a difference whose interval includes zero (or that rests on one start): the study, the front
+and `tuner verify` all say it so."""
 
 
 class RepeatingObjective(Objective):
@@ -103,6 +120,7 @@ class Start:
     number: int
     figures: dict[str, Interval]
     meets: dict[str, bool]  # SLO text -> this start met it
+    pair: str | None = None  # the confirmation pair it is a half of (PAIR_ATTR)
 
 
 @dataclass
@@ -148,7 +166,8 @@ def _start(t: FrozenTrial, record: TrialRecord) -> Start:
         for name, value in zip(record.constraint_names or [], record.constraints or [], strict=False)
         if name.startswith("slo:")
     }
-    return Start(t.number, figures, meets)
+    pair = t.user_attrs.get(PAIR_ATTR)
+    return Start(t.number, figures, meets, pair if isinstance(pair, str) else None)
 
 
 def _scored_tok_s(t: FrozenTrial, record: TrialRecord, run_tok_s: float) -> float:
@@ -158,6 +177,17 @@ def _scored_tok_s(t: FrozenTrial, record: TrialRecord, run_tok_s: float) -> floa
     if t.values and t.values[0] > 0 and record.cost_gpu_hours_per_m_tokens is None:
         return float(t.values[0])
     return run_tok_s * (record.replicas or 1)
+
+
+def _pair_tries(trials: Sequence[FrozenTrial]) -> dict[str, list[int]]:
+    """Each confirmation pair's halves tried so far (their flag sets' first trials, in the order they started),
+    whatever came of them: a half that did not start is not tried again."""
+    out: dict[str, list[int]] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        pair = t.user_attrs.get(PAIR_ATTR)
+        if isinstance(pair, str) and is_repeat(t) and t.state != TrialState.FAIL:
+            out.setdefault(pair, []).append(int(t.user_attrs[REPEAT_OF]))
+    return out
 
 
 def _flag_sets(trials: Sequence[FrozenTrial]) -> list[FlagSet]:
@@ -197,16 +227,22 @@ class Confirmation:
     flag_sets: list[FlagSet]
     noise: dict[str, Noise]
     slos: list[Slo]
+    prior: Prior | None = None
+    pair_tries: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, trials: Sequence[FrozenTrial], slos: Sequence[Slo]) -> Confirmation:
+    def of(cls, trials: Sequence[FrozenTrial], slos: Sequence[Slo], prior: Prior | None = None) -> Confirmation:
+        """`prior`: the platform's between-start spread (`tuner.intervals.platform_prior`), joined with the one the
+        study learns for throughput, the figure flag sets are compared by; the SLO figures use their learnt one."""
         groups = _flag_sets(trials)
         names = {THROUGHPUT} | {k for s in slos if (k := _slo_key(s)) is not None}
         noise = {
             name: learn_noise([[s.figures[name].value for s in g.starts if name in s.figures] for g in groups])
             for name in names
         }
-        c = cls(groups, noise, list(slos))
+        if prior is not None:
+            noise[THROUGHPUT] = noise[THROUGHPUT].with_prior(prior.noise)
+        c = cls(groups, noise, list(slos), prior, _pair_tries(trials))
         for g in groups:
             tput = [s.figures[THROUGHPUT] for s in g.starts if THROUGHPUT in s.figures]
             g.throughput = pool(tput, noise[THROUGHPUT]) if any(i.value > 0 for i in tput) else None
@@ -260,9 +296,67 @@ class Confirmation:
         for g in self.flag_sets:
             if g is lead or g.status != "met" or g.throughput is None:
                 continue
-            if not separable(lead.throughput, g.throughput):
+            if not self.separable(lead, g):
                 out.append(g)
         return sorted(out, key=lambda g: -_tput(g))
+
+    def pairs(self, a: FlagSet, b: FlagSet) -> list[tuple[float, float]]:
+        """The throughput of a and b in each confirmation pair of the two where both halves measured."""
+        halves: dict[str, dict[int, float]] = {}
+        for g in (a, b):
+            for s in g.starts:
+                if s.pair is not None and THROUGHPUT in s.figures and _couple(s.pair) == _sorted(a.number, b.number):
+                    halves.setdefault(s.pair, {})[g.number] = s.figures[THROUGHPUT].value
+        return [(h[a.number], h[b.number]) for _, h in sorted(halves.items()) if len(h) == 2]
+
+    def difference(self, a: FlagSet, b: FlagSet) -> tuple[Interval | None, str]:
+        """a / b - 1 with its interval and what it rests on: the pairs of the two where they were started one after
+        the other, else every start of each pooled under the study's noise (the platform's prior among it). None:
+        a side started once with no between-start noise to judge it by (a within-run interval is no interval of a
+        start)."""
+        pairs = self.pairs(a, b)
+        noise = self.noise.get(THROUGHPUT, Noise())
+        if pairs:
+            n = len(pairs)
+            return paired_difference(pairs, noise), f"{n} pair{'s' if n > 1 else ''} of starts, one after the other"
+        if a.throughput is None or b.throughput is None:
+            return None, _starts_text(a, b)
+        if any(len(g.starts) < 2 and math.isinf(p.df) for g, p in ((a, a.throughput), (b, b.throughput))):
+            return None, _starts_text(a, b)
+        return relative_difference(a.throughput, b.throughput), _starts_text(a, b)
+
+    def separable(self, a: FlagSet, b: FlagSet) -> bool:
+        """Whether a and b differ beyond the noise: an interval of their difference that excludes zero."""
+        d, _ = self.difference(a, b)
+        return d is not None and not d.contains(0.0)
+
+    def next_step(self) -> tuple[FlagSet, dict[str, Any]] | None:
+        """The flag set to start again next and the attributes its start carries (its pair), or None when the
+        result stands: the open pair's second half first, else a new pair of the flag set `next_start` picks and
+        its partner (the leader, or the baseline for the leader), the first half alternating by pair."""
+        by_number = {g.number: g for g in self.flag_sets}
+        for pair, tried in self.pair_tries.items():
+            a, b, _ = (int(x) for x in pair.split("-"))
+            if len(tried) == 1 and (other := by_number.get(b if tried[0] == a else a)) is not None:
+                return other, {PAIR_ATTR: pair}
+        target = self.next_start()
+        if target is None:
+            return None
+        partner = self._partner(target)
+        if partner is None:
+            return target, {}
+        a, b = _sorted(target.number, partner.number)
+        k = sum(_couple(p) == (a, b) for p in self.pair_tries)
+        first = by_number[a if k % 2 == 0 else b]
+        return first, {PAIR_ATTR: f"{a}-{b}-{k}"}
+
+    def _partner(self, g: FlagSet) -> FlagSet | None:
+        lead, base = self.leader, self.baseline
+        partner = lead if g is not lead else base
+        if partner is None or partner is g:
+            contenders = self.contenders()
+            partner = contenders[0] if contenders and contenders[0] is not g else None
+        return partner
 
     def next_start(self) -> FlagSet | None:
         """The flag set to start again next, or None when the result stands (or every candidate has its starts)."""
@@ -285,7 +379,7 @@ class Confirmation:
         lead, base = self.leader, self.baseline
         if lead is None or base is None or lead is base or lead.throughput is None or base.throughput is None:
             return False
-        return not separable(lead.throughput, base.throughput)
+        return not self.separable(lead, base)
 
     def may_lead(self, g: FlagSet) -> bool:
         """Whether a marginal flag set would matter: no leader yet, or its interval reaches the leader's."""
@@ -295,6 +389,16 @@ class Confirmation:
         if g.throughput is None:
             return False
         return g.throughput.interval.high >= lead.throughput.interval.low
+
+
+def _couple(pair: str) -> tuple[int, int]:
+    """The two flag sets (first trials, lower first) a pair id names."""
+    a, b, _ = pair.split("-")
+    return int(a), int(b)
+
+
+def _sorted(a: int, b: int) -> tuple[int, int]:
+    return (a, b) if a <= b else (b, a)
 
 
 def _tput(g: FlagSet) -> float:
@@ -333,11 +437,12 @@ def closing_lines(c: Confirmation, *, starts_spent: int, server_seconds: float, 
         if marginal:
             lines.append(f"within the noise of an SLO bound, undecided: {', '.join(marginal)}")
     else:
-        lines += _headline(lead, base)
+        lines += _headline(c, lead, base)
         for g in c.contenders():
-            assert lead.throughput is not None and g.throughput is not None
-            d = relative_difference(lead.throughput, g.throughput)
-            lines.append(f"{lead.label} and {g.label} are not separable ({_pct(d)}): either will do")
+            d, on = c.difference(lead, g)
+            lines.append(
+                f"{lead.label} and {g.label} are {NOT_SEPARABLE} ({_diff_text(d, lead, g, on)}): either will do"
+            )
     for g in c.flag_sets:
         undecided = [slo for slo, v in g.slos.items() if v == "marginal"]
         if undecided and (lead is None or c.may_lead(g)):
@@ -352,29 +457,51 @@ def closing_lines(c: Confirmation, *, starts_spent: int, server_seconds: float, 
     return lines
 
 
-def _headline(lead: FlagSet, base: FlagSet | None) -> list[str]:
+def _diff_text(d: Interval | None, a: FlagSet, b: FlagSet, on: str) -> str:
+    """`+3.0% ± 4.1%` over the interval, or the two pooled figures' ratio where one start leaves no interval."""
+    if d is not None:
+        return _pct(d)
+    ratio = _tput(a) / _tput(b) - 1 if _tput(b) > 0 else 0.0
+    return f"{ratio * 100:+.1f}%, {on}: no interval from one start"
+
+
+def _shown(g: FlagSet) -> str:
+    """A flag set's tok/s pooled over its starts with its interval; one start: the figure alone, said so."""
+    assert g.throughput is not None
+    if len(g.starts) < 2:
+        return f"{g.throughput.value:,.1f} tok/s, 1 start"
+    return format_with_ci(g.throughput.value, g.throughput.interval.low, g.throughput.interval.high, "tok/s")
+
+
+def _headline(c: Confirmation, lead: FlagSet, base: FlagSet | None) -> list[str]:
     assert lead.throughput is not None
-    shown = format_with_ci(lead.throughput.value, lead.throughput.interval.low, lead.throughput.interval.high, "tok/s")
+    shown = _shown(lead)
     if base is None or base.throughput is None:
         return [f"{lead.label} leads with {shown} ({len(lead.starts)} starts); the baseline was not measured"]
     if lead is base:
         return [f"the baseline (#{base.number}) leads ({shown}): no flag set beats vLLM's defaults"]
-    d = relative_difference(lead.throughput, base.throughput)
-    ci = f"95% CI {d.low * 100:+.0f}..{d.high * 100:+.0f}%, {_starts_text(lead, base)}"
+    d, on = c.difference(lead, base)
     note = "" if base.status == "met" else f" (the baseline {'misses' if base.status == 'missed' else 'is marginal on'}"
     note += " its SLOs)" if note else ""
-    if separable(lead.throughput, base.throughput):
+    if d is None:
+        return [f"{lead.label} and the baseline are {NOT_SEPARABLE} ({_diff_text(d, lead, base, on)}){note}"]
+    ci = f"95% CI {d.low * 100:+.0f}..{d.high * 100:+.0f}%, {on}"
+    if not d.contains(0.0):
         return [f"{lead.label} beats the baseline by {d.value * 100:+.0f}% ({ci}){note}"]
-    return [f"{lead.label} and the baseline are not separable ({_pct(d)}; {ci}): the gain is within the noise{note}"]
+    return [f"{lead.label} and the baseline are {NOT_SEPARABLE} ({_pct(d)}; {ci}): the gain is within the noise{note}"]
 
 
 def _noise_line(c: Confirmation, starts_spent: int, server_seconds: float, budget: int) -> str:
     noise = c.noise.get(THROUGHPUT, Noise())
     if budget == 0:
-        return "budget.confirm is 0: every figure is one start, its interval the within-run one only"
+        return "budget.confirm is 0: every figure is one start, no flag set separable from another"
+    prior_df = c.prior.df if c.prior is not None else 0
+    repeats = noise.df - prior_df
     seen = (
-        f"between starts the same flags moved {noise.relative_sd:.1%} in tok/s ({noise.df} repeat"
-        f"{'s' if noise.df != 1 else ''})"
+        f"between starts the same flags moved {noise.relative_sd:.1%} in tok/s ({repeats} repeat"
+        f"{'s' if repeats != 1 else ''}"
+        + (f" and the platform's prior of {c.prior.relative_sd:.0%}" if c.prior is not None else "")
+        + ")"
         if noise.df
         else "no flag set was started twice: the intervals are within-run only"
     )
@@ -393,6 +520,17 @@ def noise_of(study_attrs: dict[str, Any], figure: str = THROUGHPUT) -> Noise:
         return Noise()
 
 
+def _paired_attr(c: Confirmation) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for i, a in enumerate(c.flag_sets):
+        for b in c.flag_sets[i + 1 :]:
+            pairs = c.pairs(a, b)
+            d, _ = c.difference(a, b)
+            if pairs and d is not None:
+                out[f"{a.number}-{b.number}"] = {"pairs": len(pairs), "difference": [d.value, d.low, d.high]}
+    return out
+
+
 def summary_attr(c: Confirmation, lines: list[str], *, starts_spent: int, server_seconds: float) -> dict[str, Any]:
     """The study's `confirm` attribute: JSON, read by the morning commands."""
 
@@ -407,6 +545,12 @@ def summary_attr(c: Confirmation, lines: list[str], *, starts_spent: int, server
         "server_seconds": round(server_seconds, 3),
         # Per figure: the between-start variance of its log and its degrees of freedom (`tuner verify` reads it).
         "noise": {k: {"log_var": n.log_var, "df": n.df, "relative_sd": n.relative_sd} for k, n in c.noise.items()},
+        # The platform's prior joined into the throughput noise above, and where its figure comes from.
+        "prior": None
+        if c.prior is None
+        else {"relative_sd": c.prior.relative_sd, "df": c.prior.df, "source": c.prior.source},
+        # Per pair of flag sets compared by their pairs of starts: the paired interval of a / b - 1.
+        "paired": _paired_attr(c),
         "flag_sets": {
             str(g.number): {
                 "starts": [s.number for s in g.starts],

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import Job
 from tuner.errors import ENGINE_GONE, GPU_LOST, ConfigError, EngineGone, GpuLost, StorageError, TunerError
+from tuner.intervals import Prior, platform_prior
 from tuner.launch import Launcher
 from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, StudyRecord, TrialRecord
 from tuner.store import flag_key, open_store, safe_url
@@ -480,16 +481,21 @@ class TuningRun:
             # The confirmation ranks flag sets by tok/s intervals; a cost study ranks them by the cost of its load.
             if count >= self.job.budget.confirm or self.job.objective == "cost":
                 return None
-            target = Confirmation.of(trials, self.objective.slos).next_start()
-            if target is None:
+            step = Confirmation.of(trials, self.objective.slos, self._prior()).next_step()
+            if step is None:
                 return None
-            attrs = {REPEAT_OF: target.number, "duplicate_of": target.number, "baseline": target.baseline}
+            target, pair = step
+            attrs = {REPEAT_OF: target.number, "duplicate_of": target.number, "baseline": target.baseline, **pair}
             self.study.enqueue_trial(target.params, user_attrs=attrs, skip_if_exists=False)
             self.on_event(
                 f"confirming: {target.label} started again ({len(target.starts) + 1} starts; "
                 f"{count + 1} of {self.job.budget.confirm} extra starts)"
             )
             return self._ask()
+
+    def _prior(self) -> Prior:
+        """The platform's between-start spread the confirmation starts from (tuner.intervals.PRIORS)."""
+        return platform_prior(self.job.gpu_profile().is_cpu)
 
     def _ask(self) -> optuna.Trial:
         with warnings.catch_warnings():
@@ -502,7 +508,7 @@ class TuningRun:
             return ["no confirmation starts: they compare flag sets by tok/s, a cost study by what its load costs"]
         trials = self.study.get_trials(deepcopy=False)
         count, seconds = spent(trials)
-        c = Confirmation.of(trials, self.objective.slos)
+        c = Confirmation.of(trials, self.objective.slos, self._prior())
         lines = closing_lines(c, starts_spent=count, server_seconds=seconds, budget=self.job.budget.confirm)
         self.study.set_user_attr(CONFIRM_ATTR, summary_attr(c, lines, starts_spent=count, server_seconds=seconds))
         return lines
