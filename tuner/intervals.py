@@ -30,6 +30,7 @@ from tuner.scoring import METRICS, Metric, RequestLike, latency_of
 
 __all__ = [
     "LEVEL",
+    "NOT_SEPARABLE",
     "PRIORS",
     "RUN_PERCENTILES",
     "Interval",
@@ -56,6 +57,9 @@ __all__ = [
 ]
 
 LEVEL = 0.95
+NOT_SEPARABLE = "not separable"
+"""The one wording of a difference whose interval includes zero, or that has no interval (one start, nothing to
+judge it by): the study's closing lines, the front and `tuner verify` all say it so."""
 RESAMPLES = 1000
 RUN_PERCENTILES = (50, 95, 99)
 _CELLS = 2_000_000  # resampled values held at once: a run of 10,000 requests resamples in chunks of 200

@@ -8,6 +8,11 @@ run), the median output tok/s is not more than `tolerance` below the recorded fi
 a record beyond `tolerance` and outside the runs' interval, in either direction, was wrong, and the verdict says by
 how much. The runs' interval pools each run's within-run bootstrap with the between-start noise the study learnt
 (`tuner.intervals`): the runs share one server, so their own spread understates how far another start can land.
+
+`retest_against_baseline` asks the question a ranking needs instead: the trial and the baseline started again on
+fresh servers, alternately, and judged by each pair's ratio, never against a figure stored at another time (the
+record read 680 on a quiet machine; the same server started while another process ran reads less, and a verdict
+against the record flipped between two calls three minutes apart).
 """
 
 from __future__ import annotations
@@ -20,12 +25,32 @@ from dataclasses import dataclass, field
 
 from tuner.config import Job
 from tuner.flags import VllmFlags
-from tuner.intervals import Interval, Noise, figure_of, format_with_ci, pool, run_intervals, slo_verdict, spotless
+from tuner.intervals import (
+    NOT_SEPARABLE,
+    Interval,
+    Noise,
+    figure_of,
+    format_with_ci,
+    paired_difference,
+    pool,
+    run_intervals,
+    slo_verdict,
+    spotless,
+)
 from tuner.launch import Launcher, Server
 from tuner.scoring import LoadSummary, Slo
 from tuner.study.measure import Measure, measure_load
 
-__all__ = ["Verification", "VerifyRun", "verify_flags"]
+__all__ = [
+    "NOT_REPRODUCED",
+    "NOT_SEPARABLE",
+    "REPRODUCED",
+    "Retest",
+    "Verification",
+    "VerifyRun",
+    "retest_against_baseline",
+    "verify_flags",
+]
 
 
 @dataclass(frozen=True)
@@ -233,3 +258,97 @@ async def _one(
         diagnosis=m.result.diagnosis if m.result is not None else "",
         figures=run_intervals(records, summary.duration_s) if records else {},
     )
+
+
+# -- a trial against the baseline, re-tested in pairs on fresh servers -----------------------------------------
+
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not reproduced"
+
+
+@dataclass(frozen=True)
+class Retest:
+    """A trial re-tested against the baseline: `pairs` pairs of fresh servers, one load run each, the trial first
+    in even pairs and the baseline first in odd ones (T B, B T, ...), so a machine that slows or speeds up over the
+    re-test moves both halves of a pair alike and its remainder flips sign from pair to pair.
+
+    The ranking is judged by the pairs' log-ratios (`paired_difference`, the platform's prior joined to their own
+    spread), never against a stored figure taken at another time: "reproduced" when the interval of trial /
+    baseline - 1 excludes zero on the side the study claimed, "not reproduced" when it excludes zero on the other,
+    and "not separable" when it includes zero."""
+
+    claimed_above: bool  # the study measured the trial above the baseline
+    prior: Noise = field(default_factory=Noise)
+    trial: list[VerifyRun] = field(default_factory=list)
+    baseline: list[VerifyRun] = field(default_factory=list)
+
+    @property
+    def pairs(self) -> list[tuple[float, float]]:
+        return [(t.output_tok_s, b.output_tok_s) for t, b in zip(self.trial, self.baseline, strict=False)]
+
+    @property
+    def difference(self) -> Interval | None:
+        """trial / baseline - 1 over the pairs with its 95% interval (None: no pair measured both halves)."""
+        return paired_difference(self.pairs, self.prior)
+
+    @property
+    def ranking(self) -> str:
+        d = self.difference
+        if d is None or d.contains(0.0):
+            return NOT_SEPARABLE
+        return REPRODUCED if (d.value > 0) == self.claimed_above else NOT_REPRODUCED
+
+    def verdict(self) -> str:
+        d = self.difference
+        n = len(self.pairs)
+        claimed = "above" if self.claimed_above else "below"
+        if d is None:
+            return f"{NOT_SEPARABLE}: no interval from {n} pair{'s' if n != 1 else ''} of starts"
+        ci = f"{d.value * 100:+.1f}% (95% CI {d.low * 100:+.0f}..{d.high * 100:+.0f}%, {n} pairs of fresh starts)"
+        said = {
+            REPRODUCED: f"the study's ranking held: the trial {claimed} the baseline by {ci}",
+            NOT_REPRODUCED: f"the ranking reversed: the study had the trial {claimed} the baseline; re-tested {ci}",
+            NOT_SEPARABLE: f"the trial against the baseline {ci}: within the noise",
+        }[self.ranking]
+        misses = sorted({m for r in self.trial for m in r.missed})
+        slo = f"; the trial missed {', '.join(misses)} in some run" if misses else ""
+        return f"{self.ranking}: {said}{slo}"
+
+
+def retest_against_baseline(
+    job: Job,
+    launcher: Launcher,
+    flags: VllmFlags,
+    baseline: VllmFlags,
+    *,
+    pairs: int,
+    claimed_above: bool,
+    latency_metric: str,
+    study: str | None = None,
+    measure: Measure = measure_load,
+    on_run: Callable[[str, int, VerifyRun | None], None] | None = None,
+    prior: Noise = Noise(),
+) -> Retest:
+    """`pairs` pairs of fresh servers, trial and baseline alternately (T B, B T, ...), one whole load run on each
+    with the study's requests. `on_run(which, i, run)`: "trial" or "baseline", the pair, before (None) and after.
+    LaunchError propagates."""
+    whole = job.model_copy(update={"stop_early": False})
+    slos = job.parsed_slos()
+    result = Retest(claimed_above, prior)
+
+    async def one(which: str, i: int) -> None:
+        if on_run is not None:
+            on_run(which, i, None)
+        async with launcher.start(flags if which == "trial" else baseline, study=study) as server:
+            run = await _one(server, whole, flags if which == "trial" else baseline, measure, slos, latency_metric)
+        (result.trial if which == "trial" else result.baseline).append(run)
+        if on_run is not None:
+            on_run(which, i, run)
+
+    async def go() -> None:
+        for i in range(pairs):
+            for which in ("trial", "baseline") if i % 2 == 0 else ("baseline", "trial"):
+                await one(which, i)
+
+    asyncio.run(go())
+    return result

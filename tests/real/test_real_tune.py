@@ -176,7 +176,19 @@ def test_verify_relaunches_the_winner_on_real_vllm(tuned: Path) -> None:
     # noise, not a GPU's: the same flags started twice on this CPU build measured 1.5-2.5x apart
     # (benchmarks/README.md, the real grid's repeats), and a server sharing two cores with the test run measured half
     # its recorded tok/s in CI; 0.75 admits a run a quarter as fast. test_verify.py checks the verdict's logic.
-    run = _tuner("verify", STUDY, "--job", str(tuned), "--runs", "2", "--tolerance", "0.75", "--json", cwd=tuned.parent)
+    run = _tuner(
+        "verify",
+        STUDY,
+        "--job",
+        str(tuned),
+        "--runs",
+        "2",
+        "--tolerance",
+        "0.75",
+        "--alone",
+        "--json",
+        cwd=tuned.parent,
+    )
     assert run.stdout.startswith("{"), run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads(run.stdout)
     assert len(doc["runs"]) == 2

@@ -38,12 +38,22 @@ def winner(job: Path) -> tuple[optuna.trial.FrozenTrial, str]:
     return study.trials[pick.number], url
 
 
+def pooled_rate(job: Path, t: optuna.trial.FrozenTrial) -> float:
+    """The winner's highest SLO-meeting rate over every start of its flag set (its first and its confirmation
+    starts), pooled as a geometric mean: what a plan sizes from, never one lucky start."""
+    url = f"sqlite:///{job.with_suffix('.db')}"
+    study = optuna.load_study(study_name="emulator-demo-max-rate", storage=url)
+    starts = [s for s in study.trials if t.number in (s.number, s.user_attrs.get("repeat_of"))]
+    rates = [s.user_attrs["request_rate"] for s in starts if s.user_attrs.get("outcome") == "measured"]
+    return math.exp(sum(math.log(r) for r in rates) / len(rates))
+
+
 def test_replicas_follow_from_the_winners_measured_rate(max_rate_job: Path) -> None:
     done = plan(max_rate_job, "--rate", "40", "--peak", "70", "--price-per-gpu-hour", "3", "--json")
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     t, url = winner(max_rate_job)
-    rate = t.user_attrs["request_rate"]  # the highest SLO-meeting rate the study measured for it
+    rate = pooled_rate(max_rate_job, t)  # the highest SLO-meeting rate the study measured for it, every start
     with open_store(url) as store:
         detail = store.trial_detail("emulator-demo-max-rate", t.number)
     assert detail is not None and detail.load_summary is not None
@@ -61,7 +71,7 @@ def test_the_arithmetic_is_printed(max_rate_job: Path) -> None:
     done = plan(max_rate_job, "--rate", "40", "--headroom", "0.5")
     assert done.returncode == 0, done.stderr
     t, _ = winner(max_rate_job)
-    usable = t.user_attrs["request_rate"] * 0.5
+    usable = pooled_rate(max_rate_job, t) * 0.5
     assert f"replicas = ceil(40 / {usable:.3f}) = {math.ceil(40 / usable)}" in done.stdout
     assert "highest SLO-meeting rate" in done.stdout
 

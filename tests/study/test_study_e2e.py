@@ -138,6 +138,7 @@ def test_tune_on_sqlite_ends_with_a_feasible_front_and_no_server_left(tmp_path: 
         "2",
         "--tolerance",
         "0.5",
+        "--alone",
         "--json",
     ]
     done = subprocess.run(verify, capture_output=True, text=True, env=env, timeout=600)
@@ -149,7 +150,7 @@ def test_tune_on_sqlite_ends_with_a_feasible_front_and_no_server_left(tmp_path: 
     met = all(r["missed"] == [] for r in doc["runs"]) and (doc["change"] is None or doc["change"] >= -0.5)
     assert doc["confirmed"] is met and done.returncode == (0 if met else 1), doc
     assert registry_of(state_dir).records() == []
-    ranked = subprocess.run([*verify[:-5], "--top", "2", "--runs", "1", "--tolerance", "0.5", "--json"],
+    ranked = subprocess.run([*verify[:-6], "--top", "2", "--runs", "1", "--tolerance", "0.5", "--json"],
                             capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert ranked.returncode in (0, 1), ranked.stdout + ranked.stderr
     ranking = json.loads(ranked.stdout)
@@ -157,7 +158,7 @@ def test_tune_on_sqlite_ends_with_a_feasible_front_and_no_server_left(tmp_path: 
     confirmed = [c["trial"] for c in ranking["candidates"] if c["confirmed"]]
     assert ranking["winner"] in confirmed if confirmed else ranking["winner"] is None, ranking
     assert ranked.returncode == (0 if confirmed else 1)
-    missing = subprocess.run([*verify[:-5], "--trial", "99"], capture_output=True, text=True, env=env, timeout=60)
+    missing = subprocess.run([*verify[:-6], "--trial", "99"], capture_output=True, text=True, env=env, timeout=60)
     assert missing.returncode == 1 and missing.stderr.strip() == "error: no trial 99 in study 'e2e'"
 
 

@@ -98,6 +98,14 @@ def plan_cmd(
             show_default=False,
         ),
     ] = None,
+    lower_bound: Annotated[
+        bool,
+        typer.Option(
+            "--lower-bound",
+            help="Size from the lower end of the 95% interval of the rate pooled over the flag set's starts, not "
+            "from the pooled rate itself.",
+        ),
+    ] = False,
     gpu_hour_usd: Annotated[
         str | None,
         typer.Option(
@@ -109,7 +117,8 @@ def plan_cmd(
     ] = None,
 ) -> None:
     """Replicas, GPUs and cost for --rate req/s (and --peak), from the winner's measured SLO-meeting rate per
-    server, with the arithmetic shown; --rules writes alert rules from the study's SLOs.
+    server pooled over every start of its flag set (--lower-bound: that rate's lower 95% bound), with the
+    arithmetic shown; --rules writes alert rules from the study's SLOs.
 
     Example: [bold]tuner plan night --rate 20 --peak 35 --price-per-gpu-hour 2.5 --rules vllm-rules.yaml[/bold]
 
@@ -136,7 +145,9 @@ def plan_cmd(
     measured = _measured(view, t, job) if measure else None
     if price is None:
         price = view.record.gpu_hour_usd
-    inputs = PlanInputs(rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price, measured=measured)
+    inputs = PlanInputs(
+        rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price, measured=measured, lower_bound=lower_bound
+    )
     plan = inputs.plan(view, t, detail)
     queue = queue_at_capacity(detail, t.flags)
     listed = alert_rules(view.slos, queue_at_capacity=queue, name=name)

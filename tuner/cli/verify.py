@@ -25,11 +25,12 @@ from tuner.cli.common import (
 )
 from tuner.config import Job
 from tuner.errors import ConfigError, LaunchError, TunerError
-from tuner.intervals import format_with_ci
+from tuner.intervals import NOT_SEPARABLE, format_with_ci, platform_prior
 from tuner.launch.factory import build_launcher
 from tuner.report import BEST_CHOICES, StudyView, TrialView, choose, pareto_front
 from tuner.study.confirm import noise_of
-from tuner.verify import Verification, VerifyRun, verify_flags
+from tuner.study.measure import measure_load
+from tuner.verify import REPRODUCED, Retest, Verification, VerifyRun, retest_against_baseline, verify_flags
 
 __all__ = ["verify_cmd"]
 
@@ -53,7 +54,23 @@ def verify_cmd(
             show_default=False,
         ),
     ] = None,
-    runs: Annotated[int, typer.Option("--runs", min=1, max=50, help="Load runs on the relaunched server.")] = 3,
+    runs: Annotated[
+        int,
+        typer.Option(
+            "--runs",
+            min=1,
+            max=50,
+            help="Pairs of fresh starts against the baseline (with --alone: load runs on one server).",
+        ),
+    ] = 3,
+    alone: Annotated[
+        bool,
+        typer.Option(
+            "--alone",
+            help="Re-measure the trial alone on one server against its record, rather than against the baseline "
+            "in pairs of fresh starts.",
+        ),
+    ] = False,
     tolerance: Annotated[
         float,
         typer.Option(
@@ -66,9 +83,17 @@ def verify_cmd(
     ] = 0.10,
     as_json: JsonOpt = False,
 ) -> None:
-    """Launch a winner's flags again, run the study's load on it several times, and confirm it (or not).
+    """Re-test a winner against the baseline on fresh servers, started alternately, and say whether the ranking
+    reproduced.
 
-    Confirmed: every one of --runs runs meets every SLO (an SLO within the noise of its bound is decided by the
+    Each of --runs pairs starts the trial and the baseline one right after the other (the trial first, then the
+    baseline first in the next pair, and so on) and runs the study's load once on each; the ranking is judged by
+    the 95% interval of the pairs' ratios, never against a figure stored at another time: "reproduced" (the
+    interval excludes zero on the side the study found), "not reproduced" (on the other side) or "not separable"
+    (it includes zero). Exit 0 when reproduced, 1 when not. The baseline itself, a study without a measured
+    baseline, --top and --alone re-measure the trial alone instead, as follows.
+
+    Alone: confirmed: every one of --runs runs meets every SLO (an SLO within the noise of its bound is decided by the
     runs' majority, never one run), the median output tok/s is not more than --tolerance below the record, and
     the record is reproduced: a record beyond --tolerance of the median and outside the runs' 95% interval, in
     either direction, was wrong, and the verdict says by how much (the interval adds the between-start noise the
@@ -76,7 +101,7 @@ def verify_cmd(
     by their medians: one lucky run cannot pick the winner. Exit 0 when (one) is confirmed, 1 when not. The
     server is started with the study's launcher, model and GPU; the job comes from --job, else from the study.
 
-    Example: [bold]tuner verify night --runs 5[/bold]   ·   [bold]tuner verify night --top 3[/bold]
+    Example: [bold]tuner verify night --trial 4 --runs 5[/bold]   ·   [bold]tuner verify night --top 3[/bold]
     """
     _, view = open_view(study, storage, job)
     if top is not None and trial is not None:
@@ -84,6 +109,10 @@ def verify_cmd(
     candidates = _candidates(view, trial, best, top)
     the_job = stored_job(view, job)
     con = console_for_output()
+    base = view.baseline
+    paired = top is None and not alone and base is not None and base.measured
+    if paired and base is not None and candidates[0].flags != base.flags:
+        _retest(con, view, the_job, candidates[0], base, runs, as_json=as_json)
     results: list[tuple[TrialView, Verification | None, str | None]] = []
     for t in candidates:
         try:
@@ -107,6 +136,73 @@ def verify_cmd(
     elif top is not None:
         con.print(_ranking(view, results, winner))
     raise typer.Exit(0 if winner is not None else 1)
+
+
+def _retest(
+    con: Console, view: StudyView, job: Job, t: TrialView, base: TrialView, pairs: int, *, as_json: bool
+) -> None:
+    """The trial against the baseline in pairs of fresh starts; exits 0 when the study's ranking reproduced."""
+    status = con.status(f"re-testing trial {t.number} against the baseline #{base.number} ...")
+
+    def progress(which: str, i: int, run: VerifyRun | None) -> None:
+        label = f"trial {t.number}" if which == "trial" else f"the baseline #{base.number}"
+        if run is None:
+            status.update(f"pair {i + 1} of {pairs}: starting {label} ...")
+        elif not as_json:
+            con.print(f"pair {i + 1}/{pairs} {label}: {_run_text(run, view.latency_metric)}")
+
+    noise = noise_of(view.attrs)
+    if not noise.df:  # a study from before the prior: the platform's alone
+        noise = platform_prior(job.gpu_profile().is_cpu).noise
+    try:
+        with status:
+            r = retest_against_baseline(
+                job, build_launcher(job), trial_flags(t), trial_flags(base), pairs=pairs,
+                claimed_above=(t.throughput or 0.0) >= (base.throughput or 0.0),
+                latency_metric=view.latency_metric, study=view.name, measure=measure_load, on_run=progress, prior=noise,
+            )  # fmt: skip
+    except LaunchError as e:
+        raise TunerError(f"{NOT_SEPARABLE}: a server did not start again ({e.reason}): {e}") from None
+    if as_json:
+        typer.echo(json.dumps(_retest_dict(view, t, base, r), indent=2))
+    else:
+        con.print(_pairs_table(view, t, base, r))
+        style = "green" if r.ranking == REPRODUCED else "red"
+        con.print(f"[bold {style}]{escape(r.verdict())}[/bold {style}]")
+    raise typer.Exit(0 if r.ranking == REPRODUCED else 1)
+
+
+def _pairs_table(view: StudyView, t: TrialView, base: TrialView, r: Retest) -> Table:
+    title = f"{view.name} · trial {t.number} against the baseline #{base.number}, {len(r.pairs)} pairs of fresh starts"
+    table = Table(title=title, title_justify="left")
+    for col in ("pair", "order", f"#{t.number} tok/s", f"#{base.number} tok/s", "ratio"):
+        table.add_column(col, justify="left" if col in ("pair", "order") else "right")
+    for i, (a, b) in enumerate(r.pairs):
+        order = f"#{t.number} then #{base.number}" if i % 2 == 0 else f"#{base.number} then #{t.number}"
+        ratio = f"{a / b - 1:+.1%}" if b > 0 else "-"
+        table.add_row(str(i + 1), order, f"{a:,.1f}", f"{b:,.1f}", ratio)
+    d = r.difference
+    shown = "-" if d is None else f"{d.value:+.1%} ({d.low:+.0%}..{d.high:+.0%})"
+    table.add_row("95% CI", "", "", "", shown, style="bold")
+    table.add_row("study", "", t.throughput_text, base.throughput_text, "", style="dim")
+    return table
+
+
+def _retest_dict(view: StudyView, t: TrialView, base: TrialView, r: Retest) -> dict[str, Any]:
+    d = r.difference
+    return {
+        "study": view.name,
+        "trial": t.number,
+        "baseline": base.number,
+        "ranking": r.ranking,
+        "verdict": r.verdict(),
+        "study_tok_s": {"trial": t.throughput, "baseline": base.throughput},
+        "claimed_above": r.claimed_above,
+        "pairs": [
+            {"trial_tok_s": a, "baseline_tok_s": b, "trial_first": i % 2 == 0} for i, (a, b) in enumerate(r.pairs)
+        ],
+        "difference": None if d is None else [d.value, d.low, d.high],
+    }
 
 
 def _candidates(view: StudyView, trial: int | None, best: str, top: int | None) -> list[TrialView]:

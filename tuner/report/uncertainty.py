@@ -11,21 +11,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuner.intervals import RUN_PERCENTILES, Interval, Noise, format_with_ci, learn_noise, pool
+from tuner.intervals import RUN_PERCENTILES, Interval, Noise, format_with_ci, interval_metrics, learn_noise, pool
 from tuner.report.views import StudyView, TrialView
 
-__all__ = ["FIGURES", "FigureCI", "figure_text", "trial_intervals"]
+__all__ = ["FigureCI", "figure_text", "interval_figures", "trial_intervals"]
 
-FIGURES: tuple[tuple[str, str, str], ...] = (
-    ("output_tok_s", "output tok/s", "tok/s"),
-    ("success_rate", "success rate", "fraction"),
-    *(
-        (f"{m}_p{q}_s", f"{'e2e' if m == 'e2e' else m.upper()} P{q}", "s")
-        for m in ("ttft", "tpot", "e2e")
-        for q in RUN_PERCENTILES
-    ),
-)
-"""(record name, label, unit) of each figure a run keeps an interval of, in the order they are shown."""
+
+def interval_figures() -> tuple[tuple[str, str, str], ...]:
+    """(record name, label, unit) of each figure a run keeps an interval of, in the order they are shown: the
+    metric registry's, read when called (`tuner.intervals.interval_metrics`), so a latency added there is shown."""
+    return (
+        ("output_tok_s", "output tok/s", "tok/s"),
+        ("success_rate", "success rate", "fraction"),
+        *((f"{m.name}_p{q}_s", f"{m.label} P{q}", m.unit) for m in interval_metrics() for q in RUN_PERCENTILES),
+    )
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ def trial_intervals(view: StudyView, number: int) -> list[FigureCI]:
     first = t.repeat_of if t.repeat_of is not None else t.number
     mine = groups.get(first, [])
     out = []
-    for name, label, unit in FIGURES:
+    for name, label, unit in interval_figures():
         run = _run_figure(t, name)
         per_group = [[f for s in g if (f := _run_figure(s, name)) is not None] for g in groups.values()]
         noise = learn_noise([[f.value for f in g] for g in per_group])

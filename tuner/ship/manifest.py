@@ -28,6 +28,7 @@ class PlanInputs:
     headroom: float = 0.7
     price_per_gpu_hour: float | None = None
     measured: MeasuredCapacity | None = None  # `--measure`: the rate searched now, not the stored one
+    lower_bound: bool = False  # `--lower-bound`: the pooled rate's lower 95% bound, not its value
 
     def plan(self, view: StudyView, t: TrialView, detail: Any) -> Plan:
         m = self.measured
@@ -40,6 +41,7 @@ class PlanInputs:
             price_per_gpu_hour=self.price_per_gpu_hour,
             tokens_per_request=(m.tokens_per_request if m else None) or tokens_per_request(detail),
             measured=(m.rate, m.basis) if m else None,
+            lower_bound=self.lower_bound,
         )
 
 

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import ConfigError, TunerError
+from tuner.intervals import Interval, pool
 from tuner.report.views import StudyView, TrialView
+from tuner.study.confirm import noise_of
 
-__all__ = ["Plan", "make_plan"]
+__all__ = ["Plan", "make_plan", "pooled_rate"]
 
 
 @dataclass(frozen=True)
@@ -102,10 +104,12 @@ def make_plan(
     price_per_gpu_hour: float | None = None,
     tokens_per_request: float | None = None,
     measured: tuple[float, str] | None = None,
+    lower_bound: bool = False,
 ) -> Plan:
     """The plan for `t`; `tokens_per_request` is the output tokens a request brought in its measurement (the
     store's load summary), else read as output tok/s over request rate. `measured` (req/s, where it comes from)
-    replaces the stored rate with one measured now (`tuner plan --measure`)."""
+    replaces the stored rate with one measured now (`tuner plan --measure`). The stored rate is the flag set's
+    pooled over every start of it (`pooled_rate`), with `lower_bound` its interval's lower end."""
     if rate <= 0 or (peak is not None and peak < rate):
         raise ConfigError("--rate must be above 0 and --peak at least --rate")
     if not 0 < headroom <= 1:
@@ -118,14 +122,18 @@ def make_plan(
     elif t.request_rate is None or t.request_rate <= 0:
         raise TunerError(f"trial {t.number} recorded no request rate; measure it: {measure_hint(view, t)}")
     else:
-        capacity = t.request_rate
+        capacity, pooled = _capacity(view, t, lower_bound)
         basis = (
-            "its highest SLO-meeting rate, measured by the study"
-            if objective in ("max_rate", "cost")
-            else "its highest rate at which the SLOs' share of requests were good, measured by the study"
-            if objective == "goodput"
-            else "the rate it held under the job's fixed load, a floor of its capacity; measure: "
-            + measure_hint(view, t)
+            pooled
+            + "; "
+            + (
+                "its highest SLO-meeting rate, measured by the study"
+                if objective in ("max_rate", "cost")
+                else "its highest rate at which the SLOs' share of requests were good, measured by the study"
+                if objective == "goodput"
+                else "the rate it held under the job's fixed load, a floor of its capacity; measure: "
+                + measure_hint(view, t)
+            )
         )
     usable = capacity * headroom
     tokens = tokens_per_request or (t.output_tok_s / t.request_rate if t.output_tok_s and t.request_rate else None)
@@ -144,6 +152,36 @@ def make_plan(
         price_per_gpu_hour=price_per_gpu_hour,
         box_gpus=t.box_gpus,
     )
+
+
+def pooled_rate(view: StudyView, t: TrialView) -> tuple[Interval, list[float]]:
+    """The flag set's request rate pooled over every start of it (its first trial and its confirmation starts: a
+    lucky first start must not size the deployment alone), with its 95% interval under the study's between-start
+    noise, and the starts' own rates in the order they ran."""
+    first = t.repeat_of if t.repeat_of is not None else t.number
+    rates = [
+        s.request_rate
+        for s in view.trials
+        if s.measured and s.request_rate and s.request_rate > 0 and first in (s.number, s.repeat_of)
+    ]
+    if not rates:
+        raise TunerError(f"trial {t.number} recorded no request rate; measure it: {measure_hint(view, t)}")
+    pooled = pool([Interval(r, r, r) for r in rates], noise_of(view.attrs))
+    return pooled.interval, rates
+
+
+def _capacity(view: StudyView, t: TrialView, lower_bound: bool) -> tuple[float, str]:
+    ci, rates = pooled_rate(view, t)
+    each = ", ".join(f"{r:.3f}" for r in rates)
+    if len(rates) < 2:
+        note = "; started once: no interval, so no lower bound" if lower_bound else ""
+        return ci.value, f"its one start{note}"
+    if lower_bound:
+        return (
+            ci.low,
+            f"the lower end of the 95% interval {ci.low:.3f}..{ci.high:.3f} over its {len(rates)} starts ({each})",
+        )
+    return ci.value, f"pooled over its {len(rates)} starts ({each})"
 
 
 def measure_hint(view: StudyView, t: TrialView) -> str:

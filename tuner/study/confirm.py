@@ -28,6 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.intervals import (
+    NOT_SEPARABLE,
     Interval,
     Noise,
     Pooled,
@@ -84,9 +85,6 @@ THROUGHPUT = "output_tok_s"
 PAIR_ATTR = "confirm_pair"
 """A confirmation start's user attribute: "A-B-k", the k-th pair of flag sets A and B (their first trials, A < B)
 started one right after the other; pair k starts A first when k is even, B first when odd."""
-NOT_SEPARABLE = "not separable"
-"""The one wording of a difference whose interval includes zero (or that rests on one start): the study, the front
-and `tuner verify` all say it so."""
 
 
 class RepeatingObjective(Objective):
