@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 
 from tuner.intervals import (
+    PRIORS,
     Interval,
     Noise,
     bootstrap,
     format_with_ci,
     learn_noise,
     mean_interval,
+    paired_difference,
+    platform_prior,
     pool,
     relative_difference,
     run_intervals,
@@ -192,3 +195,41 @@ def test_spotless_is_every_run_without_a_failure_and_only_for_the_success_rate()
     assert not spotless("success_rate", [1.0, 0.99])
     assert not spotless("success_rate", [])
     assert not spotless("output_tok_s", [1.0])
+
+
+def test_the_t_interval_at_two_or_three_starts_is_wider_than_one_that_takes_the_spread_as_known() -> None:
+    """Two or three starts estimate their spread badly: the interval over them takes Student's t at that many
+    degrees of freedom, not the normal quantile of a spread known exactly."""
+    for figures in ([1000.0, 1140.0], [1000.0, 1140.0, 920.0]):
+        starts = [Interval(v, v, v) for v in figures]
+        own = pool(starts)  # their own spread, len - 1 degrees of freedom
+        logs = [math.log(v) for v in figures]
+        known = pool(starts, Noise(statistics.variance(logs), 10**9))  # the same spread, taken as known
+        assert own.df == len(figures) - 1
+        assert own.interval.high / own.interval.low > 2 * (known.interval.high / known.interval.low - 1) + 1
+
+
+def test_a_prior_joins_the_learnt_spread_as_the_repeats_it_stands_for() -> None:
+    learnt = Noise(0.01, 2)
+    joined = learnt.with_prior(PRIORS["cpu"].noise)
+    assert joined.df == 2 + PRIORS["cpu"].df
+    assert joined.log_var == pytest.approx((0.01 * 2 + PRIORS["cpu"].noise.log_var * PRIORS["cpu"].df) / joined.df)
+    assert Noise().with_prior(PRIORS["gpu"].noise) == PRIORS["gpu"].noise
+    # Wide for the CPU build, narrow for a GPU; each says where its figure comes from.
+    assert platform_prior(cpu=True).relative_sd > platform_prior(cpu=False).relative_sd
+    assert "benchmarks/README.md" in PRIORS["cpu"].source and "assumption" in PRIORS["gpu"].source
+
+
+def test_paired_differences_cancel_a_steady_drift_and_never_make_a_zero_width_interval() -> None:
+    # A drift of 10% a start: the first of each pair reads 11% high against the second, alternately a and b.
+    pairs = [(1000.0 * 0.9**0, 1000.0 * 0.9**1), (1000.0 * 0.9**3, 1000.0 * 0.9**2)]
+    d = paired_difference(pairs)
+    assert d is not None and d.contains(0.0) and d.value == pytest.approx(0.0, abs=1e-12)
+    # Identical pairs and no prior: no spread to estimate from, so no interval rather than a point.
+    assert paired_difference([(1100.0, 1000.0), (1100.0, 1000.0)]) is None
+    assert paired_difference([(1100.0, 1000.0)]) is None  # one pair, no prior
+    one = paired_difference([(1100.0, 1000.0)], PRIORS["gpu"].noise)
+    assert one is not None and one.low < 0.1 < one.high
+    # A real gain well beyond the noise is separated by a few pairs.
+    gain = paired_difference([(1500.0, 1000.0), (1440.0, 1010.0), (1530.0, 990.0)], PRIORS["gpu"].noise)
+    assert gain is not None and gain.low > 0.3

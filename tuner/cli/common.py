@@ -30,6 +30,7 @@ from tuner.report import (
     study_view,
     terminal_scatter,
 )
+from tuner.report.front import separability_line
 from tuner.report.storage import job_study_name, sole_study
 from tuner.report.tables import front_doc, front_flags, front_table
 from tuner.store import safe_url
@@ -202,6 +203,8 @@ def show_front(
     con.print(front_table(front, baseline, title, wide=wide))
     if not wide:
         con.print(front_flags(front, baseline))
+    if (line := separability_line(view, front)) is not None:
+        con.print(line, markup=False, highlight=False)
     if plot:
         scatter = terminal_scatter(view, front, width=min(width, con.width), height=height, color=con.is_terminal)
         con.print(scatter, markup=False, highlight=False, soft_wrap=True)

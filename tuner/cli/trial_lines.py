@@ -9,6 +9,8 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import math
+import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -69,7 +71,7 @@ def trial_line(t: FrozenTrial, trace_rate: float | None = None) -> str:
         verdict += " (load stopped early: the miss was certain)"
     rate = r.request_rate
     parts = [
-        f"{r.output_tok_s or 0:.1f} tok/s"
+        f"{_scored_tok_s(t, r):.1f} tok/s"
         + (f" at {rate:.2f} req/s" if rate else "")
         + (f" (the trace x{rate / trace_rate:.3g})" if rate and trace_rate else ""),
         f"{metric} {latency:.2f}s" if latency is not None else "",
@@ -79,6 +81,14 @@ def trial_line(t: FrozenTrial, trace_rate: float | None = None) -> str:
         verdict,
     ]
     return f"{head} -> " + "  ".join(p for p in parts if p) + suffix
+
+
+def _scored_tok_s(t: FrozenTrial, r: TrialRecord) -> float:
+    """The tok/s the study compared the trial by, as the progress bar and the front show it: its first value (the
+    box's, or a capacity search's rate x tokens); a cost trial's first value is a cost, so its run's own."""
+    if t.values and t.values[0] > 0 and r.cost_gpu_hours_per_m_tokens is None:
+        return float(t.values[0])
+    return r.output_tok_s or 0.0
 
 
 def _turns(r: TrialRecord) -> str:
@@ -101,6 +111,7 @@ def pareto_table(study: optuna.Study) -> Table:
     at its pooled figure): the figures in the table, each point's flags a line under it; `tuner pareto --wide` has
     every column."""
     from tuner.report import pareto_front, study_view
+    from tuner.report.front import separability_line
     from tuner.report.tables import front_flags, front_table
 
     view = study_view(study)
@@ -111,6 +122,8 @@ def pareto_table(study: optuna.Study) -> Table:
     both = Table.grid()
     both.add_row(front_table(front, view.baseline, title))
     both.add_row(front_flags(front, view.baseline))
+    if (line := separability_line(view, front)) is not None:
+        both.add_row(line)
     return both
 
 
@@ -207,19 +220,29 @@ def count_done(study: optuna.Study) -> int:
 
 
 def best_text(study: optuna.Study) -> str:
-    feasible = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if TrialRecord.from_attrs(t.user_attrs).feasible and t.values
-    ]
-    if not feasible:
+    """The progress bar's best: a flag set (its first trial's number, never a confirmation start's) at its tok/s
+    pooled over every feasible start of it, as the confirmation and the front pool it (a geometric mean)."""
+    starts: dict[int, list[FrozenTrial]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        record = TrialRecord.from_attrs(t.user_attrs)
+        repeat_of = t.user_attrs.get("repeat_of")
+        if not (record.feasible and t.values) or (record.duplicate_of is not None and repeat_of is None):
+            continue
+        starts.setdefault(int(repeat_of) if repeat_of is not None else t.number, []).append(t)
+    if not starts:
         return "best feasible: none yet"
-    best = max(feasible, key=lambda t: t.values[0] if t.values else 0.0)
-    assert best.values is not None
-    record = TrialRecord.from_attrs(best.user_attrs)
+    first = min(starts, key=lambda n: (-_pooled(starts[n]), n))
+    group = starts[first]
+    record = TrialRecord.from_attrs(group[0].user_attrs)
     if record.cost_gpu_hours_per_m_tokens is not None:
-        return best_cost_text(best.number, record)
-    return f"best feasible: #{best.number} {best.values[0]:.1f} tok/s"
+        return best_cost_text(first, record)
+    over = f" over {len(group)} starts" if len(group) > 1 else ""
+    return f"best feasible: #{first} {_pooled(group):.1f} tok/s{over}"
+
+
+def _pooled(group: list[FrozenTrial]) -> float:
+    values = [t.values[0] for t in group if t.values and t.values[0] > 0]
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else 0.0
 
 
 def front_line(study: optuna.Study) -> str:

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tuner.errors import ConfigError, TunerError
-from tuner.report.views import TrialView
+from tuner.intervals import NOT_SEPARABLE
+from tuner.report.views import StudyView, TrialView
 
-__all__ = ["BEST_CHOICES", "NoFeasibleTrial", "Ratios", "choose", "pareto_front", "ratios"]
+__all__ = ["BEST_CHOICES", "NoFeasibleTrial", "Ratios", "choose", "pareto_front", "ratios", "separability_line"]
 
 BEST_CHOICES = ("throughput", "latency", "balanced")
 
@@ -79,3 +80,22 @@ def ratios(winner: TrialView, baseline: TrialView | None) -> Ratios:
         throughput=_t(winner) / bt if bt > 0 else None,
         latency_p95=_l(winner) / bl if bl > 0 else None,
     )
+
+
+def separability_line(view: StudyView, front: Sequence[TrialView]) -> str | None:
+    """Under the front: which of its points the study's confirmation could not tell from its leader, and whether
+    the leader was told from the baseline (the study's `confirm` attribute; None: a study that kept none, or
+    nothing to say). A front's order is its point figures' and says nothing of their noise: this line does."""
+    summary = view.record.confirm or {}
+    leader = summary.get("leader")
+    listed = summary.get("not_separable")
+    on_front = {t.number for t in front}
+    if not isinstance(leader, int) or not isinstance(listed, list):
+        return None
+    close = [n for n in listed if isinstance(n, int) and n in on_front and n != leader]
+    parts = []
+    if close:
+        parts.append(f"#{leader} and {', '.join(f'#{n}' for n in close)} are {NOT_SEPARABLE}: either will do")
+    if summary.get("beats_baseline") is False:
+        parts.append(f"#{leader} and the baseline are {NOT_SEPARABLE}: the gain is within the noise")
+    return "; ".join(parts) or None

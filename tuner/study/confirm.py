@@ -518,6 +518,13 @@ def noise_of(study_attrs: dict[str, Any], figure: str = THROUGHPUT) -> Noise:
         return Noise()
 
 
+def _beats_baseline(c: Confirmation) -> bool | None:
+    lead, base = c.leader, c.baseline
+    if lead is None or base is None or lead is base:
+        return None
+    return c.separable(lead, base)
+
+
 def _paired_attr(c: Confirmation) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for i, a in enumerate(c.flag_sets):
@@ -549,6 +556,10 @@ def summary_attr(c: Confirmation, lines: list[str], *, starts_spent: int, server
         else {"relative_sd": c.prior.relative_sd, "df": c.prior.df, "source": c.prior.source},
         # Per pair of flag sets compared by their pairs of starts: the paired interval of a / b - 1.
         "paired": _paired_attr(c),
+        # The flag sets that meet the SLOs but cannot be told from the leader (the front marks them), and whether
+        # the leader was told from the baseline.
+        "not_separable": [g.number for g in c.contenders()],
+        "beats_baseline": _beats_baseline(c),
         "flag_sets": {
             str(g.number): {
                 "starts": [s.number for s in g.starts],
