@@ -129,3 +129,28 @@ def test_the_leader_shown_alone_from_one_start_says_so() -> None:
     c = Confirmation.of([start(0, CAND, 1234.5)], [SLO], platform_prior(cpu=True))
     line = closing_lines(c, starts_spent=0, server_seconds=0.0, budget=0)[0]
     assert "1,234.5 tok/s, 1 start" in line and "±" not in line
+
+
+def test_the_front_marks_the_points_not_separable_from_its_leader() -> None:
+    from tuner.report.front import separability_line
+    from tuner.report.views import StudyView, TrialView
+
+    trials = [
+        start(0, BASE, 1000.0, baseline=True),
+        start(1, CAND, 1500.0),
+        start(2, 32, 1490.0),  # within any noise of #1
+        start(3, 16, 400.0),
+    ]
+    c = Confirmation.of(trials, [SLO], platform_prior(cpu=False))
+    attrs = {"confirm": summary_attr(c, [], starts_spent=0, server_seconds=0.0)}
+
+    def point(n: int, tok_s: float) -> TrialView:
+        return TrialView(
+            number=n, state="COMPLETE", baseline=False, outcome="measured", reason=None, flags={},
+            throughput=tok_s, objective_latency_s=1.0, feasible=True,
+        )  # fmt: skip
+
+    front = [point(1, 1500.0), point(2, 1490.0)]
+    line = separability_line(StudyView("s", attrs, front), front)
+    assert line is not None and line.startswith("#1 and #2 are not separable: either will do")
+    assert "#3" not in line

@@ -1,0 +1,91 @@
+"""`tuner verify` re-tests a trial against the baseline in pairs of fresh servers, started alternately, on a machine
+that drifts (each server started later reads 10% less than the one before, whatever its flags): two calls in a row
+give the same verdict, where a comparison against the stored record flips with the machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from study_fakes import FakeLauncher, FakeServer, job
+
+from tuner.config import Job
+from tuner.flags import VllmFlags
+from tuner.intervals import PRIORS
+from tuner.load import LoadResult, RequestRecord
+from tuner.scoring import summarize
+from tuner.study import Measurement
+from tuner.verify import NOT_REPRODUCED, NOT_SEPARABLE, REPRODUCED, retest_against_baseline, verify_flags
+
+TRIAL = VllmFlags(max_num_seqs=64, gpu_memory_utilization=0.9)
+BASELINE = VllmFlags()
+DRIFT = 0.9
+
+
+@dataclass
+class DriftingMachine:
+    """Each start's throughput: its flags' true tok/s x DRIFT ** (servers started before it)."""
+
+    true_tok_s: dict[int | None, float]
+    launcher: FakeLauncher = field(default_factory=FakeLauncher)
+
+    async def measure(self, server: FakeServer, j: Job, flags: VllmFlags) -> Measurement:
+        tok_s = self.true_tok_s[flags.max_num_seqs] * DRIFT ** (len(self.launcher.launches) - 1)
+        records = [
+            RequestRecord(
+                index=i, start_s=i * 0.01, ttft_s=0.05, itl_s=[0.01] * 31, e2e_s=0.5, prompt_tokens=64,
+                completion_tokens=32, ok=True,
+            )
+            for i in range(40)
+        ]  # fmt: skip
+        summary = summarize(records, duration_s=40 * 32 / tok_s, slos=j.parsed_slos())
+        return Measurement(LoadResult(summary=summary, records=records))
+
+
+def retest(machine: DriftingMachine, *, claimed_above: bool = True, pairs: int = 3) -> str:
+    r = retest_against_baseline(
+        job(), machine.launcher, TRIAL, BASELINE, pairs=pairs, claimed_above=claimed_above,
+        latency_metric="e2e_p95", measure=machine.measure, prior=PRIORS["gpu"].noise,
+    )  # fmt: skip
+    return r.ranking
+
+
+def test_the_pairs_alternate_on_fresh_servers() -> None:
+    machine = DriftingMachine({64: 1000.0, None: 1000.0})
+    r = retest_against_baseline(
+        job(), machine.launcher, TRIAL, BASELINE, pairs=3, claimed_above=True, latency_metric="e2e_p95",
+        measure=machine.measure,
+    )  # fmt: skip
+    seqs = [launch["flags"].get("max_num_seqs") for launch in machine.launcher.launches]
+    assert seqs == [64, None, None, 64, 64, None]  # T B, B T, T B: one server a run
+    assert len(r.pairs) == 3
+
+
+def test_equal_flag_sets_on_a_drifting_machine_are_not_separable_twice_in_a_row() -> None:
+    machine = DriftingMachine({64: 1000.0, None: 1000.0})
+    assert [retest(machine), retest(machine)] == [NOT_SEPARABLE, NOT_SEPARABLE]
+    # The re-measure against a stored record, on a machine as fresh: the record is its first start's, and by the
+    # second call the machine has slowed past the tolerance, so that verdict flips with the machine alone.
+    fresh = DriftingMachine({64: 1000.0, None: 1000.0})
+    verdicts = [
+        verify_flags(
+            job(), fresh.launcher, TRIAL, runs=1, recorded_tok_s=1000.0, latency_metric="e2e_p95",
+            measure=fresh.measure, tolerance=0.05,
+        ).confirmed
+        for _ in range(2)
+    ]  # fmt: skip
+    assert verdicts == [True, False]
+
+
+def test_a_real_gain_is_reproduced_twice_in_a_row_and_a_reversed_claim_is_not() -> None:
+    machine = DriftingMachine({64: 1600.0, None: 1000.0})
+    assert [retest(machine), retest(machine)] == [REPRODUCED, REPRODUCED]
+    assert retest(machine, claimed_above=False) == NOT_REPRODUCED
+
+
+def test_one_pair_without_a_prior_is_not_separable_and_says_why() -> None:
+    machine = DriftingMachine({64: 1600.0, None: 1000.0})
+    r = retest_against_baseline(
+        job(), machine.launcher, TRIAL, BASELINE, pairs=1, claimed_above=True, latency_metric="e2e_p95",
+        measure=machine.measure,
+    )  # fmt: skip
+    assert r.ranking == NOT_SEPARABLE and r.verdict() == "not separable: no interval from 1 pair of starts"
