@@ -89,3 +89,31 @@ def test_one_pair_without_a_prior_is_not_separable_and_says_why() -> None:
         measure=machine.measure,
     )  # fmt: skip
     assert r.ranking == NOT_SEPARABLE and r.verdict() == "not separable: no interval from 1 pair of starts"
+
+
+def test_the_pairs_table_fits_80_columns_and_the_json_names_each_pair() -> None:
+    from rich.console import Console
+
+    from tuner.cli.verify import _pairs_table, _retest_dict
+    from tuner.report.views import StudyView, TrialView
+
+    machine = DriftingMachine({64: 1600.0, None: 1000.0})
+    r = retest_against_baseline(
+        job(), machine.launcher, TRIAL, BASELINE, pairs=2, claimed_above=True, latency_metric="e2e_p95",
+        measure=machine.measure, prior=PRIORS["gpu"].noise,
+    )  # fmt: skip
+
+    def trial(n: int, tok_s: float) -> TrialView:
+        return TrialView(
+            number=n, state="COMPLETE", baseline=n == 0, outcome="measured", reason=None, flags={},
+            throughput=tok_s, objective_latency_s=0.5,
+        )  # fmt: skip
+
+    view = StudyView("night", {}, [trial(0, 1000.0), trial(4, 1600.0)])
+    console = Console(width=80, record=True)
+    console.print(_pairs_table(view, view.trials[1], view.trials[0], r))
+    text = console.export_text()
+    assert "#4 then #0" in text and "#0 then #4" in text and "95% CI" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    doc = _retest_dict(view, view.trials[1], view.trials[0], r)
+    assert doc["ranking"] == REPRODUCED and [p["trial_first"] for p in doc["pairs"]] == [True, False]

@@ -109,9 +109,9 @@ def verify_cmd(
     candidates = _candidates(view, trial, best, top)
     the_job = stored_job(view, job)
     con = console_for_output()
-    base = view.baseline
-    paired = top is None and not alone and base is not None and base.measured
-    if paired and base is not None and candidates[0].flags != base.flags:
+    # The baseline's first measured start (an interrupted first one was run again as the baseline)
+    base = next((t for t in view.trials if t.baseline and t.measured and t.repeat_of is None), None)
+    if top is None and not alone and base is not None and candidates[0].flags != base.flags:
         _retest(con, view, the_job, candidates[0], base, runs, as_json=as_json)
     results: list[tuple[TrialView, Verification | None, str | None]] = []
     for t in candidates:
