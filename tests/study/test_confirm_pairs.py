@@ -7,10 +7,18 @@ separable"."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
+from study_fakes import FakeLauncher, FakeServer
+
+from tuner.config import Job
+from tuner.flags import VllmFlags
+from tuner.load import LoadResult
+from tuner.study import Measurement
 
 from tuner.intervals import PRIORS, platform_prior
 from tuner.scoring import Slo
@@ -154,3 +162,35 @@ def test_the_front_marks_the_points_not_separable_from_its_leader() -> None:
     line = separability_line(StudyView("s", attrs, front), front)
     assert line is not None and line.startswith("#1 and #2 are not separable: either will do")
     assert "#3" not in line
+
+
+def test_a_study_on_a_machine_that_speeds_up_starts_its_pairs_alternately_and_calls_no_winner(tmp_path: Path) -> None:
+    """The whole loop (TuningRun, the fake launcher): each server started later reads 5% more than the one before
+    (a machine warming up), so the search's later flag sets look better than the baseline, trial 0. The
+    candidate's true speed is the baseline's; the confirmation's pairs say so."""
+    from test_study_confirm import BASELINE as FAKE_BASELINE
+    from test_study_confirm import E2E_S, NoisyServers, confirming_job, run
+
+    @dataclass
+    class Warming(NoisyServers):
+        async def __call__(self, server: FakeServer, j: Job, flags: VllmFlags) -> Measurement:
+            self.tok_s = {**self.tok_s}
+            m = await super().__call__(server, j, flags)
+            assert m.result is not None and m.result.summary is not None
+            factor = 1.05 ** (len(self.starts) - 1)
+            s = m.result.summary
+            summary = s.model_copy(
+                update={"output_throughput": s.output_throughput * factor, "duration_s": s.duration_s / factor}
+            )
+            return Measurement(LoadResult(summary=summary, records=m.result.records), rate=m.rate)
+
+    tok_s = {FAKE_BASELINE: 1000.0, 8: 300.0, 16: 300.0, 32: 300.0, 64: 1000.0}
+    servers = Warming(tok_s, E2E_S, between=0.0)
+    lines, study = run(confirming_job(6), f"sqlite:///{tmp_path / 's.db'}", servers, FakeLauncher())
+    repeats = [t for t in study.trials if t.user_attrs.get(REPEAT_OF) is not None]
+    pairs = [t.user_attrs.get(PAIR_ATTR) for t in repeats]
+    assert pairs[:4] == [pairs[0], pairs[0], pairs[2], pairs[2]] and pairs[0] != pairs[2]
+    firsts = [t.user_attrs[REPEAT_OF] for t in repeats[:4]]
+    assert firsts[0] == firsts[3] and firsts[1] == firsts[2] and firsts[0] != firsts[1]  # A B, then B A
+    assert not any("beats the baseline" in line for line in lines), lines
+    assert sum("not separable" in line for line in lines) == 1  # said once, in the headline

@@ -437,6 +437,8 @@ def closing_lines(c: Confirmation, *, starts_spent: int, server_seconds: float, 
     else:
         lines += _headline(c, lead, base)
         for g in c.contenders():
+            if g is base:
+                continue  # the headline has said it
             d, on = c.difference(lead, g)
             lines.append(
                 f"{lead.label} and {g.label} are {NOT_SEPARABLE} ({_diff_text(d, lead, g, on)}): either will do"
