@@ -17,11 +17,10 @@ from study_fakes import FakeLauncher, FakeServer
 
 from tuner.config import Job
 from tuner.flags import VllmFlags
-from tuner.load import LoadResult
-from tuner.study import Measurement
-
 from tuner.intervals import PRIORS, platform_prior
+from tuner.load import LoadResult
 from tuner.scoring import Slo
+from tuner.study import Measurement
 from tuner.study.confirm import CI_RUN_ATTR, PAIR_ATTR, REPEAT_OF, Confirmation, closing_lines, summary_attr
 
 SLO = Slo(metric="e2e_p95", op="<=", threshold=2.0)
