@@ -47,6 +47,7 @@ from tuner.intervals import (
 from tuner.load import RequestRecord
 from tuner.record import MEASURED, TrialRecord
 from tuner.scoring import Slo
+from tuner.scoring import figures as figures_recorded
 from tuner.store import flag_key
 from tuner.study.objective import Objective
 from tuner.study.trial import TrialLike
@@ -153,10 +154,12 @@ def _start(t: FrozenTrial, record: TrialRecord) -> Start:
         for name, v in raw.items():
             if isinstance(v, list) and len(v) == 3:
                 figures[name] = Interval(float(v[0]), float(v[1]), float(v[2]))
-    for name in ("output_tok_s", "success_rate", "e2e_p95_s", "ttft_p95_s", "tpot_p95_s"):
-        value = getattr(record, name, None)
+    # A trial from before the intervals: its recorded figures (the registry's, `tuner.scoring.figures`) as points
+    recorded = {"output_tok_s": record.output_tok_s, "success_rate": record.success_rate}
+    recorded |= {f.attr: record.latencies.get(f.name) for f in figures_recorded()}
+    for name, value in recorded.items():
         if name not in figures and value is not None:
-            figures[name] = Interval(float(value), float(value), float(value))  # a trial from before the intervals
+            figures[name] = Interval(float(value), float(value), float(value))
     if (run := figures.get(THROUGHPUT)) is not None:
         figures[THROUGHPUT] = scaled(run, _scored_tok_s(t, record, run.value))
     meets = {
