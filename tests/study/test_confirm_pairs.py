@@ -193,3 +193,20 @@ def test_a_study_on_a_machine_that_speeds_up_starts_its_pairs_alternately_and_ca
     assert firsts[0] == firsts[3] and firsts[1] == firsts[2] and firsts[0] != firsts[1]  # A B, then B A
     assert not any("beats the baseline" in line for line in lines), lines
     assert sum("not separable" in line for line in lines) == 1  # said once, in the headline
+
+
+def test_starts_that_read_exactly_alike_give_no_interval_rather_than_a_point() -> None:
+    alike = [
+        start(0, BASE, 1000.0, baseline=True),
+        repeat(1, BASE, 1000.0, 0, baseline=True),
+        start(2, CAND, 1000.0),
+        repeat(3, CAND, 1000.0, 2),
+    ]
+    for t in alike:
+        t.user_attrs[CI_RUN_ATTR]["output_tok_s"] = [1000.0, 1000.0, 1000.0]
+    c = Confirmation.of(alike, [SLO])
+    assert all(g.throughput is not None for g in c.flag_sets)
+    by = {g.number: g for g in c.flag_sets}
+    assert c.difference(by[2], by[0])[0] is None and not c.separable(by[2], by[0])
+    text = "\n".join(closing_lines(c, starts_spent=2, server_seconds=0.0, budget=2))
+    assert "± 0.0%" not in text and "+0..+0%" not in text

@@ -324,7 +324,9 @@ class Confirmation:
             return None, _starts_text(a, b)
         if any(len(g.starts) < 2 and math.isinf(p.df) for g, p in ((a, a.throughput), (b, b.throughput))):
             return None, _starts_text(a, b)
-        return relative_difference(a.throughput, b.throughput), _starts_text(a, b)
+        d = relative_difference(a.throughput, b.throughput)
+        # Starts that read exactly alike and no spread to judge them by: no interval rather than a zero-width one
+        return (d if d.high > d.low else None), _starts_text(a, b)
 
     def separable(self, a: FlagSet, b: FlagSet) -> bool:
         """Whether a and b differ beyond the noise: an interval of their difference that excludes zero."""
