@@ -145,6 +145,9 @@ class EngineStats:
     actual_busy_s: float = 0.0  # emulated time those steps really took
     late_steps: int = 0
     max_lag_s: float = 0.0
+    # Emulated seconds the virtual clock slipped: a step later than _MAX_LAG_WALL_S is not caught up, so the run
+    # lost that much of the time its time_scale promised (what `tuner.load.host_contention` reads as its lag).
+    lag_s: float = 0.0
     preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -509,6 +512,7 @@ class Engine:
             busy_mark = now
             if lag > max_lag:
                 stats.late_steps += 1
+                stats.lag_s += lag
                 base = now
             else:
                 base = deadline

@@ -34,8 +34,10 @@ from tuner.study.confirm import (
     spent,
     summary_attr,
 )
+from tuner.study.contention import contention_lines
 from tuner.study.heartbeat import Heartbeat
 from tuner.study.journal import Journal, Kept, ResultKept, kept_from, store_kept
+from tuner.study.lag import stop_if_lagged
 from tuner.study.measure import Measure, measure_load
 from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler, sampler_name
@@ -395,6 +397,7 @@ class TuningRun:
         if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
             self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
         self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
+        stop_if_lagged(trial.number, trial.user_attrs)  # the machine cannot hold the job's time_scale
 
     def _tell(self, trial: optuna.Trial, values: list[float]) -> None:
         """The trial's result told; if a worker that could reach the database while this one could not failed the
@@ -504,6 +507,7 @@ class TuningRun:
         count, seconds = spent(trials)
         c = Confirmation.of(trials, self.objective.slos)
         lines = closing_lines(c, starts_spent=count, server_seconds=seconds, budget=self.job.budget.confirm)
+        lines += contention_lines(trials, c)
         self.study.set_user_attr(CONFIRM_ATTR, summary_attr(c, lines, starts_spent=count, server_seconds=seconds))
         return lines
 

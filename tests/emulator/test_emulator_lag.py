@@ -1,0 +1,93 @@
+"""The emulator's lag: an engine slowed on purpose (a clock that jumps past every step's deadline) counts the
+virtual time it lost; one on time counts none; `/emulator/stats` serves it. No timing bound: fake clocks."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from dataclasses import dataclass, field
+
+import httpx
+
+from tuner.capacity import plan_startup
+from tuner.catalog import get_gpu, load_model
+from tuner.clock import Clock
+from tuner.emulator import Emulator
+from tuner.emulator.engine import Engine, EngineRequest
+from tuner.emulator.logs import VllmLog
+from tuner.emulator.metrics import EmulatorMetrics
+from tuner.emulator.step_time import StepTimeModel
+from tuner.flags import VllmFlags, resolve
+from tuner.load.host_contention import read_emulator_lag
+
+H100 = get_gpu("h100-80gb")
+LLAMA = load_model("llama-3.1-8b")
+
+
+@dataclass(frozen=True)
+class _SteppingClock(Clock):
+    """Each reading `step` emulated seconds after the last: huge, an engine starved of CPU; tiny, one on time."""
+
+    step: float = 0.0
+    t: list[float] = field(default_factory=lambda: [0.0])
+
+    def now(self) -> float:
+        self.t[0] += self.step
+        return self.t[0]
+
+
+class _Sink:
+    def __init__(self, done: asyncio.Event) -> None:
+        self.done = done
+
+    def on_token(self, index: int, finish_reason: str | None) -> None:
+        if finish_reason is not None:
+            self.done.set()
+
+    def on_cut(self) -> None:
+        self.done.set()
+
+
+async def _lag_of_one_request(clock: Clock) -> tuple[float, int]:
+    resolved = resolve(VllmFlags(max_model_len=4096), H100, LLAMA)
+    engine = Engine(
+        LLAMA,
+        resolved,
+        plan_startup(LLAMA, H100, resolved),
+        StepTimeModel.build(LLAMA, H100, resolved),
+        clock,
+        EmulatorMetrics(LLAMA.name, resolved.max_model_len, {}),
+        VllmLog(io.StringIO()),
+        lambda _reason, _lines: None,
+        log_stats=False,
+    )
+    done = asyncio.Event()
+    task = asyncio.create_task(engine.run())
+    engine.submit(EngineRequest("r", list(range(64)), 4, "length", _Sink(done), resolved.block_size, False))
+    await done.wait()
+    engine.stop()
+    await task
+    return engine.stats.lag_s, engine.stats.late_steps
+
+
+async def test_an_engine_slowed_on_purpose_counts_the_time_it_lost() -> None:
+    lag, late = await _lag_of_one_request(_SteppingClock(step=100.0))
+    assert late >= 4 and lag >= 4 * 99.0
+
+
+async def test_an_engine_on_time_counts_no_lag() -> None:
+    lag, late = await _lag_of_one_request(_SteppingClock(step=1e-9))
+    assert (lag, late) == (0.0, 0)
+
+
+async def test_the_emulator_serves_its_lag_and_the_load_phase_reads_it() -> None:
+    emu = Emulator.from_args(["--model", "llama-3.1-8b", "--gpu", "h100-80gb"], log_stream=io.StringIO())
+    emu.engine.stats.lag_s = 1.25
+    async with emu.serve_http(host="127.0.0.1", port=0) as base:
+        assert await read_emulator_lag(base) == 1.25
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"{base}/emulator/stats")).json()["lag_s"] == 1.25
+
+
+async def test_a_server_that_is_not_the_emulator_has_no_lag() -> None:
+    assert await read_emulator_lag("http://127.0.0.1:9") is None

@@ -1,0 +1,31 @@
+"""The study stops where the machine cannot hold the emulator's time_scale: a trial that lagged in every run of its
+load phase (`tuner.study.measure.measure_watched`) would only be followed by more figures the machine made up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.load.contention import LAG_SHARE_LIMIT, Contention, holdable_time_scale
+from tuner.record import TrialRecord
+
+__all__ = ["TimeScaleNotHeld", "stop_if_lagged"]
+
+
+class TimeScaleNotHeld(TunerError):
+    """The emulator fell behind its clock in every run of a trial: the job's time_scale is too fast for this host."""
+
+
+def stop_if_lagged(number: int, attrs: dict[str, Any]) -> None:
+    """Raises TimeScaleNotHeld, with the time_scale the machine can hold, when trial `number` stayed lagged."""
+    c = Contention.of(TrialRecord.from_attrs(attrs).contention)
+    if c is None or not c.lagged or c.emulator_lag_share is None:
+        return
+    scale = c.time_scale or 1.0
+    runs = c.measured_again + 1
+    raise TimeScaleNotHeld(
+        f"this machine cannot hold time_scale {scale:g}: the emulator fell {c.emulator_lag_share:.0%} behind its "
+        f"clock (limit {LAG_SHARE_LIMIT:.0%}) in all {runs} runs of trial {number}; it can hold about time_scale "
+        f"{holdable_time_scale(scale, c.emulator_lag_share):g} (target.emulator.time_scale in a new study), "
+        "or run it on a quieter machine"
+    )
