@@ -4,6 +4,8 @@ the baseline says so. Fakes throughout: a lag reader standing for an engine slow
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -118,7 +120,9 @@ def test_every_trial_records_its_machine(tmp_path: Path) -> None:
     assert c is not None and c.other_cores == pytest.approx(0.2) and c.emulator_lag_s == 0.0 and not c.lagged
 
 
-def test_a_machine_that_cannot_hold_the_time_scale_stops_the_study_with_the_one_it_can(tmp_path: Path) -> None:
+def test_a_machine_that_cannot_hold_the_time_scale_stops_the_study_with_the_one_it_can(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     events: list[str] = []
     with pytest.raises(TimeScaleNotHeld) as stopped:
         _tune(tmp_path, _watched([10.0]), events)  # 25% of every run lost, at time_scale 4
@@ -128,6 +132,20 @@ def test_a_machine_that_cannot_hold_the_time_scale_stops_the_study_with_the_one_
     baseline = TrialRecord.from_attrs(study.trials[0].user_attrs)
     c = Contention.of(baseline.contention)
     assert len(study.trials) == 1 and c is not None and c.lagged and c.measured_again == REMEASURES
+    shown = _cli(capsys, monkeypatch, "show", "fake", "0", "--storage", f"sqlite:///{tmp_path / 'study.db'}")
+    line = next(x for x in shown.splitlines() if x.startswith("machine during the load:"))
+    assert "emulator lag 25.0% of the run" in line and "LAGGED" in line and f"measured again {REMEASURES}x" in line
+
+
+def _cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
+    from tuner.cli import main
+
+    monkeypatch.setenv("COLUMNS", "220")
+    monkeypatch.setattr(sys, "argv", ["tuner", *args])
+    capsys.readouterr()
+    with contextlib.suppress(SystemExit):
+        main()
+    return capsys.readouterr().out
 
 
 def test_a_winner_measured_beside_busy_processes_says_so() -> None:

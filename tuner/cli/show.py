@@ -23,6 +23,7 @@ from tuner.cli.common import (
 )
 from tuner.errors import ConfigError, TunerError
 from tuner.intervals import Interval, run_intervals
+from tuner.load.contention import Contention
 from tuner.report import StudyView, TrialView
 from tuner.report.tables import flags_table, fmt, kv_table, steps_table, summary_table
 from tuner.report.uncertainty import FigureCI, figure_text, trial_intervals
@@ -119,6 +120,10 @@ def show_cmd(
         con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
     if d.get("server_metrics"):
         con.print(kv_table("server metrics (/metrics during the run)", d["server_metrics"]))
+    contention = Contention.of(t.contention)
+    if contention is not None:
+        style = "yellow" if contention.lagged else "default"
+        con.print(f"[bold]machine during the load:[/bold] [{style}]{escape(contention.describe())}[/{style}]")
     diagnosis = d.get("diagnosis") or t.diagnosis
     if diagnosis:
         con.print(f"[bold]diagnosis:[/bold] {escape(str(diagnosis))}")

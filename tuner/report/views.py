@@ -78,6 +78,8 @@ class TrialView:
     cost_usd_per_hour: float | None = None
     cost_usd_per_m_tokens: float | None = None
     cost_gpu_hours_per_m_tokens: float | None = None
+    # What the machine was doing during its load phase (tuner.load.contention.Contention as stored; None: not kept)
+    contention: Mapping[str, Any] | None = None
 
     @property
     def costed(self) -> bool:
@@ -365,6 +367,7 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         latency_metric=r.latency_metric,
         started=trial.datetime_start,
         completed=trial.datetime_complete,
+        contention=r.contention,
         **_box_and_cost(r),
     )
 
