@@ -45,10 +45,16 @@ def status_cmd(
     if st.budget:
         done = min(st.finished, st.budget)
         bar = "█" * round(30 * done / st.budget) + "░" * (30 - round(30 * done / st.budget))
-        con.print(f"budget   {bar} {st.finished}/{st.budget} trials finished ({st.finished / st.budget:.0%})")
+        # A budget lowered below what was run: the trials it ran, never more than 100% of it.
+        over = f"; {st.finished} were run under a larger budget" if st.finished > st.budget else ""
+        con.print(f"budget   {bar} {done}/{st.budget} trials finished ({done / st.budget:.0%}){over}")
     else:
         con.print(f"trials   {st.finished} finished")
     con.print(f"measured {st.measured}, feasible {st.feasible}, server time {st.server_minutes:.1f} min")
+    if st.interrupted:
+        con.print(f"interrupted: {st.interrupted}, not counted: each runs again when the same command is run")
+    if st.repeats:
+        con.print(f"repeats: {st.repeats} proposals of a flag set already tried, answered from it, not counted")
     if st.confirmation_starts:
         con.print(
             f"confirmation: {st.confirmation_starts} extra start{'s' if st.confirmation_starts != 1 else ''} of "

@@ -134,7 +134,7 @@ class TrialView:
             "interrupted": "interrupted",
             "workload_invalid": "workload refused",
         }.get(self.outcome or "", (self.outcome or self.state).lower())
-        return f"{label}: {self.reason}" if self.reason else label
+        return f"{label}: {self.reason}" if self.reason and self.reason != self.outcome else label
 
     def as_dict(self) -> dict[str, Any]:
         """The trial as the CSV/JSON write it: flat, each figure under its stored name (`ttft_p95_s`)."""
@@ -194,7 +194,10 @@ class StudyView:
 
     @property
     def baseline(self) -> TrialView | None:
-        return next((t for t in self.trials if t.baseline), None)
+        """The baseline as the search measured it: an interrupted or refused start of it is not it, its run again
+        is (the first baseline trial where none measured)."""
+        own = [t for t in self.trials if t.baseline and t.repeat_of is None]
+        return next((t for t in own if t.measured), next(iter(own), None))
 
     @property
     def latency_metric(self) -> str:

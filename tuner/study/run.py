@@ -261,8 +261,10 @@ class TuningRun:
                 continue
             # A trial the engine or a lost GPU interrupted is run again however often that happened; one a person
             # interrupted once (the callback refuses a second retry of a trial that was already a retry).
-            retry_trial(self.study, t, max_retry=None if record.reason in (ENGINE_GONE, GPU_LOST) else 1)
-            self.on_event(f"trial {t.number} was interrupted; it will be run again")
+            max_retry = None if record.reason in (ENGINE_GONE, GPU_LOST) else 1
+            retry_trial(self.study, t, max_retry=max_retry)
+            if max_retry is None or len(t.system_attrs.get("retry_history", ())) < max_retry:
+                self.on_event(f"trial {t.number} was interrupted; it will be run again")
 
     def _requeue_refused_baseline(self) -> None:
         """A baseline whose server refused the workload measured nothing: the next run (the job fixed) runs it."""
@@ -270,10 +272,16 @@ class TuningRun:
         records = [(t, TrialRecord.from_attrs(t.user_attrs)) for t in trials]
         if any(r.baseline and t.state != TrialState.FAIL for t, r in records):
             return
-        refused = [t for t, r in records if r.baseline and r.outcome == WORKLOAD_INVALID]
+        # Interrupted again after its retry, Optuna's retry refuses it: the baseline is run again all the same.
+        refused = [t for t, r in records if r.baseline and r.outcome in (WORKLOAD_INVALID, INTERRUPTED)]
         if refused:
             self.study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
-            self.on_event(f"trial {refused[-1].number}, the baseline, was refused by the server; it will run again")
+            why = (
+                "was interrupted"
+                if refused[-1].user_attrs.get("outcome") == INTERRUPTED
+                else "was refused by the server"
+            )
+            self.on_event(f"trial {refused[-1].number}, the baseline, {why}; it will run again")
 
     def _stopped_on(self, trial: optuna.Trial, error: WorkloadRejected) -> None:
         stopped = {"reason": WORKLOAD_INVALID, "message": str(error), "trial": trial.number}
