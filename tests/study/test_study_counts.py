@@ -88,7 +88,7 @@ def test_a_baseline_interrupted_twice_runs_again_as_the_baseline_and_the_counts_
     shown = _cli(capsys, monkeypatch, "status", "fake", "--storage", url)
     assert "3/3 trials finished (100%)" in shown and "done" in shown
     front = _cli(capsys, monkeypatch, "pareto", "fake", "--storage", url)
-    assert "interrupted" not in front
+    assert "interrupted" not in front and "of 3 measured trials" in front
     trials = _cli(capsys, monkeypatch, "trials", "fake", "--storage", url)
     assert "counted: 3 trials (3 measured, " in trials and "2 interrupted (not counted" in trials
     assert "interrupted: interrupted" not in trials
