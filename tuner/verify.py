@@ -22,6 +22,7 @@ from tuner.config import Job
 from tuner.flags import VllmFlags
 from tuner.intervals import Interval, Noise, figure_of, format_with_ci, pool, run_intervals, slo_verdict, spotless
 from tuner.launch import Launcher, Server
+from tuner.load.contention import Contention
 from tuner.scoring import LoadSummary, Slo
 from tuner.study.measure import Measure, measure_load
 
@@ -36,6 +37,7 @@ class VerifyRun:
     missed: tuple[str, ...]  # the SLOs this run missed
     diagnosis: str = ""
     figures: dict[str, Interval] = field(default_factory=dict)  # within-run intervals (tuner.intervals keys)
+    contention: Contention | None = None  # what the machine was doing during the run (tuner.load.contention)
 
     @property
     def meets(self) -> bool:
@@ -232,4 +234,5 @@ async def _one(
         missed=missed,
         diagnosis=m.result.diagnosis if m.result is not None else "",
         figures=run_intervals(records, summary.duration_s) if records else {},
+        contention=m.contention,
     )

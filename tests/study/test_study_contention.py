@@ -113,7 +113,10 @@ def _tune(tmp_path: Path, measure: Callable[..., Awaitable[Measurement]], events
 
 
 def test_every_trial_records_its_machine(tmp_path: Path) -> None:
-    study = _tune(tmp_path, _watched([0.0], other_cores=0.2), [])
+    events: list[str] = []
+    # the baseline's first run lags (10 of 40 emulated s lost), every later run is on time
+    study = _tune(tmp_path, _watched([10.0, 0.0], other_cores=0.2), events)
+    assert any("trial 0: the emulator fell behind its clock in 1 run, measured again" in e for e in events)
     records = [TrialRecord.from_attrs(t.user_attrs) for t in study.trials]
     assert records and all(r.contention is not None for r in records)
     c = Contention.of(records[0].contention)
@@ -160,3 +163,16 @@ def test_a_winner_measured_beside_busy_processes_says_so() -> None:
     assert line is not None and "different contention" in line and "tuner verify" in line
     assert compared_under(trials, ("#2", [2]), ("the baseline (#0)", [0])) is None
     assert compared_under(trials, ("the baseline (#0)", [0]), ("the baseline (#0)", [0])) is None
+
+
+def test_a_verify_run_carries_its_machine_and_a_record_taken_on_another_says_so() -> None:
+    from tuner.load.contention import contention_warning, pooled
+    from tuner.verify import verify_flags
+
+    busy = _watched([0.0], other_cores=1.8)
+    flags = VllmFlags(max_num_seqs=16)
+    v = verify_flags(job(), FakeLauncher(), flags, runs=2, recorded_tok_s=1.0, latency_metric="e2e_p95", measure=busy)
+    assert [r.contention.other_cores for r in v.runs if r.contention] == pytest.approx([1.8, 1.8])
+    quiet_record = Contention(other_cores=0.1)
+    note = contention_warning(pooled([r.contention for r in v.runs]), quiet_record, "the re-test", "the record of #4")
+    assert note is not None and "1.8 cores beside the re-test" in note

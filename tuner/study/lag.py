@@ -3,6 +3,7 @@ load phase (`tuner.study.measure.measure_watched`) would only be followed by mor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tuner.errors import TunerError
@@ -16,9 +17,16 @@ class TimeScaleNotHeld(TunerError):
     """The emulator fell behind its clock in every run of a trial: the job's time_scale is too fast for this host."""
 
 
-def stop_if_lagged(number: int, attrs: dict[str, Any]) -> None:
-    """Raises TimeScaleNotHeld, with the time_scale the machine can hold, when trial `number` stayed lagged."""
+def stop_if_lagged(number: int, attrs: dict[str, Any], on_event: Callable[[str], None] | None = None) -> None:
+    """Raises TimeScaleNotHeld, with the time_scale the machine can hold, when trial `number` stayed lagged; says
+    so (`on_event`) when it was measured again for lag and then kept."""
     c = Contention.of(TrialRecord.from_attrs(attrs).contention)
+    if c is not None and c.measured_again and not c.lagged and on_event is not None:
+        on_event(
+            f"trial {number}: the emulator fell behind its clock in {c.measured_again} run"
+            f"{'s' if c.measured_again > 1 else ''}, measured again: kept the run on time "
+            f"(lag {c.emulator_lag_share or 0.0:.1%})"
+        )
     if c is None or not c.lagged or c.emulator_lag_share is None:
         return
     scale = c.time_scale or 1.0

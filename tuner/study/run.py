@@ -405,7 +405,7 @@ class TuningRun:
         if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
             self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
         self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
-        stop_if_lagged(trial.number, trial.user_attrs)  # the machine cannot hold the job's time_scale
+        stop_if_lagged(trial.number, trial.user_attrs, self.on_event)  # a machine that cannot hold the time_scale
 
     def _tell(self, trial: optuna.Trial, values: list[float]) -> None:
         """The trial's result told; if a worker that could reach the database while this one could not failed the
