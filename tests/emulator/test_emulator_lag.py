@@ -48,7 +48,7 @@ class _Sink:
         self.done.set()
 
 
-async def _lag_of_one_request(clock: Clock) -> tuple[float, int]:
+async def _lag_of_one_request(clock: Clock) -> tuple[float, int, float]:
     resolved = resolve(VllmFlags(max_model_len=4096), H100, LLAMA)
     engine = Engine(
         LLAMA,
@@ -67,26 +67,27 @@ async def _lag_of_one_request(clock: Clock) -> tuple[float, int]:
     await done.wait()
     engine.stop()
     await task
-    return engine.stats.lag_s, engine.stats.late_steps
+    return engine.stats.lag_s, engine.stats.late_steps, engine.stats.behind_s
 
 
 async def test_an_engine_slowed_on_purpose_counts_the_time_it_lost() -> None:
-    lag, late = await _lag_of_one_request(_SteppingClock(step=100.0))
-    assert late >= 4 and lag >= 4 * 99.0
+    lag, late, behind = await _lag_of_one_request(_SteppingClock(step=100.0))
+    assert late >= 4 and lag >= 4 * 99.0 and behind >= lag
 
 
 async def test_an_engine_on_time_counts_no_lag() -> None:
-    lag, late = await _lag_of_one_request(_SteppingClock(step=1e-9))
-    assert (lag, late) == (0.0, 0)
+    lag, late, behind = await _lag_of_one_request(_SteppingClock(step=1e-9))
+    assert (lag, late, behind) == (0.0, 0, 0.0)
 
 
 async def test_the_emulator_serves_its_lag_and_the_load_phase_reads_it() -> None:
     emu = Emulator.from_args(["--model", "llama-3.1-8b", "--gpu", "h100-80gb"], log_stream=io.StringIO())
-    emu.engine.stats.lag_s = 1.25
+    # busy stretches that took 1.25 emulated s longer than their modelled steps
+    emu.engine.stats.model_busy_s, emu.engine.stats.actual_busy_s = 10.0, 11.25
     async with emu.serve_http(host="127.0.0.1", port=0) as base:
         assert await read_emulator_lag(base) == 1.25
         async with httpx.AsyncClient() as client:
-            assert (await client.get(f"{base}/emulator/stats")).json()["lag_s"] == 1.25
+            assert (await client.get(f"{base}/emulator/stats")).json()["behind_s"] == 1.25
 
 
 async def test_a_server_that_is_not_the_emulator_has_no_lag() -> None:

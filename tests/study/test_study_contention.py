@@ -136,6 +136,7 @@ def test_a_machine_that_cannot_hold_the_time_scale_stops_the_study_with_the_one_
     c = Contention.of(baseline.contention)
     assert len(study.trials) == 1 and c is not None and c.lagged and c.measured_again == REMEASURES
     shown = _cli(capsys, monkeypatch, "show", "fake", "0", "--storage", f"sqlite:///{tmp_path / 'study.db'}")
+    assert "(emulator lagged)" in shown.splitlines()[0]
     line = next(x for x in shown.splitlines() if x.startswith("machine during the load:"))
     assert "emulator lag 25.0% of the run" in line and "LAGGED" in line and f"measured again {REMEASURES}x" in line
 

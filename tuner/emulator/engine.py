@@ -156,6 +156,12 @@ class EngineStats:
     prefix_hits: int = 0
 
     @property
+    def behind_s(self) -> float:
+        """Emulated seconds the busy stretches took beyond their modelled steps: the slips (`lag_s`) and the lateness
+        a stretch ended with (not caught up before the engine idled). What its time_scale promised and did not keep."""
+        return max(0.0, self.actual_busy_s - self.model_busy_s)
+
+    @property
     def timing_error(self) -> float:
         """Relative excess of real over modelled step time (0.0 = every step on time)."""
         return self.actual_busy_s / self.model_busy_s - 1.0 if self.model_busy_s else 0.0

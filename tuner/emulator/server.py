@@ -295,6 +295,7 @@ class OpenAiApp:
             dataclasses.asdict(stats)
             | {
                 "timing_error": stats.timing_error,
+                "behind_s": stats.behind_s,
                 "running": len(self.engine.running),
                 "waiting": len(self.engine.waiting),
             }

@@ -120,14 +120,14 @@ class HostSampler:
 
 
 async def read_emulator_lag(base_url: str, *, timeout_s: float = 5.0) -> float | None:
-    """The emulator's lost virtual time so far (emulated seconds, `/emulator/stats`); None for a server that is not
-    the emulator (vLLM answers 404) or did not answer."""
+    """How far the emulator's engine has fallen behind its clock so far (emulated seconds, `/emulator/stats`'s
+    `behind_s`); None for a server that is not the emulator (vLLM answers 404) or did not answer."""
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as client:
             response = await client.get(f"{base_url.rstrip('/')}/emulator/stats")
         if response.status_code != 200:
             return None
-        value = response.json().get("lag_s")
+        value = response.json().get("behind_s")
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

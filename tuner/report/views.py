@@ -124,9 +124,11 @@ class TrialView:
         if self.duplicate_of is not None and self.repeat_of is None:
             return f"duplicate of #{self.duplicate_of}"
         if self.measured:
+            # Figures the emulator could not keep its clock for understate the flags: said wherever the verdict is.
+            lagged = " (emulator lagged)" if self.contention and self.contention.get("lagged") is True else ""
             if self.feasible:
-                return "ok"
-            return "misses " + ", ".join(self.violated) if self.violated else "misses SLOs"
+                return "ok" + lagged
+            return ("misses " + ", ".join(self.violated) if self.violated else "misses SLOs") + lagged
         label = {
             "launch_failed": "launch failed",
             "crashed": "crashed",
