@@ -177,3 +177,13 @@ def test_a_verify_run_carries_its_machine_and_a_record_taken_on_another_says_so(
     quiet_record = Contention(other_cores=0.1)
     note = contention_warning(pooled([r.contention for r in v.runs]), quiet_record, "the re-test", "the record of #4")
     assert note is not None and "1.8 cores beside the re-test" in note
+
+
+def test_a_sampler_repeat_of_a_lagged_trial_does_not_stop_the_study_again() -> None:
+    from tuner.study.lag import stop_if_lagged
+
+    lagged = Contention(lagged=True, emulator_lag_share=0.3, time_scale=40.0, measured_again=2)
+    attrs = {"contention": lagged.model_dump(mode="json"), "outcome": "measured"}
+    stop_if_lagged(9, attrs | {"duplicate_of": 4})
+    with pytest.raises(TimeScaleNotHeld, match=r"time_scale 40: .* 30% .* trial 4; it can hold about time_scale 22"):
+        stop_if_lagged(4, attrs)

@@ -20,7 +20,10 @@ class TimeScaleNotHeld(TunerError):
 def stop_if_lagged(number: int, attrs: dict[str, Any], on_event: Callable[[str], None] | None = None) -> None:
     """Raises TimeScaleNotHeld, with the time_scale the machine can hold, when trial `number` stayed lagged; says
     so (`on_event`) when it was measured again for lag and then kept."""
-    c = Contention.of(TrialRecord.from_attrs(attrs).contention)
+    record = TrialRecord.from_attrs(attrs)
+    if record.is_duplicate and not record.is_repeat:
+        return  # a sampler's repeat measured nothing: its copy of the original's record was said with it
+    c = Contention.of(record.contention)
     if c is not None and c.measured_again and not c.lagged and on_event is not None:
         on_event(
             f"trial {number}: the emulator fell behind its clock in {c.measured_again} run"
