@@ -1,5 +1,6 @@
 """The emulator's lag: an engine slowed on purpose (a clock that jumps past every step's deadline) counts the
-virtual time it lost; one on time counts none; `/emulator/stats` serves it. No timing bound: fake clocks."""
+virtual time it lost; one on time counts none; `/emulator/stats` serves it, and the load phase's watch marks a run
+on the slowed engine lagged and measures it again. No timing bound: fake clocks."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.step_time import StepTimeModel
 from tuner.flags import VllmFlags, resolve
+from tuner.load.contention import Contention
 from tuner.load.host_contention import read_emulator_lag
+from tuner.study.measure import REMEASURES, Measurement, measure_watched
 
 H100 = get_gpu("h100-80gb")
 LLAMA = load_model("llama-3.1-8b")
@@ -92,3 +95,31 @@ async def test_the_emulator_serves_its_lag_and_the_load_phase_reads_it() -> None
 
 async def test_a_server_that_is_not_the_emulator_has_no_lag() -> None:
     assert await read_emulator_lag("http://127.0.0.1:9") is None
+
+
+async def _watched_run(clock: Clock) -> Contention | None:
+    """Two requests through the emulator's HTTP API, its engine on `clock`, under the study's lag watch."""
+    emu = Emulator.from_args(["--model", "llama-3.1-8b", "--gpu", "h100-80gb"], log_stream=io.StringIO())
+    emu.engine.clock = clock  # the seam: the engine's clock alone, the HTTP side's as it is
+    async with emu.serve_http(host="127.0.0.1", port=0) as base:
+
+        async def run() -> Measurement:
+            async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+                for i in range(2):
+                    body = {"model": "llama-3.1-8b", "prompt": [i, *range(1, 64)], "max_tokens": 4}
+                    assert (await client.post("/v1/completions", json=body)).status_code == 200
+            return Measurement(None)
+
+        measured = await measure_watched(run, base, emu.time_scale)
+    return measured.contention
+
+
+async def test_an_emulator_slowed_on_purpose_has_its_run_marked_lagged_and_measured_again() -> None:
+    c = await _watched_run(_SteppingClock(step=100.0))
+    assert c is not None and c.lagged and c.measured_again == REMEASURES
+    assert c.emulator_lag_s is not None and c.emulator_lag_s >= 100.0
+
+
+async def test_an_emulator_on_time_is_measured_once() -> None:
+    c = await _watched_run(_SteppingClock(step=1e-9))
+    assert c is not None and not c.lagged and c.measured_again == 0 and c.emulator_lag_s == 0.0
