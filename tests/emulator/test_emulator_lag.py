@@ -15,12 +15,13 @@ from tuner.catalog import get_gpu, load_model
 from tuner.clock import Clock
 from tuner.emulator import Emulator
 from tuner.emulator.engine import Engine, EngineRequest
+from tuner.emulator.kv_pool import KvBlockPool
 from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics
 from tuner.emulator.step_time import StepTimeModel
 from tuner.flags import VllmFlags, resolve
 from tuner.load.contention import Contention
-from tuner.load.host_contention import read_emulator_lag
+from tuner.load.emulator_lag import read_emulator_lag, reset_emulator_prefix_cache
 from tuner.study.measure import REMEASURES, Measurement, measure_watched
 
 H100 = get_gpu("h100-80gb")
@@ -123,3 +124,27 @@ async def test_an_emulator_slowed_on_purpose_has_its_run_marked_lagged_and_measu
 async def test_an_emulator_on_time_is_measured_once() -> None:
     c = await _watched_run(_SteppingClock(step=1e-9))
     assert c is not None and not c.lagged and c.measured_again == 0 and c.emulator_lag_s == 0.0
+
+
+def test_a_reset_forgets_the_free_blocks_prefixes_and_keeps_those_in_use() -> None:
+    pool = KvBlockPool(8, 16, enable_caching=True)
+    done: list[int] = []
+    held: list[int] = []
+    assert pool.allocate(2, done) and pool.allocate(1, held)
+    for block, h in zip([*done, *held], (11, 12, 13), strict=True):
+        pool.register(block, h)
+    pool.free_blocks(done)
+    assert pool.lookup([11, 12], 2) != [] and pool.lookup([13], 1) == held
+    assert pool.reset_prefix_cache() == 2
+    assert pool.lookup([11, 12], 2) == [] and pool.lookup([13], 1) == held
+
+
+async def test_the_emulator_resets_its_prefix_cache_on_asking() -> None:
+    emu = Emulator.from_args(["--model", "llama-3.1-8b", "--gpu", "h100-80gb"], log_stream=io.StringIO())
+    free: list[int] = []
+    assert emu.engine.pool.allocate(1, free)
+    emu.engine.pool.register(free[0], 7)
+    emu.engine.pool.free_blocks(free)
+    async with emu.serve_http(host="127.0.0.1", port=0) as base:
+        await reset_emulator_prefix_cache(base)
+    assert emu.engine.pool.lookup([7], 1) == []

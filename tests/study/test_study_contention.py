@@ -62,18 +62,27 @@ def _runs() -> tuple[Callable[[], Awaitable[Measurement]], list[int]]:
     return run, calls
 
 
-async def test_a_lagged_run_is_measured_again_and_kept_once_on_time() -> None:
+async def _no_reset(_url: str) -> None:
+    return None
+
+
+async def test_a_lagged_run_is_measured_again_cold_and_kept_once_on_time() -> None:
     run, calls = _runs()
+    resets: list[str] = []
+
+    async def reset(url: str) -> None:
+        resets.append(url)
+
     # 10 wall s at time_scale 4 is 40 emulated s: 8 s lost is 20%, 0.4 s is 1%
-    m = await measure_watched(run, "http://emu", 4.0, sampler=_Host(), read_lag=_engine([8.0, 0.4]))
-    assert len(calls) == 2
+    m = await measure_watched(run, "http://emu", 4.0, sampler=_Host(), read_lag=_engine([8.0, 0.4]), reset=reset)
+    assert len(calls) == 2 and resets == ["http://emu"]  # the prefix cache emptied before the run again
     assert m.contention is not None and not m.contention.lagged and m.contention.measured_again == 1
     assert m.contention.emulator_lag_share == pytest.approx(0.01)
 
 
 async def test_a_run_lagged_every_time_is_kept_marked_lagged() -> None:
     run, calls = _runs()
-    m = await measure_watched(run, "http://emu", 4.0, sampler=_Host(1.5), read_lag=_engine([8.0]))
+    m = await measure_watched(run, "http://emu", 4.0, sampler=_Host(1.5), read_lag=_engine([8.0]), reset=_no_reset)
     assert len(calls) == 1 + REMEASURES
     assert m.contention is not None and m.contention.lagged and m.contention.measured_again == REMEASURES
     assert m.contention.other_cores == pytest.approx(1.5) and m.contention.time_scale == 4.0
@@ -96,7 +105,12 @@ def _watched(lost_per_run: list[float], other_cores: float = 0.0) -> Callable[..
 
     async def measure(server: FakeServer, j: Job, flags: VllmFlags) -> Measurement:
         return await measure_watched(
-            lambda: inner(server, j, flags), server.base_url, 4.0, sampler=_Host(other_cores), read_lag=lag
+            lambda: inner(server, j, flags),
+            server.base_url,
+            4.0,
+            sampler=_Host(other_cores),
+            read_lag=lag,
+            reset=_no_reset,
         )
 
     return measure

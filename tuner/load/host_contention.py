@@ -1,5 +1,4 @@
-"""Reading what the host was doing around a load phase: its load, the CPU other processes used, steal time, and the
-emulator's lag.
+"""Reading what the host was doing around a load phase: its load, the CPU other processes used, steal time.
 
 "Other processes" are those outside the study's own process tree (this process and its descendants: a process
 launcher's server, the emulator). A Docker server's processes are not in that tree (the engine starts them), so
@@ -14,11 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from tuner.load.contention import Contention
 
-__all__ = ["HostReading", "HostSampler", "between", "read_emulator_lag"]
+__all__ = ["HostReading", "HostSampler", "between"]
 
 _STEAL_FIELD = 7  # user nice system idle iowait irq softirq steal (guest, guest_nice are within user, nice)
 
@@ -117,17 +114,3 @@ class HostSampler:
             tree |= more
             grew = bool(more)
         return sum(times.get(pid, 0) for pid in tree)
-
-
-async def read_emulator_lag(base_url: str, *, timeout_s: float = 5.0) -> float | None:
-    """How far the emulator's engine has fallen behind its clock so far (emulated seconds, `/emulator/stats`'s
-    `behind_s`); None for a server that is not the emulator (vLLM answers 404) or did not answer."""
-    try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
-            response = await client.get(f"{base_url.rstrip('/')}/emulator/stats")
-        if response.status_code != 200:
-            return None
-        value = response.json().get("behind_s")
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -14,7 +14,8 @@ from tuner.launch import Server
 from tuner.launch.pinning import keep_to
 from tuner.load import CapacityStep, LoadResult, find_max_rate, run_load
 from tuner.load.contention import LAG_SHARE_LIMIT, Contention, lag_share
-from tuner.load.host_contention import HostSampler, between, read_emulator_lag
+from tuner.load.emulator_lag import read_emulator_lag, reset_emulator_prefix_cache
+from tuner.load.host_contention import HostSampler, between
 
 __all__ = ["REMEASURES", "Measure", "Measurement", "measure_load", "measure_watched"]
 
@@ -63,6 +64,7 @@ async def measure_watched(
     *,
     sampler: HostSampler | None = None,
     read_lag: LagRead = read_emulator_lag,
+    reset: Callable[[str], Awaitable[None]] = reset_emulator_prefix_cache,
 ) -> Measurement:
     """`run` with the host read around it and the emulator's lag read before and after (None: not an emulator);
     a run whose engine lost more than LAG_SHARE_LIMIT of its duration is run again, up to REMEASURES times; the
@@ -91,6 +93,7 @@ async def measure_watched(
         if not lagged or again >= REMEASURES:
             return measurement
         again += 1
+        await reset(base_url)  # the run again as cold as the first: no prefix-cache hits on its own prompts
 
 
 async def _measure(server: Server, job: Job, flags: VllmFlags) -> Measurement:
