@@ -87,3 +87,29 @@ def test_a_stored_contention_reads_back_and_an_odd_one_does_not() -> None:
     assert Contention.of(c.model_dump(mode="json")) == c
     assert Contention.of("busy") is None and Contention.of({"other_cores": "lots"}) is None
     assert "other processes 1.5 of 2 cores" in c.describe() and "emulator lag 1.0%" in c.describe()
+
+
+def test_a_containers_tree_counts_as_the_studys_own(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    # 300 is the server's container, started by the engine (ppid 1), 301 its worker; 200 someone else's
+    tree = {100: (1, 0), 300: (1, 0), 301: (300, 0), 200: (1, 0)}
+    _proc(proc, [0, 0, 0, 1000, 0, 0, 0, 0], tree)
+    alone, with_container = HostSampler(proc, pid=100), HostSampler(proc, pid=100, also=(300,))
+    before = (alone.read(), with_container.read())
+    _proc(proc, [300, 0, 0, 1100, 0, 0, 0, 0], {100: (1, 0), 300: (1, 100), 301: (300, 150), 200: (1, 50)})
+    assert between(before[0], alone.read()).other_cores == pytest.approx(1.5)
+    assert between(before[1], with_container.read()).other_cores == pytest.approx(0.25)
+
+
+def test_a_container_handle_names_its_first_process() -> None:
+    from tuner.launch.docker import ContainerHandle
+
+    class _Container:
+        def __init__(self, state: dict[str, object]) -> None:
+            self.attrs = {"State": state}
+
+        def reload(self) -> None:
+            return None
+
+    assert ContainerHandle(_Container({"Status": "running", "Pid": 4242})).root_pid() == 4242
+    assert ContainerHandle(_Container({"Status": "exited", "Pid": 0})).root_pid() is None

@@ -1,8 +1,8 @@
 """Reading what the host was doing around a load phase: its load, the CPU other processes used, steal time.
 
-"Other processes" are those outside the study's own process tree (this process and its descendants: a process
-launcher's server, the emulator). A Docker server's processes are not in that tree (the engine starts them), so
-under Docker its own CPU counts among the others: compare trials with one another, which all carry it alike.
+"Other processes" are those outside the study's own process trees: this process and its descendants (a process
+launcher's server, the emulator), and a Docker server's container, whose first process the engine starts (its host
+pid from `docker inspect`, `Server.root_pids`).
 Where /proc is not there (macOS), the CPU figures are None and only the load average is read.
 """
 
@@ -58,11 +58,13 @@ def between(before: HostReading, after: HostReading) -> Contention:
 
 
 class HostSampler:
-    """Reads the host (`proc`: where /proc is, for a test's fake tree; `pid`: the root of the study's own tree)."""
+    """Reads the host (`proc`: where /proc is, for a test's fake tree; `pid`: the root of the study's own tree;
+    `also`: roots of trees that count as its own too, a container's first process)."""
 
-    def __init__(self, proc: Path = Path("/proc"), pid: int | None = None) -> None:
+    def __init__(self, proc: Path = Path("/proc"), pid: int | None = None, also: tuple[int, ...] = ()) -> None:
         self.proc = proc
         self.pid = pid if pid is not None else os.getpid()
+        self.also = also
 
     def read(self) -> HostReading:
         try:
@@ -107,7 +109,7 @@ class HostSampler:
                 continue
             parents[int(entry.name)] = int(rest[1])
             times[int(entry.name)] = sum(int(x) for x in rest[11:15])
-        tree = {self.pid}
+        tree = {self.pid, *self.also}
         grew = True
         while grew:
             more = {pid for pid, ppid in parents.items() if ppid in tree and pid not in tree}

@@ -51,7 +51,9 @@ async def measure_load(server: Server, job: Job, flags: VllmFlags) -> Measuremen
         with keep_to(server.cpu_plan.cores("client")):
             return await _measure(server, job, flags)
 
-    return await measure_watched(once, server.base_url, server.time_scale)
+    # A container's processes are the server's, though not the tuner's children (a test's fake server has none).
+    roots = server.root_pids() if hasattr(server, "root_pids") else ()
+    return await measure_watched(once, server.base_url, server.time_scale, sampler=HostSampler(also=roots))
 
 
 LagRead = Callable[[str], Awaitable[float | None]]
