@@ -201,3 +201,26 @@ def test_a_sampler_repeat_of_a_lagged_trial_does_not_stop_the_study_again() -> N
     stop_if_lagged(9, attrs | {"duplicate_of": 4})
     with pytest.raises(TimeScaleNotHeld, match=r"time_scale 40: .* 30% .* trial 4; it can hold about time_scale 22"):
         stop_if_lagged(4, attrs)
+
+
+def test_the_closing_lines_say_when_the_baseline_ran_beside_busy_processes(tmp_path: Path) -> None:
+    inner = fake_measure()
+
+    async def measure(server: FakeServer, j: Job, flags: VllmFlags) -> Measurement:
+        busy = 1.9 if flags.max_num_seqs == 256 else 0.0  # the baseline (vLLM's default max_num_seqs) beside them
+        return await measure_watched(
+            lambda: inner(server, j, flags), server.base_url, 1.0, sampler=_Host(busy), read_lag=_vllm, reset=_no_reset
+        )
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    tuning = TuningRun(job(), FakeLauncher(), storage_url=url, measure=measure, poll_s=0.1)
+    try:
+        closing = tuning.run().closing
+    finally:
+        tuning.close()
+    line = next(x for x in closing if "different contention" in x)
+    assert "against the baseline" in line and "1.9 beside the baseline (#0)" in line
+
+
+async def _vllm(_url: str) -> float | None:
+    return None
