@@ -153,6 +153,9 @@ def test_a_machine_that_cannot_hold_the_time_scale_stops_the_study_with_the_one_
     assert "(emulator lagged)" in shown.splitlines()[0]
     line = next(x for x in shown.splitlines() if x.startswith("machine during the load:"))
     assert "emulator lag 25.0% of the run" in line and "LAGGED" in line and f"measured again {REMEASURES}x" in line
+    status = _cli(capsys, monkeypatch, "status", "fake", "--storage", f"sqlite:///{tmp_path / 'study.db'}")
+    machine = next(x for x in status.splitlines() if x.startswith("machine over 1 load phase:"))
+    assert "emulator lag up to 25.0% of a run, 1 trial lagged, 2 runs measured again" in machine
 
 
 def _cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> str:

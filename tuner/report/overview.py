@@ -7,10 +7,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.load.contention import Contention
 from tuner.report.front import choose, pareto_front
 from tuner.report.views import StudyView, TrialView
 
-__all__ = ["StudyListing", "StudyStatus", "TrialCounts", "counts", "listing", "status"]
+__all__ = ["StudyListing", "StudyStatus", "TrialCounts", "counts", "listing", "machine_line", "status"]
 
 _FAILED = ("launch_failed", "crashed")
 _LAUNCHED = ("measured", "launch_failed", "crashed", "interrupted")
@@ -243,3 +244,27 @@ def status(view: StudyView) -> StudyStatus:
 
 def _opt_str(v: Any) -> str | None:
     return str(v) if v is not None else None
+
+
+def machine_line(view: StudyView) -> str | None:
+    """What the machine was doing over the study's load phases, in one line: other processes' CPU (least and
+    most), steal, the emulator's largest lag and the lagged trials; None when no trial recorded it."""
+    known = [c for t in view.trials if (c := Contention.of(t.contention)) is not None]
+    if not known:
+        return None
+    parts = []
+    others = [c.other_cores for c in known if c.other_cores is not None]
+    if others:
+        parts.append(f"other processes {min(others):.1f}-{max(others):.1f} cores")
+    steals = [c.steal for c in known if c.steal is not None]
+    if steals:
+        parts.append(f"steal up to {max(steals):.0%}")
+    lags = [c.emulator_lag_share for c in known if c.emulator_lag_share is not None]
+    if lags:
+        lagged = sum(c.lagged for c in known)
+        again = sum(c.measured_again for c in known)
+        parts.append(
+            f"emulator lag up to {max(lags):.1%} of a run, {lagged} trial{_s(lagged)} lagged, "
+            f"{again} run{_s(again)} measured again"
+        )
+    return f"machine over {len(known)} load phase{_s(len(known))}: " + ", ".join(parts) if parts else None
