@@ -59,6 +59,7 @@ _ONLY_WHEN_SET = (
     "cost_gpu_hours_per_m_tokens",
     "cost_usd_per_hour",
     "cost_usd_per_m_tokens",
+    "contention",
 )
 
 
@@ -126,6 +127,9 @@ class TrialRecord(BaseModel):
     cost_gpu_hours_per_m_tokens: float | None = None
     cost_usd_per_hour: float | None = None
     cost_usd_per_m_tokens: float | None = None
+    # What the machine was doing during the load phase (`tuner.load.contention.Contention`, as a dict): the host's
+    # load, other processes' CPU, steal, the emulator's lag and whether the trial was measured again for it.
+    contention: dict[str, Any] | None = None
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:

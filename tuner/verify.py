@@ -38,6 +38,7 @@ from tuner.intervals import (
     spotless,
 )
 from tuner.launch import Launcher, Server
+from tuner.load.contention import Contention
 from tuner.scoring import LoadSummary, Slo
 from tuner.study.measure import Measure, measure_load
 
@@ -61,6 +62,7 @@ class VerifyRun:
     missed: tuple[str, ...]  # the SLOs this run missed
     diagnosis: str = ""
     figures: dict[str, Interval] = field(default_factory=dict)  # within-run intervals (tuner.intervals keys)
+    contention: Contention | None = None  # what the machine was doing during the run (tuner.load.contention)
 
     @property
     def meets(self) -> bool:
@@ -257,6 +259,7 @@ async def _one(
         missed=missed,
         diagnosis=m.result.diagnosis if m.result is not None else "",
         figures=run_intervals(records, summary.duration_s) if records else {},
+        contention=m.contention,
     )
 
 

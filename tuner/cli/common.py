@@ -31,6 +31,7 @@ from tuner.report import (
     terminal_scatter,
 )
 from tuner.report.front import separability_line
+from tuner.report.overview import counts
 from tuner.report.storage import job_study_name, sole_study
 from tuner.report.tables import front_doc, front_flags, front_table
 from tuner.store import safe_url
@@ -195,7 +196,7 @@ def show_front(
         print_json({"study": view.name, "latency_metric": view.latency_metric, **front_doc(front, baseline)})
         return
     con = console_for_output()
-    measured = sum(t.measured for t in view.trials)
+    measured = counts(view).measured  # flag sets measured: not a repeat's or a confirmation start's copy
     title = (
         f"{escape(view.name)}: feasible front, {len(front)} of {measured} measured trials "
         f"(latency = {view.latency_metric})"

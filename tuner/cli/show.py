@@ -23,6 +23,7 @@ from tuner.cli.common import (
 )
 from tuner.errors import ConfigError, TunerError
 from tuner.intervals import Interval, run_intervals
+from tuner.load.contention import Contention
 from tuner.report import StudyView, TrialView
 from tuner.report.tables import flags_table, fmt, kv_table, steps_table, summary_table
 from tuner.report.uncertainty import FigureCI, figure_text, trial_intervals
@@ -119,9 +120,7 @@ def show_cmd(
         con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
     if d.get("server_metrics"):
         con.print(kv_table("server metrics (/metrics during the run)", d["server_metrics"]))
-    diagnosis = d.get("diagnosis") or t.diagnosis
-    if diagnosis:
-        con.print(f"[bold]diagnosis:[/bold] {escape(str(diagnosis))}")
+    _print_machine_and_diagnosis(con, t, d)
     if t.constraints:
         pairs = zip(t.constraint_names, t.constraints, strict=True)
         con.print("constraints (<= 0 met): " + ", ".join(f"{escape(n)} {c:+.3f}" for n, c in pairs))
@@ -132,6 +131,17 @@ def show_cmd(
         con.print(tail, markup=False, highlight=False, soft_wrap=True)
     if detail is None:
         con.print("(no detail stored for this trial beyond Optuna's record)")
+
+
+def _print_machine_and_diagnosis(con: Console, t: TrialView, d: dict[str, Any]) -> None:
+    """What the machine was doing during the load (its figures hold for that), then what limited the run."""
+    contention = Contention.of(t.contention)
+    if contention is not None:
+        style = "yellow" if contention.lagged else "default"
+        con.print(f"[bold]machine during the load:[/bold] [{style}]{escape(contention.describe())}[/{style}]")
+    diagnosis = d.get("diagnosis") or t.diagnosis
+    if diagnosis:
+        con.print(f"[bold]diagnosis:[/bold] {escape(str(diagnosis))}")
 
 
 def _failures_table(summary: dict[str, Any]) -> Table:

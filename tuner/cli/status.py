@@ -10,8 +10,8 @@ from rich.table import Table
 
 from tuner.cli import app
 from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, StudyArg, console_for_output, open_view, print_json
-from tuner.report import ratios, status
-from tuner.report.overview import StudyStatus
+from tuner.report import StudyView, ratios, status
+from tuner.report.overview import StudyStatus, machine_line
 from tuner.report.tables import flags_text, fmt, ratio
 
 __all__ = ["status_cmd"]
@@ -45,10 +45,13 @@ def status_cmd(
     if st.budget:
         done = min(st.finished, st.budget)
         bar = "█" * round(30 * done / st.budget) + "░" * (30 - round(30 * done / st.budget))
-        con.print(f"budget   {bar} {st.finished}/{st.budget} trials finished ({st.finished / st.budget:.0%})")
+        # A budget lowered below what was run: the trials it ran, never more than 100% of it.
+        over = f"; {st.finished} were run under a larger budget" if st.finished > st.budget else ""
+        con.print(f"budget   {bar} {done}/{st.budget} trials finished ({done / st.budget:.0%}){over}")
     else:
         con.print(f"trials   {st.finished} finished")
     con.print(f"measured {st.measured}, feasible {st.feasible}, server time {st.server_minutes:.1f} min")
+    _print_apart(con, view, st)
     if st.confirmation_starts:
         con.print(
             f"confirmation: {st.confirmation_starts} extra start{'s' if st.confirmation_starts != 1 else ''} of "
@@ -94,6 +97,16 @@ def status_cmd(
     else:
         con.print("skipped as infeasible before launch: 0")
     _print_twin(con, st)
+
+
+def _print_apart(con: Any, view: StudyView, st: StudyStatus) -> None:
+    """What the budget's count leaves out, and the machine the trials were measured on."""
+    if machine := machine_line(view):
+        con.print(escape(machine))
+    if st.interrupted:
+        con.print(f"interrupted: {st.interrupted}, not counted: each runs again when the same command is run")
+    if st.repeats:
+        con.print(f"repeats: {st.repeats} proposals of a flag set already tried, answered from it, not counted")
 
 
 def _print_twin(con: Any, st: StudyStatus) -> None:

@@ -17,6 +17,7 @@ from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, StudyArg, WideOpt, con
 from tuner.errors import ConfigError
 from tuner.record import OUTCOMES
 from tuner.report import StudyView, TrialView
+from tuner.report.overview import counts
 from tuner.report.tables import flag_lines, flags_text, fmt, gpus_text
 from tuner.report.views import first_label
 from tuner.scoring import METRICS, figures
@@ -126,6 +127,7 @@ def trials_cmd(
     con.print(_trials_table(view, rows, wide=wide))
     if not wide:
         con.print(flag_lines([(_trial_key(t), flags_text(t.flags)) for t in rows]))
+    con.print(f"counted: {counts(view).text()}")
     if any(t.baseline for t in rows):
         con.print("ᵇ baseline: vLLM's defaults on this GPU and model")
     if any(t.throughput_ci for t in rows):

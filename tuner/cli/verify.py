@@ -27,6 +27,7 @@ from tuner.config import Job
 from tuner.errors import ConfigError, LaunchError, TunerError
 from tuner.intervals import NOT_SEPARABLE, format_with_ci, platform_prior
 from tuner.launch.factory import build_launcher
+from tuner.load.contention import Contention, contention_warning, pooled
 from tuner.report import BEST_CHOICES, StudyView, TrialView, choose, pareto_front
 from tuner.study.confirm import noise_of
 from tuner.study.measure import measure_load
@@ -128,6 +129,9 @@ def verify_cmd(
             con.print(_table(view, t, v))
             style = "green" if v.confirmed else "red"
             con.print(f"[bold {style}]{escape(v.verdict())}[/bold {style}]")
+            record, now = Contention.of(t.contention), pooled([r.contention for r in v.runs])
+            if note := contention_warning(now, record, "the re-test", f"the record of #{t.number}"):
+                con.print(f"[yellow]{escape(note)}[/yellow]")
     winner = _winner(results)
     if as_json:
         doc = [_as_dict(view, t, v) if v is not None else {"trial": t.number, "verdict": why} for t, v, why in results]

@@ -145,12 +145,21 @@ class EngineStats:
     actual_busy_s: float = 0.0  # emulated time those steps really took
     late_steps: int = 0
     max_lag_s: float = 0.0
+    # Emulated seconds the virtual clock slipped: a step later than _MAX_LAG_WALL_S is not caught up, so the run
+    # lost that much of the time its time_scale promised (what `tuner.load.host_contention` reads as its lag).
+    lag_s: float = 0.0
     preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
+
+    @property
+    def behind_s(self) -> float:
+        """Emulated seconds the busy stretches took beyond their modelled steps: the slips (`lag_s`) and the lateness
+        a stretch ended with (not caught up before the engine idled). What its time_scale promised and did not keep."""
+        return max(0.0, self.actual_busy_s - self.model_busy_s)
 
     @property
     def timing_error(self) -> float:
@@ -509,6 +518,7 @@ class Engine:
             busy_mark = now
             if lag > max_lag:
                 stats.late_steps += 1
+                stats.lag_s += lag
                 base = now
             else:
                 base = deadline

@@ -266,6 +266,7 @@ class OpenAiApp:
                 Route("/version", self.version, methods=["GET"]),
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
                 Route("/emulator/stats", self.emulator_stats, methods=["GET"]),
+                Route("/emulator/reset_prefix_cache", self.emulator_reset_prefix_cache, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -295,10 +296,16 @@ class OpenAiApp:
             dataclasses.asdict(stats)
             | {
                 "timing_error": stats.timing_error,
+                "behind_s": stats.behind_s,
                 "running": len(self.engine.running),
                 "waiting": len(self.engine.waiting),
             }
         )
+
+    async def emulator_reset_prefix_cache(self, request: Request) -> Response:
+        """Not in vLLM's public routes (its own reset is a dev-mode one): a load phase measured again on the same
+        server starts with a cold prefix cache, as its first run did."""
+        return JSONResponse({"forgotten_blocks": self.engine.pool.reset_prefix_cache()})
 
     async def models(self, request: Request) -> Response:
         if (denied := self._check_auth(request)) is not None:

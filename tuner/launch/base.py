@@ -94,6 +94,13 @@ class Server:
             self._redactor(self._handle.logs_since_ready()), code, what=f"the {self.launcher} server"
         )
 
+    def root_pids(self) -> tuple[int, ...]:
+        """Host pids whose process trees are this server's though not the tuner's children (a container's first
+        process); () for a server started as a child process, whose tree is the tuner's own already."""
+        read = getattr(self._handle, "root_pid", None)
+        pid = read() if callable(read) else None
+        return (pid,) if isinstance(pid, int) else ()
+
     def __repr__(self) -> str:
         return f"Server({self.launcher}, {self.base_url}, model={self.model!r}, exit_code={self.exit_code})"
 

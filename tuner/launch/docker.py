@@ -137,6 +137,15 @@ class ContainerHandle:
         state: dict[str, Any] = self.container.attrs.get("State", {})
         return state
 
+    def root_pid(self) -> int | None:
+        """The container's first process as this host numbers it (None: not running, or not readable): its tree
+        is the server's CPU, not another process's (tuner.load.host_contention)."""
+        try:
+            pid = self.state().get("Pid")
+        except Exception:  # the engine away: the host's figures go on without it
+            return None
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
     def exit_code(self) -> int | None:
         """None while it runs; its exit code once dead. A container the engine's restart killed (or removed) raises
         EngineGone: the trial is the environment's, not the flags' crash."""

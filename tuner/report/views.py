@@ -78,6 +78,8 @@ class TrialView:
     cost_usd_per_hour: float | None = None
     cost_usd_per_m_tokens: float | None = None
     cost_gpu_hours_per_m_tokens: float | None = None
+    # What the machine was doing during its load phase (tuner.load.contention.Contention as stored; None: not kept)
+    contention: Mapping[str, Any] | None = None
 
     @property
     def costed(self) -> bool:
@@ -122,9 +124,11 @@ class TrialView:
         if self.duplicate_of is not None and self.repeat_of is None:
             return f"duplicate of #{self.duplicate_of}"
         if self.measured:
+            # Figures the emulator could not keep its clock for understate the flags: said wherever the verdict is.
+            lagged = " (emulator lagged)" if self.contention and self.contention.get("lagged") is True else ""
             if self.feasible:
-                return "ok"
-            return "misses " + ", ".join(self.violated) if self.violated else "misses SLOs"
+                return "ok" + lagged
+            return ("misses " + ", ".join(self.violated) if self.violated else "misses SLOs") + lagged
         label = {
             "launch_failed": "launch failed",
             "crashed": "crashed",
@@ -132,7 +136,7 @@ class TrialView:
             "interrupted": "interrupted",
             "workload_invalid": "workload refused",
         }.get(self.outcome or "", (self.outcome or self.state).lower())
-        return f"{label}: {self.reason}" if self.reason else label
+        return f"{label}: {self.reason}" if self.reason and self.reason != self.outcome else label
 
     def as_dict(self) -> dict[str, Any]:
         """The trial as the CSV/JSON write it: flat, each figure under its stored name (`ttft_p95_s`)."""
@@ -192,7 +196,10 @@ class StudyView:
 
     @property
     def baseline(self) -> TrialView | None:
-        return next((t for t in self.trials if t.baseline), None)
+        """The baseline as the search measured it: an interrupted or refused start of it is not it, its run again
+        is (the first baseline trial where none measured)."""
+        own = [t for t in self.trials if t.baseline and t.repeat_of is None]
+        return next((t for t in own if t.measured), next(iter(own), None))
 
     @property
     def latency_metric(self) -> str:
@@ -365,6 +372,7 @@ def trial_view(trial: FrozenTrial, slos: Sequence[str] = ()) -> TrialView:
         latency_metric=r.latency_metric,
         started=trial.datetime_start,
         completed=trial.datetime_complete,
+        contention=r.contention,
         **_box_and_cost(r),
     )
 

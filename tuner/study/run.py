@@ -35,8 +35,10 @@ from tuner.study.confirm import (
     spent,
     summary_attr,
 )
+from tuner.study.contention import contention_lines
 from tuner.study.heartbeat import Heartbeat
 from tuner.study.journal import Journal, Kept, ResultKept, kept_from, store_kept
+from tuner.study.lag import stop_if_lagged
 from tuner.study.measure import Measure, measure_load
 from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler, sampler_name
@@ -260,8 +262,10 @@ class TuningRun:
                 continue
             # A trial the engine or a lost GPU interrupted is run again however often that happened; one a person
             # interrupted once (the callback refuses a second retry of a trial that was already a retry).
-            retry_trial(self.study, t, max_retry=None if record.reason in (ENGINE_GONE, GPU_LOST) else 1)
-            self.on_event(f"trial {t.number} was interrupted; it will be run again")
+            max_retry = None if record.reason in (ENGINE_GONE, GPU_LOST) else 1
+            retry_trial(self.study, t, max_retry=max_retry)
+            if max_retry is None or len(t.system_attrs.get("retry_history", ())) < max_retry:
+                self.on_event(f"trial {t.number} was interrupted; it will be run again")
 
     def _requeue_refused_baseline(self) -> None:
         """A baseline whose server refused the workload measured nothing: the next run (the job fixed) runs it."""
@@ -269,10 +273,16 @@ class TuningRun:
         records = [(t, TrialRecord.from_attrs(t.user_attrs)) for t in trials]
         if any(r.baseline and t.state != TrialState.FAIL for t, r in records):
             return
-        refused = [t for t, r in records if r.baseline and r.outcome == WORKLOAD_INVALID]
+        # Interrupted again after its retry, Optuna's retry refuses it: the baseline is run again all the same.
+        refused = [t for t, r in records if r.baseline and r.outcome in (WORKLOAD_INVALID, INTERRUPTED)]
         if refused:
             self.study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
-            self.on_event(f"trial {refused[-1].number}, the baseline, was refused by the server; it will run again")
+            why = (
+                "was interrupted"
+                if refused[-1].user_attrs.get("outcome") == INTERRUPTED
+                else "was refused by the server"
+            )
+            self.on_event(f"trial {refused[-1].number}, the baseline, {why}; it will run again")
 
     def _stopped_on(self, trial: optuna.Trial, error: WorkloadRejected) -> None:
         stopped = {"reason": WORKLOAD_INVALID, "message": str(error), "trial": trial.number}
@@ -396,6 +406,7 @@ class TuningRun:
         if self.study.user_attrs.get(STOPPED_ATTR) and trial.user_attrs.get("outcome") == MEASURED:
             self.study.set_user_attr(STOPPED_ATTR, None)  # the server reads the workload again
         self.on_trial_end(self.study._storage.get_trial(trial._trial_id))
+        stop_if_lagged(trial.number, trial.user_attrs, self.on_event)  # a machine that cannot hold the time_scale
 
     def _tell(self, trial: optuna.Trial, values: list[float]) -> None:
         """The trial's result told; if a worker that could reach the database while this one could not failed the
@@ -510,6 +521,7 @@ class TuningRun:
         count, seconds = spent(trials)
         c = Confirmation.of(trials, self.objective.slos, self._prior())
         lines = closing_lines(c, starts_spent=count, server_seconds=seconds, budget=self.job.budget.confirm)
+        lines += contention_lines(trials, c)
         self.study.set_user_attr(CONFIRM_ATTR, summary_attr(c, lines, starts_spent=count, server_seconds=seconds))
         return lines
 

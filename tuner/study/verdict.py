@@ -141,6 +141,8 @@ class Scorer:
             "attempts": result.attempts,
             "latency_metric": self.latency_metric,
         }
+        if m is not None and m.contention is not None:
+            verdict["contention"] = m.contention.model_dump(mode="json")
         if result.outcome == MEASURED and summary is not None:
             verdict.update(_figures(summary))
             verdict["request_rate"] = m.rate if m is not None else None
