@@ -9,6 +9,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -30,6 +31,7 @@ __all__ = [
     "best_text",
     "console",
     "count_done",
+    "fit_console_to_output",
     "front_line",
     "pareto_table",
     "search_trace_rate",
@@ -38,6 +40,20 @@ __all__ = [
 ]
 
 console = Console(highlight=False)
+
+# A log file's width: wide enough that no table of the study's is folded to fit.
+LOG_WIDTH = 1000
+
+
+def fit_console_to_output() -> bool:
+    """A terminal keeps its width and Rich's bar; stdout a file or a pipe (`nohup tuner tune ... > night.log`)
+    never wraps a line, so that `grep` finds a trial's record whole. True when stdout is a terminal."""
+    if console.is_terminal:
+        return True
+    console.soft_wrap = True
+    columns = os.environ.get("COLUMNS", "")
+    console.width = int(columns) if columns.isdigit() else LOG_WIDTH
+    return False
 
 
 def short_flags(flags: dict[str, Any]) -> str:

@@ -18,11 +18,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tuner.box import replica_arrival, replicas
 from tuner.cli import app
 from tuner.cli.cost_lines import cost_box_text, directions_text
+from tuner.cli.progress_lines import PlainProgress
 from tuner.cli.trial_lines import (
     TextLog,
     best_text,
     console,
     count_done,
+    fit_console_to_output,
     front_line,
     pareto_table,
     search_trace_rate,
@@ -46,7 +48,10 @@ db_app = typer.Typer(
 app.add_typer(db_app)
 
 
-def make_progress() -> Progress:
+def make_progress() -> Progress | PlainProgress:
+    """Rich's bar on a terminal; a plain line a finished trial (and every few minutes) in a file or a pipe."""
+    if not fit_console_to_output():
+        return PlainProgress(console)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -223,6 +228,7 @@ def tune(
     ] = "1",
 ) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    fit_console_to_output()
     job = load_job(job_file)
     if n_trials is not None:
         job = job.model_copy(update={"budget": job.budget.model_copy(update={"n_trials": n_trials})})
@@ -281,7 +287,7 @@ def run(
     state: dict[str, Any] = {"task": None, "run": None}
 
     def say(line: str) -> None:
-        progress.console.print(line)
+        progress.console.print(line, markup=False)  # a record's `[same flags as #2]` is text, not a style
         log(line)
 
     def on_start(number: int) -> None:
