@@ -9,9 +9,9 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import run_main
 from study_fakes import JOB, FakeLauncher, fake_measure
 
+from tests.conftest import run_main
 from tuner.cli.progress_lines import PlainProgress, clock_text
 from tuner.cli.trial_lines import trial_line
 from tuner.report.storage import opened_study

@@ -81,3 +81,15 @@ def main() -> None:
     except TunerError as e:
         err_console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)
         sys.exit(1)
+    except ModuleNotFoundError as e:
+        # An extra a command did not check for ahead: still one line naming what to install.
+        from tuner.cli.extras import extra_for_module
+
+        extra = extra_for_module(e.name or "")
+        if extra is None:
+            raise
+        err_console.print(
+            f"[bold red]error:[/bold red] {e.name} is not installed ({extra.purpose}): {escape(extra.install)}",
+            highlight=False,
+        )
+        sys.exit(2)

@@ -16,10 +16,10 @@ from tuner.calibration.probe import decode_unseen, default_points, probe_points
 from tuner.calibration.trials import read_trials
 from tuner.catalog import ModelProfile, get_gpu, load_model
 from tuner.cli import app, err_console
-from tuner.cli.common import target_url
+from tuner.cli.common import storage_url, target_url
 from tuner.errors import ConfigError, TunerError
 from tuner.flags import VllmFlags
-from tuner.report.storage import job_study_name, opened_study, resolve_storage, sole_study
+from tuner.report.storage import job_study_name, opened_study, sole_study
 from tuner.step_profile import StepProfile
 from tuner.store import safe_url
 
@@ -209,7 +209,7 @@ def _from_study(
     device: str | None,
     config: ModelProfile | None,
 ) -> None:
-    url = resolve_storage(storage, job)
+    url = storage_url(storage, job)
     name = study or (job_study_name(job) if job is not None else sole_study(url))
     with opened_study(url, name) as opened:
         trials = read_trials(opened, url, device=get_gpu(device) if device else None, model=config)

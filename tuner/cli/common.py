@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tuner.cli.extras import need_storage_driver
 from tuner.config import Job, load_job, parse_job
 from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.flags import VllmFlags
@@ -50,6 +51,7 @@ __all__ = [
     "quiet_optuna",
     "request_records",
     "show_front",
+    "storage_url",
     "stored_job",
     "target_url",
     "trial_detail",
@@ -89,11 +91,19 @@ def quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+def storage_url(storage: str | None, job: Path | None) -> str:
+    """The storage a command reads (--storage, the --job file's, $TUNER_STORAGE_URL, ./tuner.db), its database
+    driver checked: a missing one is the one line naming the extra, not Optuna's import error."""
+    url = resolve_storage(storage, job)
+    need_storage_driver(url)
+    return url
+
+
 @contextlib.contextmanager
 def opened(study: str | None, storage: str | None, job: Path | None) -> Iterator[tuple[str, optuna.Study]]:
     """The study named (or the --job file's, or the storage's only one), open while the block runs."""
     quiet_optuna()
-    url = resolve_storage(storage, job)
+    url = storage_url(storage, job)
     if study is None:
         study = job_study_name(job) if job is not None else sole_study(url)
     with opened_study(url, study) as s:

@@ -20,6 +20,7 @@ from tuner.cli.common import (
     print_json,
     show_front,
 )
+from tuner.cli.extras import need_plot_extras
 from tuner.errors import TunerError
 from tuner.report import choose, pareto_front, study_view, write_html, write_png
 from tuner.report.cost_front import box_tok_s, cost_front, cost_front_table, cost_scatter, need_price
@@ -62,6 +63,7 @@ def pareto_cmd(
 
     Example: [bold]tuner pareto night --html front.html --png front.png[/bold]; [bold]tuner pareto night --cost[/bold]
     """
+    need_plot_extras(html, png)
     with opened(study, storage, job) as (url, s):
         view = study_view(s)
         need_trials(view, url)

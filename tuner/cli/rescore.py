@@ -21,6 +21,7 @@ from tuner.cli.common import (
     print_json,
     show_front,
 )
+from tuner.cli.extras import need_plot_extras
 from tuner.errors import ConfigError, StorageError
 from tuner.report import RescoredTrial, StudyView, choose, rescore, write_html, write_png
 from tuner.report.tables import fmt, front_doc
@@ -58,6 +59,7 @@ def rescore_cmd(
     if not slo:
         raise ConfigError("give at least one --slo, e.g. --slo 'e2e_p95<=3s'")
     slos = [parse_slo(s) for s in slo]
+    need_plot_extras(html, png)
     url, view = open_view(study, storage, job)
     store = open_store(url)
     missing = StorageError(

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tuner.box import replica_arrival, replicas
 from tuner.cli import app
 from tuner.cli.cost_lines import cost_box_text, directions_text
+from tuner.cli.extras import need_job_extras, need_storage_driver
 from tuner.cli.progress_lines import PlainProgress
 from tuner.cli.trial_lines import (
     TextLog,
@@ -233,6 +234,7 @@ def tune(
     if n_trials is not None:
         job = job.model_copy(update={"budget": job.budget.model_copy(update={"n_trials": n_trials})})
     url = storage or job.storage_url()
+    need_job_extras(job, url)  # the dry run too: a job it calls valid runs
     if not (dry_run_ or check) and job.arrival.trace is not None and (note := job.arrival.load_trace().note):
         console.print(f"note: {note}", markup=False)
     from tuner.study.parallel import worker_count
@@ -368,6 +370,7 @@ def db_upgrade(
         url = load_job(job_file).storage_url()
     else:
         raise ConfigError("tuner db upgrade: give --storage URL or --job JOB.yaml")
+    need_storage_driver(url)
     engine = make_engine(url)
     try:
         revision = upgrade(engine)
