@@ -1,5 +1,6 @@
-"""What the commands share: the study options (--storage, --job, STUDY, --json, --wide), opening a study, the
-trial a command acts on, the front as the morning commands print it, and the server root from --url."""
+"""What the commands share: the study options (--storage, --job, STUDY, --json, --wide: declared in options.py,
+named here too), opening a study, the trial a command acts on, the front as the morning commands print it, and the
+server root from --url."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import optuna
 import typer
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tuner.cli.extras import need_storage_driver
+from tuner.cli.options import JobOpt, JsonOpt, StorageOpt, StudyArg, WideOpt
 from tuner.config import Job, load_job, parse_job
 from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.flags import VllmFlags
@@ -56,29 +58,7 @@ __all__ = [
     "target_url",
     "trial_detail",
     "trial_flags",
-]
-
-StorageOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--storage",
-        envvar=["TUNER_STORAGE_URL", "TUNER_STORAGE"],
-        help="Study storage URL (sqlite:///night.db, postgresql+psycopg://...). Default: the --job file's, "
-        "else $TUNER_STORAGE_URL, else sqlite:///tuner.db.",
-        show_default=False,
-    ),
-]
-JobOpt = Annotated[
-    Path | None,
-    typer.Option("--job", help="A job file: its storage (and study name, when STUDY is left out).", show_default=False),
-]
-StudyArg = Annotated[
-    str | None,
-    typer.Argument(help="Study name (default: the --job file's, else the storage's only study).", show_default=False),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-WideOpt = Annotated[
-    bool, typer.Option("--wide", help="Every column, the flags in the table (the default fits 80 columns).")
+    "write_output",
 ]
 
 
@@ -219,6 +199,18 @@ def show_front(
         winner = choose(front, "throughput")
         hint = f"export it: tuner export {shlex.quote(view.name)} --trial {winner.number} --format docker"
         con.print(hint, markup=False, highlight=False)
+
+
+def write_output(text: str, output: Path | None, what: str) -> None:
+    """A command's text to stdout, or to --output FILE with a line on stderr saying what was written."""
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text)
+    except OSError as e:
+        raise TunerError(f"cannot write {output}: {e.strerror or e}") from None
+    typer.echo(f"wrote {output} ({what})", err=True)
 
 
 def target_url(url: str) -> str:
