@@ -110,3 +110,19 @@ def test_before_any_trial_ends_the_eta_is_unknown(capsys: pytest.CaptureFixture[
 
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_the_closing_lines_say_the_baseline_is_not_separable_once() -> None:
+    from tuner.cli.trial_lines import closing_once
+
+    headline = (
+        "#4 and the baseline are not separable (+2.1% ± 3.0%; 95% CI -1..+5%, 3 starts each): the gain is within "
+        "the noise"
+    )
+    again = "#4 and the baseline (#0) are not separable (+2.1% ± 3.0%): either will do"
+    other = "#4 and #7 are not separable (+0.5% ± 2.0%): either will do"
+    noise = "between starts the same flags moved 1.2% in tok/s (4 repeats)"
+    assert closing_once([headline, again, other, noise]) == [headline, other, noise]
+    # Where the headline says the leader beats the baseline, a contender line is the only one to say it.
+    beats = "#4 beats the baseline by +12% (95% CI +8..+16%, 3 starts each)"
+    assert closing_once([beats, other, noise]) == [beats, other, noise]

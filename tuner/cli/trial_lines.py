@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -29,6 +30,7 @@ from tuner.scoring import OBJECTIVE_FALLBACK
 __all__ = [
     "TextLog",
     "best_text",
+    "closing_once",
     "console",
     "count_done",
     "fit_console_to_output",
@@ -242,3 +244,16 @@ def front_line(study: optuna.Study) -> str:
     """The study log's last line: the front's trial numbers, for a script reading the log."""
     numbers = [t.number for t in study.best_trials]
     return f"the front's trials (Optuna's best_trials, starts again included): {json.dumps(numbers)}"
+
+
+# The headline says the leader and the baseline are within the noise of each other, with its interval; the list of
+# flag sets that cannot be told from the leader then named the baseline again, in other words.
+_BASELINE_HEADLINE = " and the baseline are not separable"
+_BASELINE_AGAIN = re.compile(r" and the baseline \(#\d+\) are not separable")
+
+
+def closing_once(lines: list[str]) -> list[str]:
+    """The study's closing lines with each thing said once: the baseline's `not separable` in the headline only."""
+    if not any(_BASELINE_HEADLINE in line for line in lines):
+        return lines
+    return [line for line in lines if not _BASELINE_AGAIN.search(line)]

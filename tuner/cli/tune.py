@@ -23,6 +23,7 @@ from tuner.cli.progress_lines import PlainProgress
 from tuner.cli.trial_lines import (
     TextLog,
     best_text,
+    closing_once,
     console,
     count_done,
     fit_console_to_output,
@@ -330,7 +331,7 @@ def run(
             f"{report.confirmation_starts} confirmation starts (budget.confirm)"
         )
         console.print(pareto_table(tuning.study))
-        for line in report.closing:  # how sure the result is: the confirmation's verdict
+        for line in closing_once(report.closing):  # how sure the result is: the confirmation's verdict
             say(line)
         log(front_line(tuning.study))
     except KeyboardInterrupt:

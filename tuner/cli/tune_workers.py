@@ -15,6 +15,7 @@ from tuner.cli.progress_lines import PlainProgress
 from tuner.cli.trial_lines import (
     TextLog,
     best_text,
+    closing_once,
     console,
     count_done,
     fit_console_to_output,
@@ -141,7 +142,7 @@ def run_workers(
             "answered from their first trial (not counted in the budget)"
         )
         console.print(pareto_table(parent.study))
-        for line in parent.closing():  # how sure the result is, from every worker's starts
+        for line in closing_once(parent.closing()):  # how sure the result is, from every worker's starts
             say(line)
         log(front_line(parent.study))
     except KeyboardInterrupt:
