@@ -25,10 +25,12 @@ from tuner.report.views import trial_view
         ("predicted", False, "no"),
         ("kv_tokens", 19970, "19,970"),
         ("kv_tokens_measured", 19970.0, "19,970"),
-        ("weights_gib", 19970.5, "19,970.5"),
+        ("generation_tokens", 19970.5, "19,970.5"),
         ("kv_usage_max", 0.9861, "98.6%"),
         ("prefix_cache_hit_rate", 0.5, "50.0%"),
         ("startup_s", 31.25, "31.25 s"),
+        ("startup_seconds", 1.946, "1.946 s"),
+        ("weights_gib", 14.99, "14.99 GiB"),
         ("preemptions", 12.0, "12"),
         ("ratio", 0.123456, "0.1235"),
         ("shape", {"a": 1}, '{"a": 1}'),
@@ -76,3 +78,16 @@ def test_the_tok_s_column_has_one_precision() -> None:
     assert cells == {1: "341.2 ± 9.2", 2: "193.4 ± 1.1", 3: "120.0"}
     # The interval of a single row keeps its own rounding, the rest of the column follows it.
     assert tok_s_column([with_ci, bare]) == {1: "341 ± 9", 3: "120"}
+
+
+def test_the_flags_table_says_on_off_and_unset() -> None:
+    from tuner.report.tables import flags_table
+    from tuner.report.views import StudyView
+
+    study = StudyView(name="s", attrs={"gpu": "l4", "model": "llama-3.1-8b"}, trials=[])
+    con = Console(width=120, record=True)
+    con.print(flags_table(study, {"max_num_seqs": 48, "enforce_eager": True}))
+    text = con.export_text()
+    assert "on" in text.split("--enforce-eager")[1].splitlines()[0]
+    assert "on (default)" in text and "off (default)" in text
+    assert not any(raw in text for raw in ("True", "False", "None"))

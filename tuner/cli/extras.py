@@ -62,7 +62,8 @@ def need_extra(name: str, what: str) -> None:
     extra = EXTRAS[name]
     missing = [m for m in extra.modules if not installed(m)]
     if missing:
-        raise ConfigError(f"{what} needs {' and '.join(missing)}, which is not installed: {extra.install}")
+        verb = "is" if len(missing) == 1 else "are"
+        raise ConfigError(f"{what} needs {' and '.join(missing)}, which {verb} not installed: {extra.install}")
 
 
 def extra_for_module(module: str) -> Extra | None:

@@ -157,6 +157,10 @@ def _print_server(con: Console, t: TrialView, detail: Any, log_lines: int) -> No
 _SHARE_WORDS = ("usage", "utilization", "hit_rate", "share", "fraction")
 
 
+# A key's unit, from how its name ends.
+_UNITS = (("_s", " s"), ("_seconds", " s"), ("_gib", " GiB"))
+
+
 def value_text(key: str, value: Any) -> str:
     """A stored value as a person reads it: — for none, yes/no, thousands separated, a share as a percentage,
     seconds with their unit; never Python's `None`, `True` or `1.997e+04`."""
@@ -164,12 +168,12 @@ def value_text(key: str, value: Any) -> str:
         return "—"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    unit = next((u for end, u in _UNITS if key.endswith(end)), "")
     if isinstance(value, int):
-        return f"{value:,}"
+        return f"{value:,}{unit}"
     if isinstance(value, float):
         if any(word in key for word in _SHARE_WORDS) and 0 <= value <= 1:
             return f"{value:.1%}"
-        unit = " s" if key.endswith("_s") else ""
         if value.is_integer() and abs(value) < 1e15:
             return f"{value:,.0f}{unit}"
         return (f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}") + unit

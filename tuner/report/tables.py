@@ -238,10 +238,19 @@ def flags_table(view: StudyView, flags: dict[str, Any]) -> Table:
         given = flags.get(name)
         table.add_row(
             "--" + name.replace("_", "-"),
-            "—" if given is None else escape(str(given)),
-            escape(str(resolved.get(name, given))) + ("" if name in flags else " (default)"),
+            _flag_text(given),
+            _flag_text(resolved.get(name, given)) + ("" if name in flags else " (default)"),
         )
     return table
+
+
+def _flag_text(value: Any) -> str:
+    """A flag's value as the flag lines write a switch (`prefix=off`): on/off, — for unset, not True/None."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return escape(str(value))
 
 
 def _good_share(summary: dict[str, Any]) -> str:
