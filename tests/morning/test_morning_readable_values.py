@@ -13,7 +13,7 @@ from optuna.trial import create_trial
 from rich.console import Console
 
 from tuner.cli.show import box_line, facts_table, value_text
-from tuner.cli.trials import tok_s_column
+from tuner.report.tables import tok_s_column
 from tuner.report.views import trial_view
 
 

@@ -16,10 +16,9 @@ from tuner.cli import app
 from tuner.cli.common import console_for_output, open_view, print_json
 from tuner.cli.options import JobOpt, JsonOpt, StorageOpt, StudyArg, WideOpt
 from tuner.errors import ConfigError
-from tuner.intervals import format_with_ci
 from tuner.record import OUTCOMES
 from tuner.report import StudyView, TrialView
-from tuner.report.tables import flag_lines, flags_text, fmt, gpus_text
+from tuner.report.tables import flag_lines, flags_text, fmt, gpus_text, tok_s_column
 from tuner.report.views import first_label
 from tuner.scoring import METRICS, figures
 
@@ -195,28 +194,3 @@ def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Tabl
         }
         table.add_row(*(cells[c] for c in cols))
     return table
-
-
-def tok_s_column(rows: list[TrialView]) -> dict[int, str]:
-    """Each row's tok/s at one precision for the whole column (`341.0 ± 9.0` beside `193.4`, not `341 ± 9`): the
-    finest any row's interval asks for (its half width to one significant digit, two when it starts with a 1), else
-    one decimal."""
-    places = max((_places(t.throughput_ci) for t in rows if t.measured and t.throughput_ci), default=1)
-    cells = {}
-    for t in rows:
-        value = t.throughput if t.measured else t.output_tok_s
-        if value is None:
-            cells[t.number] = "—"
-            continue
-        text = f"{value:,.{places}f}"
-        if t.measured and t.throughput_ci:
-            half = (t.throughput_ci[2] - t.throughput_ci[1]) / 2
-            text += f" ± {half:,.{places}f}" if half > 0 else ""
-        cells[t.number] = text
-    return cells
-
-
-def _places(ci: tuple[float, float, float]) -> int:
-    """The decimals `format_with_ci` gives this interval, read from its text (one rule, kept there)."""
-    figure = format_with_ci(*ci, "").split(" ± ")[0]
-    return len(figure.partition(".")[2])
