@@ -119,3 +119,14 @@ def test_the_dry_run_of_the_demo_job_reads_one_line_per_thing_in_80_columns() ->
     assert any(line.startswith("  max_num_seqs: one of 16, 32") for line in lines)
     too_long = [line for line in lines if len(line) > 80 and not line.startswith("storage:")]
     assert not too_long, f"the dry run runs past 80 columns: {too_long}"
+
+
+@pytest.mark.parametrize("path", TYPER_COMMANDS, ids=lambda path: " ".join(path) or "tuner")
+def test_a_switch_shows_no_value(path: list[str]) -> None:
+    """`--dry-run` takes no value: its row names no type, as `--storage <str>`'s does."""
+    text = render([*path, "--help"], 120)
+    assert "<bool>" not in text
+    if path == ["tune"]:
+        row = next(line for line in text.splitlines() if line.startswith("│ --dry-run"))
+        assert re.search(r"--dry-run\s+check the job", row), row
+        assert re.search(r"--storage\s+<str>", text)

@@ -1,6 +1,7 @@
 """The code's shape in lines: a function over LONG_FUNCTION_LINES lines outside the CLI is rare (at most
 MAX_LONG_FUNCTIONS) and says why it is one piece in a `# one piece:` comment beside its `def` (CONTRIBUTING.md).
-The CLI's command functions are left to the CLI's own split."""
+A command function (tuner/cli) is never over LONG_FUNCTION_LINES, its signature included: its options are Annotated
+aliases (tuner/cli/options.py for those several commands share) and its work a function it calls."""
 
 from __future__ import annotations
 
@@ -99,3 +100,42 @@ def test_the_reason_is_read_beside_the_def_line_only(tmp_path: Path) -> None:
     )
     reasons = {f.name: f.reason for f in long_functions(tmp_path)}
     assert reasons == {"before": "# one piece: a table", "after": "# one piece: a parser", "apart": None}
+
+
+def long_commands(root: Path, limit: int = LONG_FUNCTION_LINES) -> list[LongFunction]:
+    """Every command function (decorated `@<app>.command(...)`) under `root`'s `cli` package longer than `limit`
+    lines, its signature included: a command parses its options and calls a function that does the work."""
+    found: list[LongFunction] = []
+    for path in sorted((root / "cli").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or not any(
+                _is_command(d) for d in node.decorator_list
+            ):
+                continue
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > limit:
+                found.append(LongFunction(path.relative_to(root).as_posix(), node.name, node.lineno, length, None))
+    return sorted(found, key=lambda f: -f.lines)
+
+
+def _is_command(decorator: ast.expr) -> bool:
+    call = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return isinstance(call, ast.Attribute) and call.attr == "command"
+
+
+def test_no_command_function_is_long() -> None:
+    long = long_commands(ROOT)
+    assert not long, (
+        f"a command function over {LONG_FUNCTION_LINES} lines: declare its options as Annotated aliases "
+        "(tuner/cli/options.py for shared ones) and move its work into a function it calls\n"
+        + "\n".join(map(str, long))
+    )
+
+
+def test_the_command_count_sees_decorated_commands_only(tmp_path: Path) -> None:
+    _write(
+        tmp_path, "cli/a.py", "@app.command('a')\n" + _function("a_cmd", 60) + "\n@app.command\n" + _function("b", 70)
+    )
+    _write(tmp_path, "cli/b.py", _function("helper", 100) + "\n@db_app.command('up')\n" + _function("up", 59))
+    found = {(f.path, f.name, f.lines) for f in long_commands(tmp_path)}
+    assert found == {("cli/a.py", "a_cmd", 61), ("cli/a.py", "b", 71)}

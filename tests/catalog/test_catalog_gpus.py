@@ -4,6 +4,7 @@ runner), an unknown name that is this machine's GPU, and a GPU given by its figu
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -199,3 +200,12 @@ def test_rocm_smi_json_when_amd_smi_is_missing() -> None:
     assert len(devices) == 1 and devices[0].name == "AMD Instinct MI300X"
     assert devices[0].total_gib == pytest.approx(191.98, abs=0.01)
     assert amd_devices(lambda argv: None) == []
+
+
+def test_a_mistyped_gpu_name_gets_the_closest_catalog_name() -> None:
+    none = lambda: []  # noqa: E731
+    for typed, meant in (("h100-80g", "h100-80gb"), ("a100-40", "a100-40gb"), ("L40", "l40s"), ("rtx-4090", "rtx4090")):
+        with pytest.raises(CatalogError, match=re.escape(f"unknown GPU {typed!r} (did you mean {meant}?); known GPUs")):
+            resolve_gpu(typed, probe=none)
+    with pytest.raises(CatalogError, match=re.escape("unknown GPU 'v100'; known GPUs")):  # a V100 is no H100
+        resolve_gpu("v100", probe=none)

@@ -300,6 +300,8 @@ def test_auto_is_the_gpus_over_the_largest_trial() -> None:
          "most 2 trials of 2 GPUs at once; give 1 to 2, or auto"),
         ("auto", {"choices": [1, 8]}, GPUS, "a trial of the space needs up to 8 GPUs"),
         ("2", None, (), "--parallel 2: no GPU found on this machine"),
+        ("2", None, (), "name the GPUs to use in CUDA_VISIBLE_DEVICES (e.g. CUDA_VISIBLE_DEVICES=0,1), or give "
+         "--parallel 1"),
     ],
 )  # fmt: skip
 def test_more_workers_than_the_gpus_hold_is_one_clear_line(

@@ -11,6 +11,7 @@ GPU that is in the machine, or the figures themselves ({name, memory_gib, bandwi
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -357,9 +358,16 @@ def resolve_gpu(spec: str | Mapping[str, Any], probe: DeviceProbe = machine_devi
         return from_devices(here, label=key)
     seen = f"; this machine has {devices[0].name}" if devices else ""
     raise CatalogError(
-        f"unknown GPU {spec!r}{seen}; {_known_list()}; or give its figures {{name, memory_gib, bandwidth_gbps, "
-        "bf16_tflops}"
+        f"unknown GPU {spec!r}{_did_you_mean(key)}{seen}; {_known_list()}; or give its figures {{name, memory_gib, "
+        "bandwidth_gbps, bf16_tflops}"
     )
+
+
+def _did_you_mean(key: str) -> str:
+    """The catalog name closest to a mistyped one (`h100-80g`, `a100-40`), through its aliases too."""
+    names = {**{k: k for k in GPUS}, **_ALIASES}
+    close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.8)  # v100 is not an h100
+    return f" (did you mean {names[close[0]]}?)" if close else ""
 
 
 def get_gpu(name: str) -> GpuProfile:

@@ -8,10 +8,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperOption
 
 from tuner.errors import ConfigError, TunerError
 
@@ -25,6 +27,15 @@ app = typer.Typer(
 )
 
 err_console = Console(stderr=True, soft_wrap=True)  # a domain error stays one line, however long
+
+
+def _switch_type(self: TyperOption, ctx: Any) -> str | None:
+    """A switch takes no value: Typer 0.29's help printed `--dry-run <bool>`, as if it took one."""
+    return None if self.is_flag else _value_type(self, ctx)
+
+
+_value_type = TyperOption.display_type_rich
+TyperOption.display_type_rich = _switch_type  # type: ignore[method-assign]
 
 # Each module registers its command on `app` when imported; one module a command (tune's holds `schema` and `db`
 # too). The order is `tuner --help`'s: the morning commands in the order a reader uses them.
@@ -81,3 +92,15 @@ def main() -> None:
     except TunerError as e:
         err_console.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False)
         sys.exit(1)
+    except ModuleNotFoundError as e:
+        # An extra a command did not check for ahead: still one line naming what to install.
+        from tuner.cli.extras import extra_for_module
+
+        extra = extra_for_module(e.name or "")
+        if extra is None:
+            raise
+        err_console.print(
+            f"[bold red]error:[/bold red] {e.name} is not installed ({extra.purpose}): {escape(extra.install)}",
+            highlight=False,
+        )
+        sys.exit(2)

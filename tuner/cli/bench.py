@@ -41,7 +41,7 @@ from tuner.load.prompt_fit import PromptFit, fit_prompts
 from tuner.load.runner import new_client
 from tuner.scoring import LoadSummary, Percentiles, Slo, latency_metrics, parse_slo
 
-__all__ = ["bench", "parse_length"]
+__all__ = ["BenchOptions", "bench", "bench_plan", "parse_length"]
 
 console = Console()
 err_console = Console(stderr=True)
@@ -119,6 +119,86 @@ class _ProgressLine:
         )  # fmt: skip
 
 
+# `tuner bench`'s options: one alias each, named for its parameter (Typer names an option without a flag name
+# after the parameter: `input_len` is --input-len).
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(help="Server root or OpenAI base URL, e.g. http://localhost:8000. Default: start the emulator."),
+]
+ModelOpt = Annotated[str | None, typer.Option(help="Served model name. Default: the first of the server's /v1/models.")]
+ConcurrencyOpt = Annotated[
+    int | None,
+    typer.Option(help="Closed loop: this many users, each sending when its last reply ends (default 16)."),
+]
+RateOpt = Annotated[float | None, typer.Option(help="Open loop: requests per second.")]
+RequestsOpt = Annotated[int | None, typer.Option(help="Measured requests (default 200 unless --duration).")]
+DurationOpt = Annotated[float | None, typer.Option(help="Measured seconds (emulated seconds on an emulator).")]
+WarmupOpt = Annotated[int, typer.Option(help="Warm-up requests sent first and left out of the figures.")]
+InputLenOpt = Annotated[
+    str,
+    typer.Option(
+        help="Prompt tokens as the server counts them (chat: its template included): 512, or a range 100-500."
+    ),
+]
+OutputLenOpt = Annotated[str, typer.Option(help="Output tokens (max_tokens + ignore_eos): 512 or 64-256.")]
+DatasetOpt = Annotated[
+    Path | None, typer.Option(help="JSONL of {'prompt', 'output_len'} or a ShareGPT JSON file (text prompts).")
+]
+ApiOpt = Annotated[
+    str,
+    typer.Option(
+        help="completions (token-id prompts) or chat (text messages). Either way the prompts are written "
+        "to the server's tokenizer (its /tokenize), so their lengths are exact; without /tokenize they are not "
+        "checked, and the run says so."
+    ),
+]
+PrefixLenOpt = Annotated[int, typer.Option(help="Prompt tokens shared by every request (prefix caching).")]
+SeedOpt = Annotated[int, typer.Option(help="Seed of prompts, lengths and arrivals.")]
+ProcessOpt = Annotated[str, typer.Option(help="Open-loop arrivals: poisson or constant.")]
+BurstinessOpt = Annotated[float, typer.Option(help="Gamma shape of arrival gaps: 1 Poisson, <1 burstier.")]
+MaxInFlightOpt = Annotated[int | None, typer.Option(help="Open loop: cap on requests in flight.")]
+SloOpt = Annotated[
+    list[str] | None,
+    typer.Option(help="An SLO, repeatable: 'e2e_p95<=5s', 'ttft_p95<=500ms', 'success_rate>=0.99'."),
+]
+FindMaxRateOpt = Annotated[
+    bool, typer.Option("--find-max-rate", help="Search the highest request rate that meets every --slo.")
+]
+MaxStepsOpt = Annotated[int, typer.Option(help="--find-max-rate: most open-loop steps after the probe.")]
+StopEarlyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--stop-early",
+        help="End the run once an --slo is missed for certain, e.g. at the 2nd failure of 100 requests under "
+        "success_rate>=0.99 (needs --requests).",
+    ),
+]
+TimeoutOpt = Annotated[float, typer.Option(help="Per-request timeout in (emulated) seconds.")]
+TimeScaleOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="The emulator's --time-scale, so figures read as on the real GPU (default: 1 with --url, "
+        "10 for the built-in emulator)."
+    ),
+]
+JsonOutOpt = Annotated[Path | None, typer.Option("--json", help="Write the full result (every request) here.")]
+ServerMetricsOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Scrape the server's /metrics during the run (once a second) to name the bottleneck; only the "
+        "families read are asked for, about 1.5 ms of vLLM's API-process CPU a scrape. Turn it off to measure a "
+        "CPU-starved server untouched (a single run: --find-max-rate always scrapes)."
+    ),
+]
+GpuOpt = Annotated[str, typer.Option(help="Emulator only: GPU profile.")]
+ModelProfileOpt = Annotated[str, typer.Option(help="Emulator only: model profile or config.json dir.")]
+MaxModelLenOpt = Annotated[str, typer.Option(help="Emulator only: --max-model-len.")]
+EmulatorArgOpt = Annotated[
+    list[str] | None,
+    typer.Option(help="Emulator only: one more vLLM flag, repeatable, e.g. --emulator-arg=--max-num-seqs=64."),
+]
+
+
 @app.command(
     "bench",
     help="Load-test an OpenAI-compatible server (or the built-in emulator) the way vLLM users measure it: "
@@ -131,142 +211,127 @@ class _ProgressLine:
     "Exit 1 when no request succeeded.",
 )
 def bench(
-    url: Annotated[
-        str | None,
-        typer.Option(help="Server root or OpenAI base URL, e.g. http://localhost:8000. Default: start the emulator."),
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option(help="Served model name. Default: the first of the server's /v1/models.")
-    ] = None,
-    concurrency: Annotated[
-        int | None,
-        typer.Option(help="Closed loop: this many users, each sending when its last reply ends (default 16)."),
-    ] = None,
-    rate: Annotated[float | None, typer.Option(help="Open loop: requests per second.")] = None,
-    requests: Annotated[int | None, typer.Option(help="Measured requests (default 200 unless --duration).")] = None,
-    duration: Annotated[float | None, typer.Option(help="Measured seconds (emulated seconds on an emulator).")] = None,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests sent first and left out of the figures.")] = 0,
-    input_len: Annotated[
-        str,
-        typer.Option(
-            help="Prompt tokens as the server counts them (chat: its template included): 512, or a range 100-500."
-        ),
-    ] = "512",
-    output_len: Annotated[str, typer.Option(help="Output tokens (max_tokens + ignore_eos): 512 or 64-256.")] = "128",
-    dataset: Annotated[
-        Path | None, typer.Option(help="JSONL of {'prompt', 'output_len'} or a ShareGPT JSON file (text prompts).")
-    ] = None,
-    api: Annotated[
-        str,
-        typer.Option(
-            help="completions (token-id prompts) or chat (text messages). Either way the prompts are written "
-            "to the server's tokenizer (its /tokenize), so their lengths are exact; without /tokenize they are not "
-            "checked, and the run says so."
-        ),
-    ] = "completions",
-    prefix_len: Annotated[int, typer.Option(help="Prompt tokens shared by every request (prefix caching).")] = 0,
-    seed: Annotated[int, typer.Option(help="Seed of prompts, lengths and arrivals.")] = 0,
-    process: Annotated[str, typer.Option(help="Open-loop arrivals: poisson or constant.")] = "poisson",
-    burstiness: Annotated[float, typer.Option(help="Gamma shape of arrival gaps: 1 Poisson, <1 burstier.")] = 1.0,
-    max_in_flight: Annotated[int | None, typer.Option(help="Open loop: cap on requests in flight.")] = None,
-    slo: Annotated[
-        list[str] | None,
-        typer.Option(help="An SLO, repeatable: 'e2e_p95<=5s', 'ttft_p95<=500ms', 'success_rate>=0.99'."),
-    ] = None,
-    find_max_rate_: Annotated[
-        bool, typer.Option("--find-max-rate", help="Search the highest request rate that meets every --slo.")
-    ] = False,
-    max_steps: Annotated[int, typer.Option(help="--find-max-rate: most open-loop steps after the probe.")] = 6,
-    stop_early: Annotated[
-        bool,
-        typer.Option(
-            "--stop-early",
-            help="End the run once an --slo is missed for certain, e.g. at the 2nd failure of 100 requests under "
-            "success_rate>=0.99 (needs --requests).",
-        ),
-    ] = False,
-    timeout: Annotated[float, typer.Option(help="Per-request timeout in (emulated) seconds.")] = 60.0,
-    time_scale: Annotated[
-        float | None,
-        typer.Option(
-            help="The emulator's --time-scale, so figures read as on the real GPU (default: 1 with --url, "
-            "10 for the built-in emulator)."
-        ),
-    ] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the full result (every request) here.")] = None,
-    server_metrics: Annotated[
-        bool,
-        typer.Option(
-            help="Scrape the server's /metrics during the run (once a second) to name the bottleneck; only the "
-            "families read are asked for, about 1.5 ms of vLLM's API-process CPU a scrape. Turn it off to measure a "
-            "CPU-starved server untouched (a single run: --find-max-rate always scrapes)."
-        ),
-    ] = True,
-    gpu: Annotated[str, typer.Option(help="Emulator only: GPU profile.")] = "h100-80gb",
-    model_profile: Annotated[
-        str, typer.Option(help="Emulator only: model profile or config.json dir.")
-    ] = "llama-3.1-8b",
-    max_model_len: Annotated[str, typer.Option(help="Emulator only: --max-model-len.")] = "8192",
-    emulator_arg: Annotated[
-        list[str] | None,
-        typer.Option(help="Emulator only: one more vLLM flag, repeatable, e.g. --emulator-arg=--max-num-seqs=64."),
-    ] = None,
+    url: UrlOpt = None,
+    model: ModelOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    rate: RateOpt = None,
+    requests: RequestsOpt = None,
+    duration: DurationOpt = None,
+    warmup: WarmupOpt = 0,
+    input_len: InputLenOpt = "512",
+    output_len: OutputLenOpt = "128",
+    dataset: DatasetOpt = None,
+    api: ApiOpt = "completions",
+    prefix_len: PrefixLenOpt = 0,
+    seed: SeedOpt = 0,
+    process: ProcessOpt = "poisson",
+    burstiness: BurstinessOpt = 1.0,
+    max_in_flight: MaxInFlightOpt = None,
+    slo: SloOpt = None,
+    find_max_rate_: FindMaxRateOpt = False,
+    max_steps: MaxStepsOpt = 6,
+    stop_early: StopEarlyOpt = False,
+    timeout: TimeoutOpt = 60.0,
+    time_scale: TimeScaleOpt = None,
+    json_out: JsonOutOpt = None,
+    server_metrics: ServerMetricsOpt = True,
+    gpu: GpuOpt = "h100-80gb",
+    model_profile: ModelProfileOpt = "llama-3.1-8b",
+    max_model_len: MaxModelLenOpt = "8192",
+    emulator_arg: EmulatorArgOpt = None,
 ) -> None:
-    if concurrency is not None and rate is not None:
+    plan = bench_plan(BenchOptions(**locals()))
+    try:
+        asyncio.run(_bench(plan))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        err_console.print("interrupted")
+        raise typer.Exit(130) from None
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """`tuner bench`'s command line, as given (None: left to the default the run picks)."""
+
+    url: str | None = None
+    model: str | None = None
+    concurrency: int | None = None
+    rate: float | None = None
+    requests: int | None = None
+    duration: float | None = None
+    warmup: int = 0
+    input_len: str = "512"
+    output_len: str = "128"
+    dataset: Path | None = None
+    api: str = "completions"
+    prefix_len: int = 0
+    seed: int = 0
+    process: str = "poisson"
+    burstiness: float = 1.0
+    max_in_flight: int | None = None
+    slo: list[str] | None = None
+    find_max_rate_: bool = False
+    max_steps: int = 6
+    stop_early: bool = False
+    timeout: float = 60.0
+    time_scale: float | None = None
+    json_out: Path | None = None
+    server_metrics: bool = True
+    gpu: str = "h100-80gb"
+    model_profile: str = "llama-3.1-8b"
+    max_model_len: str = "8192"
+    emulator_arg: list[str] | None = None
+
+
+def bench_plan(o: BenchOptions) -> _Plan:
+    """The run the options describe, every option checked first: a bad one is one line, before any load."""
+    if o.concurrency is not None and o.rate is not None:
         raise ConfigError("give --concurrency (closed loop) or --rate (open loop), not both")
-    if api not in ("completions", "chat"):
-        raise ConfigError(f"--api {api!r}: allowed are completions, chat")
-    if process not in ("poisson", "constant"):
-        raise ConfigError(f"--process {process!r}: allowed are poisson, constant")
-    if url is not None and emulator_arg:
+    if o.api not in ("completions", "chat"):
+        raise ConfigError(f"--api {o.api!r}: allowed are completions, chat")
+    if o.process not in ("poisson", "constant"):
+        raise ConfigError(f"--process {o.process!r}: allowed are poisson, constant")
+    if o.url is not None and o.emulator_arg:
         raise ConfigError("--emulator-arg applies only without --url (the built-in emulator)")
-    slos = [parse_slo(s) for s in slo or []]
-    if find_max_rate_ and not slos:
+    slos = [parse_slo(s) for s in o.slo or []]
+    if o.find_max_rate_ and not slos:
         raise ConfigError("--find-max-rate needs at least one --slo, e.g. --slo 'e2e_p95<=5s'")
-    if concurrency is None and rate is None:
-        concurrency = 16
-    if requests is None and duration is None:
-        requests = 200
-    scale = time_scale if time_scale is not None else (1.0 if url is not None else 10.0)
+    concurrency = 16 if o.concurrency is None and o.rate is None else o.concurrency
+    requests = 200 if o.requests is None and o.duration is None else o.requests
+    scale = o.time_scale if o.time_scale is not None else (1.0 if o.url is not None else 10.0)
     try:
         workload = Workload(
-            input_len=parse_length(input_len, "--input-len"),
-            output_len=parse_length(output_len, "--output-len"),
-            dataset=dataset,
-            api="chat" if api == "chat" else "completions",
-            prefix_len=prefix_len,
-            seed=seed,
+            input_len=parse_length(o.input_len, "--input-len"),
+            output_len=parse_length(o.output_len, "--output-len"),
+            dataset=o.dataset,
+            api="chat" if o.api == "chat" else "completions",
+            prefix_len=o.prefix_len,
+            seed=o.seed,
         )
         arrival = Arrival(
             concurrency=concurrency,
-            rate=rate,
-            process="constant" if process == "constant" else "poisson",
-            burstiness=burstiness,
-            max_in_flight=max_in_flight,
+            rate=o.rate,
+            process="constant" if o.process == "constant" else "poisson",
+            burstiness=o.burstiness,
+            max_in_flight=o.max_in_flight,
             requests=requests,
-            duration_s=duration,
-            warmup_requests=warmup,
-            seed=seed,
+            duration_s=o.duration,
+            warmup_requests=o.warmup,
+            seed=o.seed,
         )
         clock = Clock(scale)
     except ValueError as e:
         raise ConfigError(_validation_message(e)) from None
     workload.max_request_tokens()  # reads the dataset now: a bad file is a command-line error, before any load
     emulator_args = [
-        "--model", model_profile, "--gpu", gpu, "--max-model-len", max_model_len, "--time-scale", f"{scale:g}",
-        *(emulator_arg or []),
+        "--model", o.model_profile, "--gpu", o.gpu, "--max-model-len", o.max_model_len, "--time-scale", f"{scale:g}",
+        *(o.emulator_arg or []),
     ]  # fmt: skip
-    if url is None and model is not None:
-        emulator_args += ["--served-model-name", model]
-    try:
-        plan = _Plan(
-            url, model, workload, arrival, slos, clock, timeout, find_max_rate_, max_steps, json_out, emulator_args,
-            stop_early=stop_early, server_metrics=server_metrics,
-        )  # fmt: skip
-        asyncio.run(_bench(plan))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        err_console.print("interrupted")
-        raise typer.Exit(130) from None
+    if o.url is None and o.model is not None:
+        emulator_args += ["--served-model-name", o.model]
+    return _Plan(
+        o.url, o.model, workload, arrival, slos, clock, o.timeout, o.find_max_rate_, o.max_steps, o.json_out,
+        emulator_args, stop_early=o.stop_early, server_metrics=o.server_metrics,
+    )  # fmt: skip
 
 
 def _validation_message(e: ValueError) -> str:

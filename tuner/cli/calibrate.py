@@ -16,10 +16,10 @@ from tuner.calibration.probe import decode_unseen, default_points, probe_points
 from tuner.calibration.trials import read_trials
 from tuner.catalog import ModelProfile, get_gpu, load_model
 from tuner.cli import app, err_console
-from tuner.cli.common import target_url
+from tuner.cli.common import storage_url, target_url
 from tuner.errors import ConfigError, TunerError
 from tuner.flags import VllmFlags
-from tuner.report.storage import job_study_name, opened_study, resolve_storage, sole_study
+from tuner.report.storage import job_study_name, opened_study, sole_study
 from tuner.step_profile import StepProfile
 from tuner.store import safe_url
 
@@ -56,6 +56,51 @@ def _points(concurrency: str, input_len: str, output_len: int, rounds: int) -> l
     return default_points(cs, ns, output_len, rounds)
 
 
+# Not the study commands' --storage and --job: given, they choose the study source over a probe, so they read
+# no environment variable.
+StudyNameOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="fit the trials this study measured instead of probing (default with --storage or --job: the job "
+        "file's study, else the storage's only one)",
+        show_default=False,
+    ),
+]
+StudyStorageOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="the study's storage URL (sqlite:///night.db, postgresql+psycopg://...); default: the --job file's, "
+        "else $TUNER_STORAGE_URL, else sqlite:///tuner.db",
+        show_default=False,
+    ),
+]
+StudyJobOpt = Annotated[
+    Path | None, typer.Option(help="a job file: its storage, and its study when --study is left out")
+]
+DeviceOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="what the server runs on: cpu (vLLM's CPU build) or a catalog GPU (h100-80gb, ...); default: cpu "
+        "for a probe, the GPU the study ran on for --study",
+        show_default=False,
+    ),
+]
+ProbeModelOpt = Annotated[
+    str | None, typer.Option(help="probe: the served model name (default: the server's only one)")
+]
+ModelConfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="the model's config.json directory or hub id, when the server's `root` (a probe) or the study's "
+        "target.model is not readable here"
+    ),
+]
+MaxNumSeqsOpt = Annotated[int | None, typer.Option(help="probe: the server's --max-num-seqs, if not vLLM's default")]
+MaxNumBatchedTokensOpt = Annotated[
+    int | None, typer.Option(help="probe: the server's --max-num-batched-tokens, if not vLLM's default")
+]
+
+
 @app.command(
     "calibrate",
     help="Fit a device profile, the step-time coefficients (per step, per prompt token, per decoding sequence, per "
@@ -74,53 +119,18 @@ def calibrate(
     ctx: typer.Context,
     output: Annotated[Path, typer.Option("--output", "-o", help="the profile file to write (JSON)")],
     url: Annotated[str | None, typer.Option(help="the server to probe (http://host:port)", show_default=False)] = None,
-    study: Annotated[
-        str | None,
-        typer.Option(
-            help="fit the trials this study measured instead of probing (default with --storage or --job: the job "
-            "file's study, else the storage's only one)",
-            show_default=False,
-        ),
-    ] = None,
-    storage: Annotated[
-        str | None,
-        typer.Option(
-            help="the study's storage URL (sqlite:///night.db, postgresql+psycopg://...); default: the --job file's, "
-            "else $TUNER_STORAGE_URL, else sqlite:///tuner.db",
-            show_default=False,
-        ),
-    ] = None,
-    job: Annotated[
-        Path | None, typer.Option(help="a job file: its storage, and its study when --study is left out")
-    ] = None,
-    device: Annotated[
-        str | None,
-        typer.Option(
-            help="what the server runs on: cpu (vLLM's CPU build) or a catalog GPU (h100-80gb, ...); default: cpu "
-            "for a probe, the GPU the study ran on for --study",
-            show_default=False,
-        ),
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option(help="probe: the served model name (default: the server's only one)")
-    ] = None,
-    model_config: Annotated[
-        str | None,
-        typer.Option(
-            help="the model's config.json directory or hub id, when the server's `root` (a probe) or the study's "
-            "target.model is not readable here"
-        ),
-    ] = None,
+    study: StudyNameOpt = None,
+    storage: StudyStorageOpt = None,
+    job: StudyJobOpt = None,
+    device: DeviceOpt = None,
+    model: ProbeModelOpt = None,
+    model_config: ModelConfigOpt = None,
     concurrency: Annotated[str, typer.Option(help="probe: closed-loop concurrencies")] = "1,4,16",
     input_len: Annotated[str, typer.Option(help="probe: prompt lengths (tokens)")] = "128,512",
     output_len: Annotated[int, typer.Option(help="probe: output tokens of every request")] = 32,
     rounds: Annotated[int, typer.Option(help="probe: measured requests per point, in rounds of its concurrency")] = 4,
-    max_num_seqs: Annotated[
-        int | None, typer.Option(help="probe: the server's --max-num-seqs, if not vLLM's default")
-    ] = None,
-    max_num_batched_tokens: Annotated[
-        int | None, typer.Option(help="probe: the server's --max-num-batched-tokens, if not vLLM's default")
-    ] = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
 ) -> None:
     from_study = study is not None or storage is not None or job is not None
     if from_study and url is not None:
@@ -209,7 +219,7 @@ def _from_study(
     device: str | None,
     config: ModelProfile | None,
 ) -> None:
-    url = resolve_storage(storage, job)
+    url = storage_url(storage, job)
     name = study or (job_study_name(job) if job is not None else sole_study(url))
     with opened_study(url, name) as opened:
         trials = read_trials(opened, url, device=get_gpu(device) if device else None, model=config)

@@ -1,5 +1,6 @@
-"""What the commands share: the study options (--storage, --job, STUDY, --json, --wide), opening a study, the
-trial a command acts on, the front as the morning commands print it, and the server root from --url."""
+"""What the commands share: the study options (--storage, --job, STUDY, --json, --wide: declared in options.py,
+named here too), opening a study, the trial a command acts on, the front as the morning commands print it, and the
+server root from --url."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import optuna
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tuner.cli.extras import need_storage_driver
+from tuner.cli.options import JobOpt, JsonOpt, StorageOpt, StudyArg, WideOpt
 from tuner.config import Job, load_job, parse_job
 from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.flags import VllmFlags
@@ -52,33 +55,12 @@ __all__ = [
     "quiet_optuna",
     "request_records",
     "show_front",
+    "storage_url",
     "stored_job",
     "target_url",
     "trial_detail",
     "trial_flags",
-]
-
-StorageOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--storage",
-        envvar=["TUNER_STORAGE_URL", "TUNER_STORAGE"],
-        help="Study storage URL (sqlite:///night.db, postgresql+psycopg://...). Default: the --job file's, "
-        "else $TUNER_STORAGE_URL, else sqlite:///tuner.db.",
-        show_default=False,
-    ),
-]
-JobOpt = Annotated[
-    Path | None,
-    typer.Option("--job", help="A job file: its storage (and study name, when STUDY is left out).", show_default=False),
-]
-StudyArg = Annotated[
-    str | None,
-    typer.Argument(help="Study name (default: the --job file's, else the storage's only study).", show_default=False),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-WideOpt = Annotated[
-    bool, typer.Option("--wide", help="Every column, the flags in the table (the default fits 80 columns).")
+    "write_output",
 ]
 
 
@@ -91,11 +73,19 @@ def quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+def storage_url(storage: str | None, job: Path | None) -> str:
+    """The storage a command reads (--storage, the --job file's, $TUNER_STORAGE_URL, ./tuner.db), its database
+    driver checked: a missing one is the one line naming the extra, not Optuna's import error."""
+    url = resolve_storage(storage, job)
+    need_storage_driver(url)
+    return url
+
+
 @contextlib.contextmanager
 def opened(study: str | None, storage: str | None, job: Path | None) -> Iterator[tuple[str, optuna.Study]]:
     """The study named (or the --job file's, or the storage's only one), open while the block runs."""
     quiet_optuna()
-    url = resolve_storage(storage, job)
+    url = storage_url(storage, job)
     if study is None:
         study = job_study_name(job) if job is not None else sole_study(url)
     with opened_study(url, study) as s:
@@ -213,6 +203,18 @@ def show_front(
         winner = choose(front, "throughput")
         hint = f"export it: tuner export {shlex.quote(view.name)} --trial {winner.number} --format docker"
         con.print(hint, markup=False, highlight=False)
+
+
+def write_output(text: str, output: Path | None, what: str) -> None:
+    """A command's text to stdout, or to --output FILE with a line on stderr saying what was written."""
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text)
+    except OSError as e:
+        raise TunerError(f"cannot write {output}: {e.strerror or e}") from None
+    typer.echo(f"wrote {output} ({what})", err=True)
 
 
 def target_url(url: str) -> str:

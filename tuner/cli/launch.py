@@ -207,6 +207,45 @@ async def _serve_until_stopped(launcher: Launcher) -> int:
         return 1
 
 
+LauncherOpt = Annotated[
+    LauncherKind,
+    typer.Option("--launcher", "-l", help=", ".join(f"{k.name} ({k.help})" for k in LAUNCHERS.values())),
+]
+LaunchModelOpt = Annotated[
+    str | None,
+    typer.Option(help=f"model (default {EMULATOR_MODEL} for the emulator, {VLLM_MODEL} for vLLM)"),
+]
+LaunchGpuOpt = Annotated[
+    str,
+    typer.Option(
+        help="GPU profile the emulator imitates; with --launcher process, cpu says the server is vLLM's CPU "
+        "build (its cores can be planned: --cpu-affinity)"
+    ),
+]
+EnvOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--env",
+        help="name of an environment variable for the server, value never shown (docker: passed into the "
+        "container, default HF_TOKEN; process: it inherits the environment, these are masked in its log)",
+    ),
+]
+HfCacheOpt = Annotated[str, typer.Option(help="docker: Hugging Face cache mounted into the container")]
+CommandOpt = Annotated[
+    str | None, typer.Option(help="process: the command line; {model}, {host}, {port} are filled in")
+]
+StartupTimeoutOpt = Annotated[
+    float | None, typer.Option(help="wall seconds to wait for /health before killing the server")
+]
+CpuAffinityOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="process, vLLM's CPU build: off (the default), auto (its worker gets cores of its own, the API "
+        "server and engine core the rest), or WORKER:OTHERS cores, e.g. 1:0 or 2-7:0-1"
+    ),
+]
+
+
 @app.command(
     "launch",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
@@ -223,50 +262,19 @@ async def _serve_until_stopped(launcher: Launcher) -> int:
 )
 def launch(
     ctx: typer.Context,
-    launcher: Annotated[
-        LauncherKind,
-        typer.Option("--launcher", "-l", help=", ".join(f"{k.name} ({k.help})" for k in LAUNCHERS.values())),
-    ] = LauncherKind.emulator,  # type: ignore[attr-defined]
-    model: Annotated[
-        str | None,
-        typer.Option(help=f"model (default {EMULATOR_MODEL} for the emulator, {VLLM_MODEL} for vLLM)"),
-    ] = None,
-    gpu: Annotated[
-        str,
-        typer.Option(
-            help="GPU profile the emulator imitates; with --launcher process, cpu says the server is vLLM's CPU "
-            "build (its cores can be planned: --cpu-affinity)"
-        ),
-    ] = "h100-80gb",
+    launcher: LauncherOpt = LauncherKind.emulator,  # type: ignore[attr-defined]
+    model: LaunchModelOpt = None,
+    gpu: LaunchGpuOpt = "h100-80gb",
     time_scale: Annotated[float, typer.Option(help="emulator: run this many times faster than the GPU")] = 1.0,
     memory_in_use_gib: Annotated[float, typer.Option(help="emulator: GPU memory held by other processes")] = 0.0,
     image: Annotated[str, typer.Option(help="docker: the image (the emulator image is recognised)")] = DEFAULT_IMAGE,
     gpus: Annotated[str, typer.Option(help="docker: all, none, or device ids such as 0,1")] = "all",
-    env: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--env",
-            help="name of an environment variable for the server, value never shown (docker: passed into the "
-            "container, default HF_TOKEN; process: it inherits the environment, these are masked in its log)",
-        ),
-    ] = None,
+    env: EnvOpt = None,
     volume: Annotated[list[str] | None, typer.Option(help="docker: HOST_PATH:CONTAINER_PATH[:ro]")] = None,
-    hf_cache: Annotated[str, typer.Option(help="docker: Hugging Face cache mounted into the container")] = (
-        "~/.cache/huggingface"
-    ),
-    command: Annotated[
-        str | None, typer.Option(help="process: the command line; {model}, {host}, {port} are filled in")
-    ] = None,
-    startup_timeout: Annotated[
-        float | None, typer.Option(help="wall seconds to wait for /health before killing the server")
-    ] = None,
-    cpu_affinity: Annotated[
-        str | None,
-        typer.Option(
-            help="process, vLLM's CPU build: off (the default), auto (its worker gets cores of its own, the API "
-            "server and engine core the rest), or WORKER:OTHERS cores, e.g. 1:0 or 2-7:0-1"
-        ),
-    ] = None,
+    hf_cache: HfCacheOpt = "~/.cache/huggingface",
+    command: CommandOpt = None,
+    startup_timeout: StartupTimeoutOpt = None,
+    cpu_affinity: CpuAffinityOpt = None,
 ) -> None:
     if (found := secret_arg(list(ctx.args))) is not None:
         name, env_name = found

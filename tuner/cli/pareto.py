@@ -9,17 +9,14 @@ import typer
 
 from tuner.cli import app
 from tuner.cli.common import (
-    JobOpt,
-    JsonOpt,
-    StorageOpt,
-    StudyArg,
-    WideOpt,
     console_for_output,
     need_trials,
     opened,
     print_json,
     show_front,
 )
+from tuner.cli.extras import need_plot_extras
+from tuner.cli.options import HtmlOpt, JobOpt, JsonOpt, PngOpt, StorageOpt, StudyArg, WideOpt
 from tuner.errors import TunerError
 from tuner.report import choose, pareto_front, study_view, write_html, write_png
 from tuner.report.cost_front import box_tok_s, cost_front, cost_front_table, cost_scatter, need_price
@@ -34,13 +31,8 @@ def pareto_cmd(
     study: StudyArg = None,
     storage: StorageOpt = None,
     job: JobOpt = None,
-    html: Annotated[
-        Path | None, typer.Option("--html", help="Write an interactive Plotly chart here.", show_default=False)
-    ] = None,
-    png: Annotated[
-        Path | None,
-        typer.Option("--png", help="Write a static PNG here (needs the extra tuner\\[png]).", show_default=False),
-    ] = None,
+    html: HtmlOpt = None,
+    png: PngOpt = None,
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Draw the scatter plot in the terminal.")] = True,
     width: Annotated[int, typer.Option("--width", help="Terminal plot width (columns).")] = 80,
     height: Annotated[int, typer.Option("--height", help="Terminal plot height (rows).")] = 20,
@@ -62,6 +54,7 @@ def pareto_cmd(
 
     Example: [bold]tuner pareto night --html front.html --png front.png[/bold]; [bold]tuner pareto night --cost[/bold]
     """
+    need_plot_extras(html, png)
     with opened(study, storage, job) as (url, s):
         view = study_view(s)
         need_trials(view, url)

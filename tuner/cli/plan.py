@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,9 +14,6 @@ import yaml
 from tuner.catalog.gpus import GPUS
 from tuner.cli import app
 from tuner.cli.common import (
-    JobOpt,
-    StorageOpt,
-    StudyArg,
     console_for_output,
     measured_trial,
     open_view,
@@ -23,10 +21,11 @@ from tuner.cli.common import (
     trial_detail,
     trial_flags,
 )
+from tuner.cli.options import BestOpt, JobOpt, NameOpt, PeakOpt, StorageOpt, StudyArg, TrialOpt
 from tuner.config import Job
 from tuner.config.loader import load_job
 from tuner.errors import ConfigError, TunerError
-from tuner.report import BEST_CHOICES, StudyView, TrialView
+from tuner.report import StudyView, TrialView
 from tuner.report.deployment import deploy_options, provenance
 from tuner.ship.alerts import alert_rules, prometheus_rule, rules_file
 from tuner.ship.cards import compare_cards, parse_cards, parse_prices
@@ -38,66 +37,82 @@ from tuner.ship.measure import MeasuredCapacity, measure_capacity
 __all__ = ["plan_cmd"]
 
 
+RateOpt = Annotated[float, typer.Option("--rate", help="Requests per second to serve.", show_default=False)]
+HeadroomOpt = Annotated[float, typer.Option("--headroom", help="Fraction of measured capacity to plan on.")]
+PriceOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--price-per-gpu-hour",
+        help="Price of one GPU-hour: adds the cost lines (default: the job's target.gpu_hour_usd, else the "
+        "catalog's price for the card).",
+        show_default=False,
+    ),
+]
+RulesOpt = Annotated[
+    Path | None, typer.Option("--rules", help="Write Prometheus alert rules here.", show_default=False)
+]
+OperatorOpt = Annotated[bool, typer.Option("--operator", help="--rules as a PrometheusRule object.")]
+ManifestOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--manifest",
+        help="Write the Kubernetes export with the plan: Deployment at the replicas, Service, HPA on the queue "
+        "between replicas and peak replicas, PrometheusRule.",
+        show_default=False,
+    ),
+]
+DashboardOpt = Annotated[
+    Path | None,
+    typer.Option("--dashboard", help="Write a Grafana dashboard JSON here (SLO bounds drawn).", show_default=False),
+]
+MeasureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--measure",
+        help="Measure the trial's highest SLO-meeting rate now (the study's launcher starts one server) instead "
+        "of the stored rate: for a throughput study, whose stored rate is a floor.",
+    ),
+]
+CompareGpusOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--compare-gpus",
+        help="Catalog cards to rank for --rate under the study's workload and SLOs, by the twin's predictions "
+        "(no server started): each card's best flag set of the space, its servers, GPUs and cost. "
+        "E.g. h100-80gb,a100-80gb,l40s.",
+        show_default=False,
+    ),
+]
+GpuHourUsdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu-hour-usd",
+        help="With --compare-gpus: USD per GPU-hour by card, e.g. h100-80gb=3.5,l40s=1.2 (ranks by cost when "
+        "every card has one; else by GPUs needed).",
+        show_default=False,
+    ),
+]
+
+
 @app.command("plan")
 def plan_cmd(
     study: StudyArg = None,
-    rate: Annotated[float, typer.Option("--rate", help="Requests per second to serve.", show_default=False)] = 0.0,
-    peak: Annotated[
-        float | None, typer.Option("--peak", help="Peak requests per second: the autoscaler's max.", show_default=False)
-    ] = None,
-    headroom: Annotated[float, typer.Option("--headroom", help="Fraction of measured capacity to plan on.")] = 0.7,
-    price: Annotated[
-        float | None,
-        typer.Option(
-            "--price-per-gpu-hour",
-            help="Price of one GPU-hour: adds the cost lines (default: the job's target.gpu_hour_usd, else the "
-            "catalog's price for the card).",
-            show_default=False,
-        ),
-    ] = None,
-    trial: Annotated[int | None, typer.Option("--trial", help="Plan this trial.", show_default=False)] = None,
-    best: Annotated[
-        str, typer.Option("--best", help=f"Pick from the feasible front: {', '.join(BEST_CHOICES)}.")
-    ] = "throughput",
-    rules: Annotated[
-        Path | None, typer.Option("--rules", help="Write Prometheus alert rules here.", show_default=False)
-    ] = None,
-    operator: Annotated[bool, typer.Option("--operator", help="--rules as a PrometheusRule object.")] = False,
-    manifest: Annotated[
-        Path | None,
-        typer.Option(
-            "--manifest",
-            help="Write the Kubernetes export with the plan: Deployment at the replicas, Service, HPA on the queue "
-            "between replicas and peak replicas, PrometheusRule.",
-            show_default=False,
-        ),
-    ] = None,
-    grafana: Annotated[
-        Path | None,
-        typer.Option("--dashboard", help="Write a Grafana dashboard JSON here (SLO bounds drawn).", show_default=False),
-    ] = None,
-    name: Annotated[str, typer.Option("--name", help="The Prometheus job / Kubernetes name.")] = "vllm",
+    rate: RateOpt = 0.0,
+    peak: PeakOpt = None,
+    headroom: HeadroomOpt = 0.7,
+    price: PriceOpt = None,
+    trial: TrialOpt = None,
+    best: BestOpt = "throughput",
+    rules: RulesOpt = None,
+    operator: OperatorOpt = False,
+    manifest: ManifestOpt = None,
+    grafana: DashboardOpt = None,
+    name: NameOpt = "vllm",
     storage: StorageOpt = None,
     job: JobOpt = None,
-    measure: Annotated[
-        bool,
-        typer.Option(
-            "--measure",
-            help="Measure the trial's highest SLO-meeting rate now (the study's launcher starts one server) instead "
-            "of the stored rate: for a throughput study, whose stored rate is a floor.",
-        ),
-    ] = False,
+    measure: MeasureOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of the arithmetic.")] = False,
-    compare_gpus: Annotated[
-        str | None,
-        typer.Option(
-            "--compare-gpus",
-            help="Catalog cards to rank for --rate under the study's workload and SLOs, by the twin's predictions "
-            "(no server started): each card's best flag set of the space, its servers, GPUs and cost. "
-            "E.g. h100-80gb,a100-80gb,l40s.",
-            show_default=False,
-        ),
-    ] = None,
+    compare_gpus: CompareGpusOpt = None,
     lower_bound: Annotated[
         bool,
         typer.Option(
@@ -106,15 +121,7 @@ def plan_cmd(
             "from the pooled rate itself.",
         ),
     ] = False,
-    gpu_hour_usd: Annotated[
-        str | None,
-        typer.Option(
-            "--gpu-hour-usd",
-            help="With --compare-gpus: USD per GPU-hour by card, e.g. h100-80gb=3.5,l40s=1.2 (ranks by cost when "
-            "every card has one; else by GPUs needed).",
-            show_default=False,
-        ),
-    ] = None,
+    gpu_hour_usd: GpuHourUsdOpt = None,
 ) -> None:
     """Replicas, GPUs and cost for --rate req/s (and --peak), from the winner's measured SLO-meeting rate per
     server pooled over every start of its flag set (--lower-bound: that rate's lower 95% bound), with the
@@ -149,26 +156,40 @@ def plan_cmd(
         rate=rate, peak=peak, headroom=headroom, price_per_gpu_hour=price, measured=measured, lower_bound=lower_bound
     )
     plan = inputs.plan(view, t, detail)
-    queue = queue_at_capacity(detail, t.flags)
-    listed = alert_rules(view.slos, queue_at_capacity=queue, name=name)
-    if rules is not None:
-        _write(rules, _yaml(prometheus_rule(listed, name=name)) if operator else rules_file(listed))
-        typer.echo(f"wrote {rules} ({len(listed)} rules)", err=True)
-    if grafana is not None:
-        _write(grafana, json.dumps(dashboard(name, view.slos, queue_at_capacity=queue), indent=2) + "\n")
-        typer.echo(f"wrote {grafana} (Grafana dashboard)", err=True)
-    if manifest is not None:
-        options = deploy_options(view, t, name=name)
-        _, text = planned_kubernetes(
-            view, t, detail, inputs, flags=trial_flags(t), options=options, provenance=provenance(view, t), name=name
-        )
-        _write(manifest, text)
-        typer.echo(f"wrote {manifest} (Deployment, Service, HorizontalPodAutoscaler, PrometheusRule)", err=True)
+    _write_files(view, t, detail, inputs, _Files(rules, operator, grafana, manifest), name=name)
     if as_json:
         typer.echo(json.dumps(plan.as_dict(), indent=2))
         return
     for line in plan.lines():
         typer.echo(line)
+
+
+@dataclass(frozen=True)
+class _Files:
+    """What --rules (--operator), --dashboard and --manifest asked to be written."""
+
+    rules: Path | None
+    operator: bool
+    grafana: Path | None
+    manifest: Path | None
+
+
+def _write_files(view: StudyView, t: TrialView, detail: Any, inputs: PlanInputs, files: _Files, *, name: str) -> None:
+    queue = queue_at_capacity(detail, t.flags)
+    listed = alert_rules(view.slos, queue_at_capacity=queue, name=name)
+    if files.rules is not None:
+        _write(files.rules, _yaml(prometheus_rule(listed, name=name)) if files.operator else rules_file(listed))
+        typer.echo(f"wrote {files.rules} ({len(listed)} rules)", err=True)
+    if files.grafana is not None:
+        _write(files.grafana, json.dumps(dashboard(name, view.slos, queue_at_capacity=queue), indent=2) + "\n")
+        typer.echo(f"wrote {files.grafana} (Grafana dashboard)", err=True)
+    if files.manifest is not None:
+        options = deploy_options(view, t, name=name)
+        _, text = planned_kubernetes(
+            view, t, detail, inputs, flags=trial_flags(t), options=options, provenance=provenance(view, t), name=name
+        )
+        _write(files.manifest, text)
+        typer.echo(f"wrote {files.manifest} (Deployment, Service, HorizontalPodAutoscaler, PrometheusRule)", err=True)
 
 
 def _compare(

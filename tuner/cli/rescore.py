@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -11,41 +10,39 @@ from rich.table import Table
 
 from tuner.cli import app
 from tuner.cli.common import (
-    JobOpt,
-    JsonOpt,
-    StorageOpt,
-    StudyArg,
     console_for_output,
     open_store,
     open_view,
     print_json,
     show_front,
 )
+from tuner.cli.extras import need_plot_extras
+from tuner.cli.options import HtmlOpt, JobOpt, JsonOpt, PngOpt, StorageOpt, StudyArg
 from tuner.errors import ConfigError, StorageError
-from tuner.report import RescoredTrial, StudyView, choose, rescore, write_html, write_png
+from tuner.report import RescoredTrial, RescoreResult, StudyView, choose, rescore, write_html, write_png
 from tuner.report.tables import fmt, front_doc
-from tuner.scoring import figures
+from tuner.scoring import Slo, figures
 from tuner.store import safe_url
 
 __all__ = ["rescore_cmd"]
 
 
+SloOpt = Annotated[
+    list[str] | None,
+    typer.Option("--slo", help="A new SLO (repeatable), e.g. 'e2e_p95<=3s', 'success_rate>=0.99'.", show_default=False),
+]
+PlotOpt = Annotated[bool, typer.Option("--plot/--no-plot", help="Draw the new front in the terminal.")]
+
+
 @app.command("rescore")
 def rescore_cmd(
     study: StudyArg = None,
-    slo: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--slo", help="A new SLO (repeatable), e.g. 'e2e_p95<=3s', 'success_rate>=0.99'.", show_default=False
-        ),
-    ] = None,
+    slo: SloOpt = None,
     storage: StorageOpt = None,
     job: JobOpt = None,
-    html: Annotated[
-        Path | None, typer.Option("--html", help="Write the new front as HTML.", show_default=False)
-    ] = None,
-    png: Annotated[Path | None, typer.Option("--png", help="Write the new front as PNG.", show_default=False)] = None,
-    plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Draw the new front in the terminal.")] = True,
+    html: HtmlOpt = None,
+    png: PngOpt = None,
+    plot: PlotOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Feasibility and the front again under new SLOs, from the stored per-request records: no server is started
@@ -58,22 +55,9 @@ def rescore_cmd(
     if not slo:
         raise ConfigError("give at least one --slo, e.g. --slo 'e2e_p95<=3s'")
     slos = [parse_slo(s) for s in slo]
+    need_plot_extras(html, png)
     url, view = open_view(study, storage, job)
-    store = open_store(url)
-    missing = StorageError(
-        f"{safe_url(url)} holds no per-request records for {view.name!r}: the tuner's tables are missing "
-        "(a study not run by `tuner tune`?)"
-    )
-    if store is None:
-        raise missing
-    try:
-        from tuner.store import current_revision
-
-        if current_revision(store.engine) is None:
-            raise missing
-        result = rescore(view, store, slos)
-    finally:
-        store.close()
+    result = rescored(url, view, slos)
     after = StudyView(name=view.name, attrs=view.attrs, trials=result.view_after)
     if html is not None:
         write_html(after, result.front, html)
@@ -92,6 +76,29 @@ def rescore_cmd(
             }
         )
         return
+    print_rescored(view, result, after, plot=plot)
+
+
+def rescored(url: str, view: StudyView, slos: list[Slo]) -> RescoreResult:
+    """The study's trials judged again from their stored per-request records."""
+    store = open_store(url)
+    missing = StorageError(
+        f"{safe_url(url)} holds no per-request records for {view.name!r}: the tuner's tables are missing "
+        "(a study not run by `tuner tune`?)"
+    )
+    if store is None:
+        raise missing
+    try:
+        from tuner.store import current_revision
+
+        if current_revision(store.engine) is None:
+            raise missing
+        return rescore(view, store, slos)
+    finally:
+        store.close()
+
+
+def print_rescored(view: StudyView, result: RescoreResult, after: StudyView, *, plot: bool) -> None:
     con = console_for_output()
     table = Table(title=f"{escape(view.name)} re-scored under {escape(', '.join(result.slos))}")
     for col in ("#", "before", "after", "tok/s", "latency P95", "success", "misses"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -25,11 +26,11 @@ from tuner.errors import ConfigError, TunerError
 from tuner.intervals import Interval, run_intervals
 from tuner.load.contention import Contention
 from tuner.report import StudyView, TrialView
-from tuner.report.tables import flags_table, fmt, kv_table, steps_table, summary_table
+from tuner.report.tables import flags_table, fmt, steps_table, summary_table
 from tuner.report.uncertainty import FigureCI, figure_text, trial_intervals
 from tuner.scoring import figures
 
-__all__ = ["show_cmd"]
+__all__ = ["facts_table", "show_cmd", "value_text"]
 
 
 def _study_and_trial(first: str, second: int | None) -> tuple[str | None, int]:
@@ -59,21 +60,29 @@ def show_cmd(
 
     Example: [bold]tuner show night 7[/bold]
     """
-    name, trial = _study_and_trial(study, trial)
+    name, number = _study_and_trial(study, trial)
     url, view = open_view(name, storage, job)
-    t = view.trial(trial)
+    t = view.trial(number)
     if t is None:
         numbers = [x.number for x in view.trials]
         span = f"trials are {min(numbers)}..{max(numbers)}" if numbers else "it has no trials"
-        raise TunerError(f"no trial {trial} in study {view.name!r}; {span}")
-    detail, steps = trial_detail(url, view.name, trial)
-    d = detail.__dict__ if detail is not None else {}
+        raise TunerError(f"no trial {number} in study {view.name!r}; {span}")
+    detail, steps = trial_detail(url, view.name, number)
     if as_json:
-        doc = {"trial": t.as_dict(), "detail": {k: v for k, v in d.items()} or None, "request_steps": steps}
+        d = detail.__dict__ if detail is not None else {}
+        doc = {"trial": t.as_dict(), "detail": dict(d) or None, "request_steps": steps}
         doc["intervals"] = [_interval_doc(ci) for ci in _intervals(view, t.number, url, detail)]
         print_json(doc)
         return
     con = console_for_output()
+    _print_launch(con, view, t, detail)
+    _print_measurement(con, view, t, url, detail)
+    _print_server(con, t, detail, log_lines)
+
+
+def _print_launch(con: Console, view: StudyView, t: TrialView, detail: Any) -> None:
+    """The trial's verdict, its flags, what was predicted and what the server said as it started."""
+    d = detail.__dict__ if detail is not None else {}
     style = "green" if t.feasible else ("yellow" if t.measured else "red")
     con.print(
         f"[bold]{escape(view.name)} · trial {t.number}[/bold]{' (baseline: vLLM defaults)' if t.baseline else ''}  "
@@ -95,9 +104,14 @@ def show_cmd(
         ("startup_facts", "start-up facts (from the log)"),
     ):
         if d.get(key):
-            con.print(kv_table(title, d[key]))
+            con.print(facts_table(title, d[key]))
     if t.kv_tokens is not None or t.predicted_kv_tokens is not None:
         con.print(f"KV tokens: predicted {fmt(t.predicted_kv_tokens, ',')}, measured {fmt(t.kv_tokens, ',')}")
+
+
+def _print_measurement(con: Console, view: StudyView, t: TrialView, url: str, detail: Any) -> None:
+    """The load's figures with their intervals, the box and its cost, the capacity search's steps."""
+    d = detail.__dict__ if detail is not None else {}
     summary = d.get("load_summary")
     if summary:
         con.print(summary_table(summary))
@@ -118,8 +132,13 @@ def show_cmd(
         con.print(cost_line(t))
     if d.get("capacity_steps"):
         con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
+
+
+def _print_server(con: Console, t: TrialView, detail: Any, log_lines: int) -> None:
+    """What the server's metrics said, the diagnosis, the constraints, its time and its log's tail."""
+    d = detail.__dict__ if detail is not None else {}
     if d.get("server_metrics"):
-        con.print(kv_table("server metrics (/metrics during the run)", d["server_metrics"]))
+        con.print(facts_table("server metrics (/metrics during the run)", d["server_metrics"]))
     _print_machine_and_diagnosis(con, t, d)
     if t.constraints:
         pairs = zip(t.constraint_names, t.constraints, strict=True)
@@ -142,6 +161,45 @@ def _print_machine_and_diagnosis(con: Console, t: TrialView, d: dict[str, Any]) 
     diagnosis = d.get("diagnosis") or t.diagnosis
     if diagnosis:
         con.print(f"[bold]diagnosis:[/bold] {escape(str(diagnosis))}")
+
+
+# Keys whose value is a fraction of a whole (KV cache in use, the prefix cache's hits): shown as a percentage.
+_SHARE_WORDS = ("usage", "utilization", "hit_rate", "share", "fraction")
+
+
+# A key's unit, from how its name ends.
+_UNITS = (("_s", " s"), ("_seconds", " s"), ("_gib", " GiB"))
+
+
+def value_text(key: str, value: Any) -> str:
+    """A stored value as a person reads it: — for none, yes/no, thousands separated, a share as a percentage,
+    seconds with their unit; never Python's `None`, `True` or `1.997e+04`."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    unit = next((u for end, u in _UNITS if key.endswith(end)), "")
+    if isinstance(value, int):
+        return f"{value:,}{unit}"
+    if isinstance(value, float):
+        if any(word in key for word in _SHARE_WORDS) and 0 <= value <= 1:
+            return f"{value:.1%}"
+        if value.is_integer() and abs(value) < 1e15:
+            return f"{value:,.0f}{unit}"
+        return (f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}") + unit
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+def facts_table(title: str, data: dict[str, Any]) -> Table:
+    """A stored mapping (a prediction, start-up facts, server metrics) as key and readable value."""
+    table = Table(title=title, show_header=False, min_width=48)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for k, v in data.items():
+        table.add_row(escape(str(k)), escape(value_text(str(k), v)))
+    return table
 
 
 def _failures_table(summary: dict[str, Any]) -> Table:
@@ -204,7 +262,10 @@ def box_line(t: TrialView) -> str:
     shape = f"{t.replicas} replica{'s' if t.replicas != 1 else ''} on {t.box_gpus} GPU{'s' if t.box_gpus != 1 else ''}"
     # A cost study's first value is tokens per $: its box's throughput is its replicas' at their capacity.
     tok_s = t.box_output_tok_s if t.costed else t.throughput
-    return f"box: {shape}: {fmt(tok_s)} tok/s ({fmt(t.tok_s_per_gpu)} per GPU){rate}; {usd}{hours}"
+    # Per GPU from the figure beside it (a pooled throughput is not the first start's), and only where it differs.
+    gpus = t.box_gpus or 1
+    per_gpu = f" ({fmt(tok_s / gpus if tok_s is not None else None)} per GPU)" if gpus > 1 else ""
+    return f"box: {shape}: {fmt(tok_s)} tok/s{per_gpu}{rate}; {usd}{hours}"
 
 
 def cost_line(t: TrialView) -> str:

@@ -71,21 +71,31 @@ def status_cmd(
         )
     else:
         con.print("best so far: no feasible trial yet")
-    if st.running:
-        table = Table(title="running")
-        for col in ("#", "started", "for", "flags"):
-            table.add_column(col)
-        now = dt.datetime.now()
-        for t in st.running:
-            # Optuna stores naive local datetimes
-            age = f"{(now - t.started).total_seconds() / 60:.1f} min" if t.started else "—"
-            started = t.started.strftime("%H:%M:%S") if t.started else "—"
-            table.add_row(str(t.number), started, age, escape(flags_text(t.flags)))
-        con.print(table)
+    _print_running(con, st)
     if st.failures:
         con.print("failures: " + ", ".join(f"{escape(k)} {v}" for k, v in st.failures.items()))
     else:
         con.print("failures: none")
+    _print_skips(con, st)
+    _print_twin(con, st)
+
+
+def _print_running(con: Any, st: StudyStatus) -> None:
+    if not st.running:
+        return
+    table = Table(title="running")
+    for col in ("#", "started", "for", "flags"):
+        table.add_column(col)
+    now = dt.datetime.now()
+    for t in st.running:
+        # Optuna stores naive local datetimes
+        age = f"{(now - t.started).total_seconds() / 60:.1f} min" if t.started else "—"
+        started = t.started.strftime("%H:%M:%S") if t.started else "—"
+        table.add_row(str(t.number), started, age, escape(flags_text(t.flags)))
+    con.print(table)
+
+
+def _print_skips(con: Any, st: StudyStatus) -> None:
     if st.skipped:
         saved = st.server_minutes_saved
         con.print(
@@ -96,7 +106,6 @@ def status_cmd(
         )
     else:
         con.print("skipped as infeasible before launch: 0")
-    _print_twin(con, st)
 
 
 def _print_apart(con: Any, view: StudyView, st: StudyStatus) -> None:

@@ -6,9 +6,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli import app
-from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, WideOpt, console_for_output, print_json, quiet_optuna
+from tuner.cli.common import (
+    JobOpt,
+    JsonOpt,
+    StorageOpt,
+    WideOpt,
+    console_for_output,
+    print_json,
+    quiet_optuna,
+    storage_url,
+)
 from tuner.errors import StorageError
-from tuner.report import StudyListing, listing, opened_study, resolve_storage, study_names, study_view
+from tuner.report import StudyListing, listing, opened_study, study_names, study_view
 from tuner.store import safe_url
 
 __all__ = ["studies_cmd"]
@@ -23,7 +32,7 @@ def studies_cmd(
     Example: [bold]tuner studies --storage sqlite:///night.db[/bold]
     """
     quiet_optuna()
-    url = resolve_storage(storage, job)
+    url = storage_url(storage, job)
     names = study_names(url)
     if not names:
         raise StorageError(f"no study in {safe_url(url)}")

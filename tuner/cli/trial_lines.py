@@ -10,6 +10,8 @@ import datetime as dt
 import json
 import logging
 import math
+import os
+import re
 import statistics
 import sys
 import traceback
@@ -30,8 +32,10 @@ from tuner.scoring import OBJECTIVE_FALLBACK
 __all__ = [
     "TextLog",
     "best_text",
+    "closing_once",
     "console",
     "count_done",
+    "fit_console_to_output",
     "front_line",
     "pareto_table",
     "search_trace_rate",
@@ -40,6 +44,20 @@ __all__ = [
 ]
 
 console = Console(highlight=False)
+
+# A log file's width: wide enough that no table of the study's is folded to fit.
+LOG_WIDTH = 1000
+
+
+def fit_console_to_output() -> bool:
+    """A terminal keeps its width and Rich's bar; stdout a file or a pipe (`nohup tuner tune ... > night.log`)
+    never wraps a line, so that `grep` finds a trial's record whole. True when stdout is a terminal."""
+    if console.is_terminal:
+        return True
+    console.soft_wrap = True
+    columns = os.environ.get("COLUMNS", "")
+    console.width = int(columns) if columns.isdigit() else LOG_WIDTH
+    return False
 
 
 def short_flags(flags: dict[str, Any]) -> str:
@@ -249,3 +267,16 @@ def front_line(study: optuna.Study) -> str:
     """The study log's last line: the front's trial numbers, for a script reading the log."""
     numbers = [t.number for t in study.best_trials]
     return f"the front's trials (Optuna's best_trials, starts again included): {json.dumps(numbers)}"
+
+
+# The headline says the leader and the baseline are within the noise of each other, with its interval; the list of
+# flag sets that cannot be told from the leader then named the baseline again, in other words.
+_BASELINE_HEADLINE = " and the baseline are not separable"
+_BASELINE_AGAIN = re.compile(r" and the baseline \(#\d+\) are not separable")
+
+
+def closing_once(lines: list[str]) -> list[str]:
+    """The study's closing lines with each thing said once: the baseline's `not separable` in the headline only."""
+    if not any(_BASELINE_HEADLINE in line for line in lines):
+        return lines
+    return [line for line in lines if not _BASELINE_AGAIN.search(line)]

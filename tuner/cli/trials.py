@@ -13,12 +13,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli import app
-from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, StudyArg, WideOpt, console_for_output, open_view, print_json
+from tuner.cli.common import console_for_output, open_view, print_json
+from tuner.cli.options import JobOpt, JsonOpt, StorageOpt, StudyArg, WideOpt
 from tuner.errors import ConfigError
 from tuner.record import OUTCOMES
 from tuner.report import StudyView, TrialView
 from tuner.report.overview import counts
-from tuner.report.tables import flag_lines, flags_text, fmt, gpus_text
+from tuner.report.tables import flag_lines, flags_text, fmt, gpus_text, tok_s_column
 from tuner.report.views import first_label
 from tuner.scoring import METRICS, figures
 
@@ -56,27 +57,46 @@ def _by_figure(name: str) -> Callable[[TrialView], float]:
     return key
 
 
+SortOpt = Annotated[str, typer.Option("--sort", help=f"Order, best first: {', '.join(_SORT_KEYS)}.", show_default=True)]
+OutcomeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--outcome",
+        help="Only these outcomes (repeatable): measured, launch_failed, crashed, skipped_infeasible, interrupted.",
+        show_default=False,
+    ),
+]
+CsvOpt = Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")]
+
+
+def csv_fields() -> list[str]:
+    """The CSV's columns (the registry's figures as it is now); scripts read tuner 0.1's by place, so later ones
+    are appended, never inserted."""
+    return [
+        *("number", "state", "baseline", "outcome", "verdict", "feasible", "throughput"),
+        *("objective_latency_s", "latency_p95_s", "output_tok_s", "request_rate"),
+        *(f.attr for f in figures()),
+        "success_rate",
+        *("goodput", "good_share", "diagnosis", "reason", "server_seconds", "flags"),
+        *("output_tok_s_ci", "starts", "repeat_of"),
+        *("replicas", "box_gpus", "box_request_rate", "tok_s_per_gpu", "usd_per_m_tokens"),
+        "gpu_hours_per_m_requests",
+        *("cost_load_rate", "cost_usd_per_hour", "cost_usd_per_m_tokens", "cost_gpu_hours_per_m_tokens"),
+    ]
+
+
 @app.command("trials")
 def trials_cmd(
     study: StudyArg = None,
     storage: StorageOpt = None,
     job: JobOpt = None,
-    sort: Annotated[
-        str, typer.Option("--sort", help=f"Order, best first: {', '.join(_SORT_KEYS)}.", show_default=True)
-    ] = "number",
+    sort: SortOpt = "number",
     reverse: Annotated[bool, typer.Option("--reverse", help="Reverse the order.")] = False,
     feasible: Annotated[bool, typer.Option("--feasible", help="Only trials that met every SLO.")] = False,
-    outcome: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--outcome",
-            help="Only these outcomes (repeatable): measured, launch_failed, crashed, skipped_infeasible, interrupted.",
-            show_default=False,
-        ),
-    ] = None,
+    outcome: OutcomeOpt = None,
     limit: Annotated[int | None, typer.Option("--limit", help="At most N rows.", show_default=False)] = None,
     as_json: JsonOpt = False,
-    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")] = False,
+    as_csv: CsvOpt = False,
     wide: WideOpt = False,
 ) -> None:
     """One row a trial: flags, throughput with its 95% interval, P95 TTFT and e2e, success rate, the share of good
@@ -103,26 +123,26 @@ def trials_cmd(
         rows = rows[: max(limit, 0)]
     if as_json:
         print_json([t.as_dict() for t in rows])
-        return
-    if as_csv:
-        buf = io.StringIO()
-        fields = ["number", "state", "baseline", "outcome", "verdict", "feasible", "throughput"]
-        fields += ["objective_latency_s", "latency_p95_s", "output_tok_s", "request_rate"]
-        fields += [*(f.attr for f in figures()), "success_rate"]
-        fields += ["goodput", "good_share", "diagnosis", "reason", "server_seconds", "flags"]
-        fields += ["output_tok_s_ci", "starts", "repeat_of"]  # after tuner 0.1's columns: scripts read by place
-        fields += ["replicas", "box_gpus", "box_request_rate", "tok_s_per_gpu", "usd_per_m_tokens"]
-        fields += ["gpu_hours_per_m_requests"]
-        fields += ["cost_load_rate", "cost_usd_per_hour", "cost_usd_per_m_tokens", "cost_gpu_hours_per_m_tokens"]
-        w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-        w.writeheader()
-        for t in rows:
-            d = t.as_dict()
-            d["flags"] = json.dumps(t.flags, sort_keys=True)
-            d["output_tok_s_ci"] = json.dumps(list(t.throughput_ci)) if t.throughput_ci else None
-            w.writerow(d)
-        typer.echo(buf.getvalue(), nl=False)
-        return
+    elif as_csv:
+        typer.echo(trials_csv(rows), nl=False)
+    else:
+        print_trials(view, rows, wide=wide)
+
+
+def trials_csv(rows: list[TrialView]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=csv_fields(), extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for t in rows:
+        d = t.as_dict()
+        d["flags"] = json.dumps(t.flags, sort_keys=True)
+        d["output_tok_s_ci"] = json.dumps(list(t.throughput_ci)) if t.throughput_ci else None
+        w.writerow(d)
+    return buf.getvalue()
+
+
+def print_trials(view: StudyView, rows: list[TrialView], *, wide: bool) -> None:
+    """The table, the flags a line each (narrow), and the notes on its marks."""
     con = console_for_output()
     con.print(_trials_table(view, rows, wide=wide))
     if not wide:
@@ -159,12 +179,13 @@ def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Tabl
     table = Table(title=f"{escape(view.name)}: {len(rows)} of {len(view.search_trials)} trials{folded}")
     for col in cols:
         table.add_column(col, justify="right" if col in numeric else "left", no_wrap=col in numeric)
+    tok_s = tok_s_column(rows)
     for t in rows:
         style = "green" if t.feasible else ("yellow" if t.measured else "red")
         cells = {
             "#": f"{t.number}{'ᵇ' if t.baseline else ''}",
             "flags": escape(flags_text(t.flags)),
-            "tok/s": t.throughput_text if t.measured else fmt(t.output_tok_s),
+            "tok/s": tok_s[t.number],
             first[0]: t.throughput_text if t.costed or not view.is_cost else "—",
             "GPUs": gpus_text(t),
             **{f.label: fmt(t.latency(f.name), ".3f", " s") for f in shown},

@@ -18,11 +18,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tuner.box import replica_arrival, replicas
 from tuner.cli import app
 from tuner.cli.cost_lines import cost_box_text, directions_text
+from tuner.cli.extras import need_job_extras, need_storage_driver
+from tuner.cli.progress_lines import PlainProgress
 from tuner.cli.trial_lines import (
     TextLog,
     best_text,
+    closing_once,
     console,
     count_done,
+    fit_console_to_output,
     front_line,
     pareto_table,
     search_trace_rate,
@@ -46,7 +50,10 @@ db_app = typer.Typer(
 app.add_typer(db_app)
 
 
-def make_progress() -> Progress:
+def make_progress() -> Progress | PlainProgress:
+    """Rich's bar on a terminal; a plain line a finished trial (and every few minutes) in a file or a pipe."""
+    if not fit_console_to_output():
+        return PlainProgress(console)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -223,10 +230,12 @@ def tune(
     ] = "1",
 ) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    fit_console_to_output()
     job = load_job(job_file)
     if n_trials is not None:
         job = job.model_copy(update={"budget": job.budget.model_copy(update={"n_trials": n_trials})})
     url = storage or job.storage_url()
+    need_job_extras(job, url)  # the dry run too: a job it calls valid runs
     if not (dry_run_ or check) and job.arrival.trace is not None and (note := job.arrival.load_trace().note):
         console.print(f"note: {note}", markup=False)
     from tuner.study.parallel import worker_count
@@ -281,7 +290,7 @@ def run(
     state: dict[str, Any] = {"task": None, "run": None}
 
     def say(line: str) -> None:
-        progress.console.print(line)
+        progress.console.print(line, markup=False)  # a record's `[same flags as #2]` is text, not a style
         log(line)
 
     def on_start(number: int) -> None:
@@ -322,7 +331,7 @@ def run(
             f"{report.confirmation_starts} confirmation starts (budget.confirm)"
         )
         console.print(pareto_table(tuning.study))
-        for line in report.closing:  # how sure the result is: the confirmation's verdict
+        for line in closing_once(report.closing):  # how sure the result is: the confirmation's verdict
             say(line)
         log(front_line(tuning.study))
     except KeyboardInterrupt:
@@ -362,6 +371,7 @@ def db_upgrade(
         url = load_job(job_file).storage_url()
     else:
         raise ConfigError("tuner db upgrade: give --storage URL or --job JOB.yaml")
+    need_storage_driver(url)
     engine = make_engine(url)
     try:
         revision = upgrade(engine)

@@ -11,11 +11,14 @@ import typer
 from optuna.trial import FrozenTrial
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tuner.cli.progress_lines import PlainProgress
 from tuner.cli.trial_lines import (
     TextLog,
     best_text,
+    closing_once,
     console,
     count_done,
+    fit_console_to_output,
     front_line,
     pareto_table,
     search_trace_rate,
@@ -32,8 +35,11 @@ from tuner.study.storage import sqlite_wal
 __all__ = ["run_workers"]
 
 
-def _progress() -> Progress:
-    """A row for the study (its budget, the best so far) and one a worker (its trial, its GPUs, the trial's time)."""
+def _progress() -> Progress | PlainProgress:
+    """A row for the study (its budget, the best so far) and one a worker (its trial, its GPUs, the trial's time);
+    in a file or a pipe, the study's progress as a plain line a finished trial."""
+    if not fit_console_to_output():
+        return PlainProgress(console)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(bar_width=12),
@@ -50,7 +56,7 @@ class _WorkerRows:
 
     def __init__(
         self,
-        progress: Progress,
+        progress: Progress | PlainProgress,
         say: Callable[[str], None],
         study: optuna.Study,
         n: int,
@@ -105,7 +111,7 @@ def run_workers(
     progress = _progress()
 
     def say(line: str) -> None:
-        progress.console.print(line)
+        progress.console.print(line, markup=False)  # a record's `[same flags as #2]` is text, not a style
         log(line)
 
     launcher = build_launcher(job)
@@ -136,7 +142,7 @@ def run_workers(
             "answered from their first trial (not counted in the budget)"
         )
         console.print(pareto_table(parent.study))
-        for line in parent.closing():  # how sure the result is, from every worker's starts
+        for line in closing_once(parent.closing()):  # how sure the result is, from every worker's starts
             say(line)
         log(front_line(parent.study))
     except KeyboardInterrupt:

@@ -23,12 +23,13 @@ from tuner.cli.common import (
     stored_job,
     trial_flags,
 )
+from tuner.cli.options import BestOpt, TrialOpt
 from tuner.config import Job
 from tuner.errors import ConfigError, LaunchError, TunerError
 from tuner.intervals import NOT_SEPARABLE, format_with_ci, platform_prior
 from tuner.launch.factory import build_launcher
 from tuner.load.contention import Contention, contention_warning, pooled
-from tuner.report import BEST_CHOICES, StudyView, TrialView, choose, pareto_front
+from tuner.report import StudyView, TrialView, choose, pareto_front
 from tuner.study.confirm import noise_of
 from tuner.study.measure import measure_load
 from tuner.verify import REPRODUCED, Retest, Verification, VerifyRun, retest_against_baseline, verify_flags
@@ -36,25 +37,32 @@ from tuner.verify import REPRODUCED, Retest, Verification, VerifyRun, retest_aga
 __all__ = ["verify_cmd"]
 
 
+TopOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--top", min=1, max=20, help="Verify the K highest-throughput front points and rank them.", show_default=False
+    ),
+]
+ToleranceOpt = Annotated[
+    float,
+    typer.Option(
+        "--tolerance",
+        min=0.0,
+        max=1.0,
+        help="Median tok/s may differ this fraction from the record (below it: a miss; above it and outside the "
+        "runs' interval: the record was wrong).",
+    ),
+]
+
+
 @app.command("verify")
 def verify_cmd(
     study: StudyArg = None,
     storage: StorageOpt = None,
     job: JobOpt = None,
-    trial: Annotated[int | None, typer.Option("--trial", help="Verify this trial.", show_default=False)] = None,
-    best: Annotated[
-        str, typer.Option("--best", help=f"Or pick from the feasible front: {', '.join(BEST_CHOICES)}.")
-    ] = "throughput",
-    top: Annotated[
-        int | None,
-        typer.Option(
-            "--top",
-            min=1,
-            max=20,
-            help="Verify the K highest-throughput front points and rank them.",
-            show_default=False,
-        ),
-    ] = None,
+    trial: TrialOpt = None,
+    best: BestOpt = "throughput",
+    top: TopOpt = None,
     runs: Annotated[
         int,
         typer.Option(
@@ -72,16 +80,7 @@ def verify_cmd(
             "in pairs of fresh starts.",
         ),
     ] = False,
-    tolerance: Annotated[
-        float,
-        typer.Option(
-            "--tolerance",
-            min=0.0,
-            max=1.0,
-            help="Median tok/s may differ this fraction from the record (below it: a miss; above it and outside the "
-            "runs' interval: the record was wrong).",
-        ),
-    ] = 0.10,
+    tolerance: ToleranceOpt = 0.10,
     as_json: JsonOpt = False,
 ) -> None:
     """Re-test a winner against the baseline on fresh servers, started alternately, and say whether the ranking

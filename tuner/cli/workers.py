@@ -11,6 +11,8 @@ import yaml
 from tuner.catalog.gpus import get_gpu
 from tuner.catalog.nvml import machine_devices
 from tuner.cli import app
+from tuner.cli.common import write_output
+from tuner.cli.options import ImageOpt, OutputOpt, SecretEnvOpt
 from tuner.config import Job, load_job
 from tuner.errors import ConfigError, TunerError
 from tuner.ship.workers import worker_manifest
@@ -18,40 +20,33 @@ from tuner.ship.workers import worker_manifest
 __all__ = ["export_workers_cmd"]
 
 
+NodesOpt = Annotated[int, typer.Option("--nodes", help="Workers to run at once: one a GPU node.")]
+SecretOpt = Annotated[
+    str, typer.Option("--secret", help="The Secret whose key --secret-key holds the PostgreSQL storage URL.")
+]
+SecretKeyOpt = Annotated[str, typer.Option("--secret-key", help="The key of the storage URL in --secret.")]
+GpuResourceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu-resource",
+        help="The pods' GPU resource (default: nvidia.com/gpu or amd.com/gpu, from the vendor of target.gpu).",
+        show_default=False,
+    ),
+]
+# The workers' image runs `tuner tune`: vLLM's image with tuner installed.
+WORKER_IMAGE = "tuner-vllm:latest"
+
+
 @app.command("export-workers")
 def export_workers_cmd(
     job_file: Annotated[Path, typer.Argument(help="The job file the workers run (target.launcher: process).")],
-    nodes: Annotated[int, typer.Option("--nodes", help="Workers to run at once: one a GPU node.")] = 2,
-    image: Annotated[
-        str,
-        typer.Option(
-            "--image",
-            help="An image with vLLM and tuner, e.g. FROM vllm/vllm-openai (-rocm on AMD) + pip install tuner.",
-        ),
-    ] = "tuner-vllm:latest",
-    secret: Annotated[
-        str, typer.Option("--secret", help="The Secret whose key --secret-key holds the PostgreSQL storage URL.")
-    ] = "tuner-storage",
-    secret_key: Annotated[str, typer.Option("--secret-key", help="The key of the storage URL in --secret.")] = "url",
-    secret_env: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--secret-env",
-            help="A variable the workers get from the same Secret's key of that name.",
-            show_default=False,
-        ),
-    ] = None,
-    gpu_resource: Annotated[
-        str | None,
-        typer.Option(
-            "--gpu-resource",
-            help="The pods' GPU resource (default: nvidia.com/gpu or amd.com/gpu, from the vendor of target.gpu).",
-            show_default=False,
-        ),
-    ] = None,
-    output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.", show_default=False)
-    ] = None,
+    nodes: NodesOpt = 2,
+    image: ImageOpt = None,
+    secret: SecretOpt = "tuner-storage",
+    secret_key: SecretKeyOpt = "url",
+    secret_env: SecretEnvOpt = None,
+    gpu_resource: GpuResourceOpt = None,
+    output: OutputOpt = None,
 ) -> None:
     """A Kubernetes Indexed Job of --nodes `tuner tune` workers, one a GPU node, on one PostgreSQL study (its URL
     from a Secret by reference), and the ConfigMap holding the job file. Each pod asks for the GPUs a trial can
@@ -72,21 +67,14 @@ def export_workers_cmd(
         job,
         text,
         nodes=nodes,
-        image=image,
+        image=image or WORKER_IMAGE,
         secret=secret,
         secret_key=secret_key,
         secret_env=tuple(secret_env or ()),
         resource=gpu_resource,
     )
     manifest = "---\n".join(yaml.safe_dump(d, sort_keys=False, width=120) for d in docs)
-    if output is None:
-        typer.echo(manifest, nl=False)
-        return
-    try:
-        output.write_text(manifest)
-    except OSError as e:
-        raise TunerError(f"cannot write {output}: {e.strerror or e}") from None
-    typer.echo(f"wrote {output} (ConfigMap, Indexed Job of {nodes} workers)", err=True)
+    write_output(manifest, output, f"ConfigMap, Indexed Job of {nodes} workers")
 
 
 # What `gpu: auto` is checked against on a machine with no GPU of its own (the nodes read theirs).

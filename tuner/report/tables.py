@@ -12,6 +12,7 @@ from rich.table import Table
 from tuner.catalog.gpus import GpuProfile, resolve_gpu
 from tuner.errors import TunerError
 from tuner.flags import VllmFlags
+from tuner.intervals import format_with_ci
 from tuner.record import StudyRecord
 from tuner.report.front import BEST_CHOICES, choose, ratios
 from tuner.report.views import StudyView, TrialView, first_label
@@ -32,6 +33,7 @@ __all__ = [
     "ratio",
     "steps_table",
     "summary_table",
+    "tok_s_column",
 ]
 
 # One short label per vLLM flag, for every flag list a person reads (the morning tables, `tuner tune`'s lines).
@@ -238,10 +240,19 @@ def flags_table(view: StudyView, flags: dict[str, Any]) -> Table:
         given = flags.get(name)
         table.add_row(
             "--" + name.replace("_", "-"),
-            "—" if given is None else escape(str(given)),
-            escape(str(resolved.get(name, given))) + ("" if name in flags else " (default)"),
+            _flag_text(given),
+            _flag_text(resolved.get(name, given)) + ("" if name in flags else " (default)"),
         )
     return table
+
+
+def _flag_text(value: Any) -> str:
+    """A flag's value as the flag lines write a switch (`prefix=off`): on/off, — for unset, not True/None."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return escape(str(value))
 
 
 def _good_share(summary: dict[str, Any]) -> str:
@@ -287,3 +298,28 @@ def steps_table(steps: list[Any], scored: int | None) -> Table:
             "yes" if step.get("meets_slos") else "no",
         )
     return table
+
+
+def tok_s_column(rows: list[TrialView]) -> dict[int, str]:
+    """Each row's tok/s at one precision for the whole column (`341.0 ± 9.0` beside `193.4`, not `341 ± 9`): the
+    finest any row's interval asks for (its half width to one significant digit, two when it starts with a 1), else
+    one decimal."""
+    places = max((_ci_places(t.throughput_ci) for t in rows if t.measured and t.throughput_ci), default=1)
+    cells = {}
+    for t in rows:
+        value = t.throughput if t.measured else t.output_tok_s
+        if value is None:
+            cells[t.number] = "—"
+            continue
+        text = f"{value:,.{places}f}"
+        if t.measured and t.throughput_ci:
+            half = (t.throughput_ci[2] - t.throughput_ci[1]) / 2
+            text += f" ± {half:,.{places}f}" if half > 0 else ""
+        cells[t.number] = text
+    return cells
+
+
+def _ci_places(ci: tuple[float, float, float]) -> int:
+    """The decimals `format_with_ci` gives this interval, read from its text (one rule, kept there)."""
+    figure = format_with_ci(*ci, "").split(" ± ")[0]
+    return len(figure.partition(".")[2])

@@ -83,8 +83,9 @@ def worker_count(given: str, job: Job, gpus: Sequence[str]) -> int:
     where = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}" + (f" ({', '.join(gpus)})" if gpus else "")
     if not gpus:
         raise ConfigError(
-            f"--parallel {given}: no GPU found on this machine (NVML and amd-smi see none); each worker needs its "
-            "own, so give --parallel 1"
+            f"--parallel {given}: no GPU found on this machine (NVML and amd-smi see none); each worker needs GPUs "
+            "of its own: name the GPUs to use in CUDA_VISIBLE_DEVICES (e.g. CUDA_VISIBLE_DEVICES=0,1), or give "
+            "--parallel 1"
         )
     if high > len(gpus):
         raise ConfigError(
