@@ -65,12 +65,9 @@ def _object_rows(
         path = f"{prefix}{name}"
         default = "required" if name in required else _default(field)
         rows.append((path, _type_of(field, defs), default, field.get("description", "")))
-        for ref in _refs(field):
-            if ref in seen:
-                continue
-            target = defs[ref]
-            if target.get("properties"):
-                rows.extend(_object_rows(f"{path}.", target, defs, (*seen, ref)))
+        refs = _refs(field)
+        if len(refs) == 1 and refs[0] not in seen and defs[refs[0]].get("properties"):
+            rows.extend(_object_rows(f"{path}.", defs[refs[0]], defs, (*seen, refs[0])))
     return rows
 
 
@@ -78,7 +75,7 @@ def _refs(schema: dict[str, Any]) -> list[str]:
     """The model definitions a field holds directly (not inside a list or a map: those are listed on their own)."""
     if "$ref" in schema:
         return [schema["$ref"].rsplit("/", 1)[-1]]
-    return [r for s in schema.get("anyOf", []) for r in _refs(s)]
+    return [r for s in (*schema.get("anyOf", []), *schema.get("oneOf", [])) for r in _refs(s)]
 
 
 def job_schema_rows() -> list[tuple[str, str, str, str]]:
@@ -111,7 +108,7 @@ def job_file_page() -> str:
         name for name in listed if defs.get(name, {}).get("properties") and name not in _directly_held(schema, defs)
     )
     if nested:
-        lines += ["", "## Types held in lists and maps", ""]
+        lines += ["", "## Types held in lists, maps and unions", ""]
         for name in nested:
             lines += [f"### {name}", "", defs[name].get("description", "").strip(), ""]
             lines += ["| field | type | default | description |", "| --- | --- | --- | --- |"]
@@ -132,10 +129,10 @@ def _directly_held(schema: dict[str, Any], defs: dict[str, Any]) -> set[str]:
 
     def walk(node: dict[str, Any]) -> None:
         for field in node.get("properties", {}).values():
-            for ref in _refs(field):
-                if ref not in held:
-                    held.add(ref)
-                    walk(defs[ref])
+            refs = _refs(field)
+            if len(refs) == 1 and refs[0] not in held:  # one of several (a union) gets a table of its own
+                held.add(refs[0])
+                walk(defs[refs[0]])
 
     walk(schema)
     return held
@@ -158,14 +155,18 @@ def command_helps() -> list[tuple[str, str, list[tuple[str, str, str]]]]:
         params = []
         for param in command.params:
             names = ", ".join(param.opts + param.secondary_opts) if param.param_type_name == "option" else param.name
-            kind = "switch" if getattr(param, "is_flag", False) else param.metavar or param.display_type(ctx).strip("<>")
+            kind = (
+                "switch" if getattr(param, "is_flag", False) else param.metavar or param.display_type(ctx).strip("<>")
+            )
             params.append((names, kind, getattr(param, "help", None) or ""))
         out.append((name, command.help or "", params))
     return out
 
 
 def _rich_to_md(text: str) -> str:
-    return re.sub(r"\[(/?)(bold|dim|italic|cyan|green|red|yellow)[^\]]*\]", lambda m: "**" if m.group(2) == "bold" else "", text)
+    return re.sub(
+        r"\[(/?)(bold|dim|italic|cyan|green|red|yellow)[^\]]*\]", lambda m: "**" if m.group(2) == "bold" else "", text
+    )
 
 
 def commands_page() -> str:
@@ -208,8 +209,8 @@ def metrics_page() -> str:
         "",
         "Generated from the metric registry (`tuner/scoring.py`, `METRICS`) when the site is built. An SLO names a",
         "latency with a statistic (`ttft_p95 <= 2s`, `e2e_p99 <= 30s`, `itl_mean <= 50ms`) and a rate as it is",
-        "(`success_rate >= 0.99`, `good_share >= 95%`); the alert rules of `tuner plan --rules` ask each latency's vLLM",
-        "histogram at the SLO's own quantile.",
+        "(`success_rate >= 0.99`, `good_share >= 95%`); the alert rules of `tuner plan --rules` ask each latency's",
+        "vLLM histogram at the SLO's own quantile.",
         "",
         "| name | kind | unit | table label | vLLM histogram |",
         "| --- | --- | --- | --- | --- |",
@@ -250,14 +251,21 @@ def export_formats_page() -> str:
     lines = [
         "# Export formats",
         "",
-        "Generated from `tuner/export.py` when the site is built: each format `tuner export -f FORMAT` writes, rendered",
-        "for one flag set (`max_num_seqs 48`, `max_model_len 4096`, `gpu_memory_utilization 0.94`,",
+        "Generated from `tuner/export.py` when the site is built: each format `tuner export -f FORMAT` writes,",
+        "rendered for one flag set (`max_num_seqs 48`, `max_model_len 4096`, `gpu_memory_utilization 0.94`,",
         "`max_num_batched_tokens 2048`, Llama-3.1-8B). An export of a study's trial adds its provenance as comments",
         "(the study, the trial, what was measured, the `tuner verify` line) where the format has comments.",
         "",
     ]
     for fmt in FORMATS:
-        lines += [f"## {fmt}", "", f"```{_FORMAT_LANG.get(fmt, 'shell')}", render(fmt, flags, options).rstrip(), "```", ""]
+        lines += [
+            f"## {fmt}",
+            "",
+            f"```{_FORMAT_LANG.get(fmt, 'shell')}",
+            render(fmt, flags, options).rstrip(),
+            "```",
+            "",
+        ]
     return "\n".join(lines)
 
 

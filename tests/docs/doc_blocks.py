@@ -21,7 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-_FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)(?P<attrs>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)
+_FENCE = re.compile(
+    r"^(?P<indent> *)```(?P<lang>[\w-]*)(?P<attrs>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.S | re.M
+)
 _TITLE = re.compile(r'title="([^"]+)"')
 _EXIT = re.compile(r"\s+# exit (\d+)\s*$")
 
@@ -52,7 +54,9 @@ class PageExamples:
 
     @property
     def job_files(self) -> list[str]:
-        return [name for name, text in self.files.items() if name.endswith(".yaml") and re.search(r"^study:", text, re.M)]
+        return [
+            name for name, text in self.files.items() if name.endswith(".yaml") and re.search(r"^study:", text, re.M)
+        ]
 
     @property
     def slow(self) -> bool:

@@ -49,15 +49,29 @@ def _run(command: Command, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+# The tiny model's config as scripts/real-vllm links it into .tuner-cache/ (its weights only a real start needs):
+# the CPU pages' job files name it, and their dry runs read its shape.
+_TINY_LLAMA = (
+    '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 2004, "hidden_size": 256, '
+    '"intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, '
+    '"max_position_embeddings": 4096, "torch_dtype": "bfloat16"}'
+)
+
+
 @pytest.mark.parametrize("examples", [_param(ex) for ex in _examples()])
 def test_page_examples_run_on_the_emulator(examples: PageExamples, tmp_path: Path) -> None:
     shutil.copytree(ROOT / "search_spaces", tmp_path / "search_spaces")
+    (tmp_path / ".tuner-cache" / "tiny-llama").mkdir(parents=True)
+    (tmp_path / ".tuner-cache" / "tiny-llama" / "config.json").write_text(_TINY_LLAMA, encoding="utf-8")
     for name, text in examples.files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text, encoding="utf-8")
     run_by_page = {word for c in examples.commands for word in c.argv}
-    checks = [Command(("tuner", "tune", job, "--dry-run"), (), 0, f"tuner tune {job} --dry-run") for job in
-              examples.job_files if job not in run_by_page]
+    checks = [
+        Command(("tuner", "tune", job, "--dry-run"), (), 0, f"tuner tune {job} --dry-run")
+        for job in examples.job_files
+        if job not in run_by_page
+    ]
     for command in [*checks, *examples.commands]:
         result = _run(command, tmp_path)
         assert result.returncode == command.exit_code, (
@@ -74,20 +88,24 @@ def test_every_guide_shows_a_job_file_that_runs() -> None:
             continue
         if not page_examples(page).job_files:
             missing.append(name)
-    assert not missing, f"guides without a runnable job file (```yaml title=\"x.yaml\"): {missing}"
+    assert not missing, f'guides without a runnable job file (```yaml title="x.yaml"): {missing}'
 
 
 def test_the_convention_finds_files_commands_and_exit_codes(tmp_path: Path) -> None:
     page = tmp_path / "p.md"
     page.write_text(
         'Text.\n\n```yaml title="j.yaml"\nstudy: {name: x}\n```\n\n```console\n$ tuner tune j.yaml \\\n'
-        "    --dry-run\nout line\n$ VLLM_X=1 tuner tune bad.yaml  # exit 2\n```\n\n```shell\ntuner tune gpu.yaml\n```\n",
+        "    --dry-run\nout line\n$ VLLM_X=1 tuner tune bad.yaml --check  # exit 2\n```\n\n"
+        "```shell\ntuner tune gpu.yaml\n```\n",
         encoding="utf-8",
     )
     ex = page_examples(page)
     assert ex.files == {"j.yaml": "study: {name: x}\n"}
     assert ex.job_files == ["j.yaml"]
-    assert [c.argv for c in ex.commands] == [("tuner", "tune", "j.yaml", "--dry-run"), ("tuner", "tune", "bad.yaml")]
+    assert [c.argv for c in ex.commands] == [
+        ("tuner", "tune", "j.yaml", "--dry-run"),
+        ("tuner", "tune", "bad.yaml", "--check"),
+    ]
     assert [c.exit_code for c in ex.commands] == [0, 2]
     assert ex.commands[1].env == (("VLLM_X", "1"),)
     assert not ex.slow
