@@ -109,3 +109,13 @@ def test_the_convention_finds_files_commands_and_exit_codes(tmp_path: Path) -> N
     assert [c.exit_code for c in ex.commands] == [0, 2]
     assert ex.commands[1].env == (("VLLM_X", "1"),)
     assert not ex.slow
+
+
+def test_the_figures_a_page_quotes_come_from_its_own_commands() -> None:
+    """docs/snippets/cost.txt is what scripts/docs-figures printed running the cost guide's commands: a page edited
+    without running it again fails here (the figures would be another job's)."""
+    page = page_examples(DOCS / "guides" / "cost.md")
+    transcript = (DOCS / "snippets" / "cost.txt").read_text(encoding="utf-8")
+    shown = [line[2:] for line in transcript.splitlines() if line.startswith("$ ")]
+    assert shown == [c.text for c in page.commands if c.argv[1] != "tune"]
+    assert '--8<-- "docs/snippets/cost.txt"' in (DOCS / "guides" / "cost.md").read_text(encoding="utf-8")
