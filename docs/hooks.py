@@ -188,13 +188,13 @@ def commands_page() -> str:
         for paragraph in text.split("\n\n"):
             paragraph = paragraph.lstrip("\b").strip()
             if paragraph.startswith("Example:") or "\n" in paragraph:
-                lines += ["```text", _rich_to_md(paragraph), "```", ""]
+                lines += ["```text", _rich_to_md(paragraph).replace("**", ""), "```", ""]
             else:
                 lines += [_rich_to_md(paragraph), ""]
         if params:
             lines += ["| argument or option | takes | help |", "| --- | --- | --- |"]
             for names, kind, help_text in params:
-                lines.append(f"| `{names}` | {kind} | {_cell(_rich_to_md(help_text))} |")
+                lines.append(f"| `{names}` | {_cell(kind)} | {_cell(_rich_to_md(help_text))} |")
     return "\n".join(lines) + "\n"
 
 
