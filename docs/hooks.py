@@ -49,9 +49,26 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _default(schema: dict[str, Any]) -> str:
-    if "default" not in schema:
-        return "required"
+def _factory_default(path: str) -> Any:
+    """The value a field's default_factory makes (JSON Schema leaves it out), found by walking the models."""
+    from pydantic import BaseModel
+
+    from tuner.config.schema import Job
+
+    model: Any = Job
+    for name in path.split("."):
+        info = model.model_fields[name]
+        value = info.get_default(call_default_factory=True)
+        model = info.annotation
+    return "its fields' defaults" if isinstance(value, BaseModel) else f"`{value}`"
+
+
+def _default(schema: dict[str, Any], path: str) -> str:
+    if "default" not in schema:  # a default_factory
+        try:
+            return _factory_default(path)
+        except (KeyError, AttributeError):  # inside a union or a list: not walked
+            return "—"
     value = schema["default"]
     return "—" if value is None else f"`{value!r}`" if not isinstance(value, dict | list) or value else f"`{value}`"
 
@@ -63,7 +80,7 @@ def _object_rows(
     required = set(schema.get("required", []))
     for name, field in schema.get("properties", {}).items():
         path = f"{prefix}{name}"
-        default = "required" if name in required else _default(field)
+        default = "required" if name in required else _default(field, path)
         rows.append((path, _type_of(field, defs), default, field.get("description", "")))
         refs = _refs(field)
         if len(refs) == 1 and refs[0] not in seen and defs[refs[0]].get("properties"):
@@ -86,6 +103,26 @@ def job_schema_rows() -> list[tuple[str, str, str, str]]:
     return _object_rows("", schema, schema.get("$defs", {}), ())
 
 
+def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            out.setdefault(path, value)
+            _flatten(value, f"{path}.", out)
+
+
+def field_examples() -> dict[str, str]:
+    """A value each field takes in the repository's ready job files (search_spaces/), by dotted path."""
+    import json
+
+    import yaml
+
+    seen: dict[str, Any] = {}
+    for job in sorted((ROOT / "search_spaces").glob("*.yaml")):
+        _flatten(yaml.safe_load(job.read_text(encoding="utf-8")), "", seen)
+    return {path: json.dumps(value) for path, value in seen.items() if not isinstance(value, dict)}
+
+
 def job_file_page() -> str:
     from tuner.config.schema import Job
 
@@ -98,11 +135,15 @@ def job_file_page() -> str:
         "type, its default and its description. `tuner schema` prints the same schema as JSON Schema for an editor;",
         "[the job file guide](../guides/job-file.md) shows a whole file annotated.",
         "",
-        "| field | type | default | description |",
-        "| --- | --- | --- | --- |",
+        "The example is a value the field takes in one of the repository's ready job files (`search_spaces/`).",
+        "",
+        "| field | type | default | example | description |",
+        "| --- | --- | --- | --- | --- |",
     ]
+    examples = field_examples()
     for path, kind, default, description in job_schema_rows():
-        lines.append(f"| `{path}` | {_cell(kind)} | {_cell(default)} | {_cell(description)} |")
+        example = f"`{examples[path]}`" if path in examples else ""
+        lines.append(f"| `{path}` | {_cell(kind)} | {_cell(default)} | {_cell(example)} | {_cell(description)} |")
     listed = {r.rsplit("/", 1)[-1] for r in re.findall(r'"\$ref": "([^"]+)"', _json(schema))}
     nested = sorted(
         name for name in listed if defs.get(name, {}).get("properties") and name not in _directly_held(schema, defs)

@@ -68,6 +68,7 @@ def test_the_job_file_reference_lists_every_field_of_the_schema() -> None:
     rows = {row[0]: row for row in _hooks().job_schema_rows()}
     assert rows["budget.n_trials"][2] == "`30`" and "trials of the whole study" in rows["budget.n_trials"][3]
     assert rows["study.name"][2] == "required"
+    assert "e2e_p95 <= 10s" in rows["slos"][2]  # a default_factory's value, which JSON Schema leaves out
 
 
 def test_the_command_reference_lists_every_command_and_option() -> None:
