@@ -7,7 +7,8 @@ The convention, said on docs/contributing/docs.md:
   of the page runs it);
 - a ```console``` block's lines that start with `$ ` are commands, run in order in that directory after the files
   are written (a line ending in `\\` continues on the next); the other lines are the output the page shows. A
-  command the page shows failing ends with `# exit N`;
+  command the page shows failing ends with `# exit N` (`# exit 0|1`: a verdict either way, such as `tuner verify`
+  on an emulator sharing the machine's cores);
 - any other block (```shell```, ```text```) is shown, not run: commands that need a GPU, Docker, Kubernetes or real
   vLLM, which the page says.
 """
@@ -25,14 +26,14 @@ _FENCE = re.compile(
     r"^(?P<indent> *)```(?P<lang>[\w-]*)(?P<attrs>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.S | re.M
 )
 _TITLE = re.compile(r'title="([^"]+)"')
-_EXIT = re.compile(r"\s+# exit (\d+)\s*$")
+_EXIT = re.compile(r"\s+# exit (\d+(?:\|\d+)*)\s*$")
 
 
 @dataclass(frozen=True)
 class Command:
     argv: tuple[str, ...]  # `tuner` first, after any VAR=value words
     env: tuple[tuple[str, str], ...]
-    exit_code: int
+    exit_codes: tuple[int, ...]  # what the page says it exits with: 0 unless `# exit N` (or `# exit 0|1`)
     text: str
 
     @property
@@ -76,16 +77,16 @@ def _commands(body: str) -> list[Command]:
         while text.endswith("\\") and i < len(lines):
             text = text[:-1] + " " + lines[i].strip()
             i += 1
-        exit_code = 0
+        exit_codes = (0,)
         if m := _EXIT.search(text):
-            exit_code = int(m.group(1))
+            exit_codes = tuple(int(code) for code in m.group(1).split("|"))
             text = text[: m.start()]
         words = shlex.split(text, comments=True)
         env = []
         while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
             name, _, value = words.pop(0).partition("=")
             env.append((name, value))
-        out.append(Command(tuple(words), tuple(env), exit_code, text))
+        out.append(Command(tuple(words), tuple(env), exit_codes, text))
     return out
 
 
@@ -102,3 +103,20 @@ def page_examples(page: Path) -> PageExamples:
 
 def pages() -> list[Path]:
     return sorted(p for p in DOCS.rglob("*.md") if "snippets" not in p.parts)
+
+
+# The pages whose figures come from a run: scripts/docs-figures runs the page's commands in a fresh directory and
+# writes what each printed into docs/snippets/ (one file for the page, or one a command when split), which the page
+# includes; tests/docs/test_docs_examples.py holds each file to the page's current commands.
+TRANSCRIPTS: dict[str, tuple[str, bool]] = {
+    "guides/cost.md": ("cost", False),
+    "guides/goodput.md": ("goodput", False),
+    "guides/plan.md": ("plan", True),
+    "guides/traces.md": ("traces", True),
+}
+
+
+def transcript_commands(page: PageExamples) -> list[Command]:
+    """The commands a transcript shows: all but a study's own run, whose log is long (the views say what it found);
+    a dry run is shown."""
+    return [c for c in page.commands if not (c.argv[1:2] == ("tune",) and c.runs_a_study)]
