@@ -75,7 +75,7 @@ def _commands(body: str) -> list[Command]:
             continue
         text = line[2:]
         while text.endswith("\\") and i < len(lines):
-            text = text[:-1] + " " + lines[i].strip()
+            text = text[:-1].rstrip() + " " + lines[i].strip()
             i += 1
         exit_codes = (0,)
         if m := _EXIT.search(text):
