@@ -4,6 +4,7 @@ doc_blocks.py): a page whose example fails, fails here. Pages whose commands sta
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,3 +125,13 @@ def test_the_figures_a_page_quotes_come_from_its_own_commands(page_name: str) ->
         transcript = (DOCS / "snippets" / name).read_text(encoding="utf-8")
         shown += [line[2:] for line in transcript.splitlines() if line.startswith("$ ")]
     assert shown == [c.text for c in transcript_commands(page_examples(DOCS / page_name))]
+
+
+def test_the_readme_job_file_is_valid(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```yaml\n(.*?)```", readme, re.S)
+    assert len(blocks) == 1 and 15 <= len(blocks[0].splitlines()) <= 25  # the README's 20-line job file
+    (tmp_path / "night.yaml").write_text(blocks[0], encoding="utf-8")
+    result = _run(Command(("tuner", "tune", "night.yaml", "--dry-run"), (), (0,), "dry run"), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "job file is valid" in result.stdout
