@@ -37,8 +37,9 @@ def _param(ex: PageExamples) -> object:
 
 def _run(command: Command, cwd: Path) -> subprocess.CompletedProcess[str]:
     assert command.argv[:1] == ("tuner",), f"a runnable command runs tuner: {command.text}"
-    env = {**os.environ, **dict(command.env), "PYTHONPATH": str(ROOT), "COLUMNS": "100", "TUNER_STORAGE_URL": ""}
-    env.pop("TUNER_STORAGE_URL")
+    # HF_HUB_OFFLINE: a page's model is one the catalog knows or a directory, never a download
+    env = {**os.environ, **dict(command.env), "PYTHONPATH": str(ROOT), "COLUMNS": "100", "HF_HUB_OFFLINE": "1"}
+    env.pop("TUNER_STORAGE_URL", None)
     return subprocess.run(
         [sys.executable, "-m", "tuner", *command.argv[1:]],
         cwd=cwd,
