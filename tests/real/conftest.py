@@ -13,6 +13,7 @@ import queue
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,14 +86,19 @@ def serve_command(vllm_python: Path, model_dir: Path, port: int, *extra: str) ->
 def refused_starts(
     vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[str], tuple[str, int | None]]:
-    """Each start-up refusal of the conformance recorder (FAILURES), started once for the session when a test first
-    asks for it: its log and exit code. The conformance check and the launcher's reading of real vLLM's refusals
-    share one start each (a start is most of a minute here)."""
+    """Each start-up refusal of the conformance recorder (FAILURES): its log and exit code. All are started at once,
+    side by side, when a test first asks for one (a start is most of a minute here, and each waits on its own exit);
+    the conformance check and the launcher's reading of real vLLM's refusals share them."""
     seen: dict[str, tuple[str, int | None]] = {}
 
     def start(name: str) -> tuple[str, int | None]:
-        if name not in seen:
-            seen[name] = refused_start(vllm_python, tiny_model, FAILURES[name], tmp_path_factory.mktemp(name))
+        if not seen:
+            with ThreadPoolExecutor(len(FAILURES)) as pool:
+                done = {
+                    n: pool.submit(refused_start, vllm_python, tiny_model, refusal, tmp_path_factory.mktemp(n))
+                    for n, refusal in FAILURES.items()
+                }
+            seen.update({n: future.result() for n, future in done.items()})
         return seen[name]
 
     return start
