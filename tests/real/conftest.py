@@ -1,7 +1,10 @@
 """Real vLLM (the pinned CPU build, `scripts/real-vllm`) serving the tiny local model.
 
-One server for the whole session where tests can share it (`real_vllm`); tests of the start itself launch their own
-from `vllm_python` and `tiny_model`. Missing vLLM skips with the reason, or fails under TUNER_REQUIRE_SERVICES=1.
+A started server for each flag set the tests need, shared for the session: `real_vllm` (vLLM's own command line, what
+the tests that only talk to a server use), `launched_vllm` (through the process launcher on a CPU plan: a good
+start's facts, the placement, a crash under load) and each refused start of `refused_starts`; the tests of a start
+itself (a study, a refusal through the launcher) launch their own from `vllm_python` and `tiny_model`. Missing
+vLLM skips with the reason, or fails under TUNER_REQUIRE_SERVICES=1.
 """
 
 from __future__ import annotations
