@@ -283,6 +283,39 @@ def fit_max_model_len(pool: KvPool, check_bytes: int, derived: int) -> int:
     return min(derived, pool.longest_fitting(check_bytes, derived))
 
 
+@dataclass(frozen=True)
+class KvBlocks:
+    """The KV cache a start sizes from the bytes it is given: the same arithmetic on a GPU and on the CPU build."""
+
+    max_model_len: int  # the flag's, or `auto`'s fit
+    num_blocks: int
+    tokens: int
+    max_concurrency: float
+
+
+def kv_blocks(pool: KvPool, available: int, flags: ResolvedFlags) -> KvBlocks:
+    """The blocks `available` bytes hold, the tokens they serve at the max model length (`auto`: the longest that
+    fits), and how many requests of that length they hold at once."""
+    max_len = flags.max_model_len
+    if flags.auto_max_model_len:
+        # The null block BlockPool holds back is not the requests' (check_enough_kv_cache_memory, 0.32).
+        max_len = fit_max_model_len(pool, available - pool.block_bytes, max_len) or max_len
+    blocks = max(0, available) // pool.block_bytes if pool.block_bytes else 0
+    tokens = pool.tokens(blocks, max_len)
+    return KvBlocks(max_len, blocks, tokens, _concurrency(pool, blocks, tokens, max_len))
+
+
+def kv_too_small(pool: KvPool, available: int, max_len: int) -> _Refusal | None:
+    """vLLM's last start-up check, GPU and CPU alike: one request of `max_len` must fit in the blocks `available`
+    bytes hold, less the null block; the refusal carries vLLM's estimate of the longest that would."""
+    check = available - pool.block_bytes
+    needed = pool.needed_bytes(max_len)
+    if needed <= check:
+        return None
+    est = pool.longest_fitting(check, max_len)
+    return KV_CACHE_TOO_SMALL, kv_too_small_message(max_len, needed, check, est), est
+
+
 def plan_startup(
     model: ModelProfile, gpu: GpuProfile, flags: ResolvedFlags, memory_in_use_gib: float = 0.0
 ) -> StartupPlan:
@@ -320,13 +353,7 @@ def _gpu_budget(
     graphs = cuda_graph_bytes(model, flags, blackwell=is_datacenter_blackwell(gpu))
     given = flags.kv_cache_memory_bytes  # Worker.determine_available_memory: the figure as given, nothing profiled
     available = given if given is not None else requested - weights - act - non_torch - graphs
-    # The null block BlockPool holds back is not the requests' (check_enough_kv_cache_memory, 0.32).
-    check = available - pool.block_bytes
-    max_len = flags.max_model_len
-    if flags.auto_max_model_len:
-        max_len = fit_max_model_len(pool, check, max_len) or max_len
-    blocks = max(0, available) // pool.block_bytes if pool.block_bytes else 0
-    kv_tokens = pool.tokens(blocks, max_len)
+    kv = kv_blocks(pool, available, flags)
     return StartupPlan(
         total_bytes=total,
         requested_bytes=requested,
@@ -336,12 +363,12 @@ def _gpu_budget(
         non_torch_bytes=non_torch,
         available_kv_bytes=available,
         kv_bytes_per_token=pool.bytes_per_token,
-        num_gpu_blocks=blocks,
-        kv_tokens=kv_tokens,
-        max_concurrency=_concurrency(pool, blocks, kv_tokens, max_len),
+        num_gpu_blocks=kv.num_blocks,
+        kv_tokens=kv.tokens,
+        max_concurrency=kv.max_concurrency,
         cuda_graph_bytes=graphs,
         headroom_bytes=free - (given if given is not None else requested),
-        max_model_len=max_len,
+        max_model_len=kv.max_model_len,
         cuda_graph_profiled=graphs > 0 and given is None,
     )
 
@@ -351,7 +378,6 @@ def _gpu_refusal(plan: StartupPlan, model: ModelProfile, flags: ResolvedFlags, p
     total, free, requested, weights = plan.total_bytes, plan.free_bytes, plan.requested_bytes, plan.weights_bytes
     available, max_len, headroom = plan.available_kv_bytes, plan.max_model_len, plan.headroom_bytes
     given = flags.kv_cache_memory_bytes
-    check = available - pool.block_bytes  # the null block, as in _gpu_budget
     invalid = validate(flags, model)
     if invalid:
         return INVALID_FLAGS, invalid, None
@@ -365,10 +391,9 @@ def _gpu_refusal(plan: StartupPlan, model: ModelProfile, flags: ResolvedFlags, p
         return CUDA_OOM, _weights_oom_message(total, free, weights), None
     if available <= 0:
         return NO_KV_MEMORY, NO_KV_MEMORY_MESSAGE, None
-    needed = pool.needed_bytes(max_len)
-    if needed > check:
-        est = pool.longest_fitting(check, max_len)
-        return KV_CACHE_TOO_SMALL, kv_too_small_message(max_len, needed, check, est), est
+    too_small = kv_too_small(pool, available, max_len)
+    if too_small is not None:
+        return too_small
     runtime = plan.activation_bytes + plan.non_torch_bytes
     if given is not None and given + weights + runtime + plan.cuda_graph_bytes > free:
         # the figure given is not checked against the device: the KV allocation or the capture then fails
@@ -467,12 +492,7 @@ def _cpu_budget(
         available = flags.kv_cache_memory_bytes
     else:
         available = requested - model.weight_bytes // flags.tensor_parallel_size - CPU_RUNTIME_BYTES
-    check = available - pool.block_bytes  # the null block (check_enough_kv_cache_memory)
-    max_len = flags.max_model_len
-    if flags.auto_max_model_len:
-        max_len = fit_max_model_len(pool, check, max_len) or max_len
-    blocks = max(0, available) // pool.block_bytes if pool.block_bytes else 0
-    kv_tokens = pool.tokens(blocks, max_len)
+    kv = kv_blocks(pool, available, flags)
     return StartupPlan(
         total_bytes=total,
         requested_bytes=requested,
@@ -482,12 +502,12 @@ def _cpu_budget(
         non_torch_bytes=0 if explicit else CPU_RUNTIME_BYTES,
         available_kv_bytes=available,
         kv_bytes_per_token=pool.bytes_per_token,
-        num_gpu_blocks=blocks,
-        kv_tokens=kv_tokens,
-        max_concurrency=_concurrency(pool, blocks, kv_tokens, max_len),
+        num_gpu_blocks=kv.num_blocks,
+        kv_tokens=kv.tokens,
+        max_concurrency=kv.max_concurrency,
         cuda_graph_bytes=0,
         headroom_bytes=free - (available if explicit else requested),
-        max_model_len=max_len,
+        max_model_len=kv.max_model_len,
     )
 
 
@@ -525,9 +545,4 @@ def _cpu_refusal(
             f"{requested / GIB:.2f} GiB). Reduce CPU memory used by other processes."
         )
         return NO_KV_MEMORY, NO_KV_MEMORY_MESSAGE if explicit else auto, None
-    check = available - pool.block_bytes
-    needed = pool.needed_bytes(max_len)
-    if needed > check:
-        est = pool.longest_fitting(check, max_len)
-        return KV_CACHE_TOO_SMALL, kv_too_small_message(max_len, needed, check, est), est
-    return None
+    return kv_too_small(pool, available, max_len)

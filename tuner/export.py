@@ -21,9 +21,9 @@ import datetime as dt
 import json
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -40,14 +40,19 @@ __all__ = [
     "VENDORS",
     "DeployOptions",
     "Provenance",
+    "Renderer",
     "container_args",
+    "export_format",
+    "gpu_limits",
+    "k8s_name",
     "kubernetes_with",
     "render",
     "replica_devices",
+    "secret_ref",
     "serve_args",
+    "yaml_documents",
 ]
 
-FORMATS = ("vllm-args", "vllm-config", "docker", "compose", "kubernetes", "json", "python")
 DEFAULT_IMAGE = f"vllm/vllm-openai:v{PINNED_VLLM}"  # the vLLM tuner is tested against, not whatever :latest is today
 _CONTAINER_HF_CACHE = "/root/.cache/huggingface"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -74,6 +79,47 @@ class _PlainDumper(yaml.SafeDumper):
 
 def _yaml(doc: Any) -> str:
     return yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+
+
+def yaml_documents(docs: Sequence[Any]) -> str:
+    """Kubernetes objects as one YAML stream (`---` between them), every value spelled out."""
+    return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+
+
+def k8s_name(text: str, limit: int = 63, fallback: str = "vllm") -> str:
+    """`text` made a valid Kubernetes object name (an RFC 1123 label) of at most `limit` characters."""
+    return _DNS_LABEL.sub("-", text.lower()).strip("-")[:limit].strip("-") or fallback
+
+
+def secret_ref(var: str, secret: str, key: str) -> dict[str, Any]:
+    """A container's environment variable read from a Secret's key: the value never appears in the manifest."""
+    return {"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def gpu_limits(resource: str | None, count: int) -> dict[str, Any]:
+    """A container's `resources` asking for `count` of the GPUs' extended resource (Kubernetes requests one at its
+    limit); none for a resource of None (vLLM's CPU build)."""
+    return {"resources": {"limits": {resource: count}}} if resource else {}
+
+
+Renderer = Callable[["VllmFlags", "DeployOptions", "Provenance | None"], str]
+# The export formats by name, in the order `tuner export --format` lists them: filled by `@export_format`.
+FORMATS: dict[str, Renderer] = {}
+
+
+_AnyRenderer = TypeVar("_AnyRenderer", bound=Renderer)
+
+
+def export_format(name: str) -> Callable[[_AnyRenderer], _AnyRenderer]:
+    """Register a renderer `(flags, options, provenance) -> str` as the export format `name`."""
+
+    def register(renderer: _AnyRenderer) -> _AnyRenderer:
+        if name in FORMATS:
+            raise ValueError(f"export format {name!r} is registered twice")
+        FORMATS[name] = renderer
+        return renderer
+
+    return register
 
 
 @dataclass(frozen=True)
@@ -214,8 +260,7 @@ class DeployOptions:
     @property
     def dns_name(self) -> str:
         """`name` made a valid Kubernetes object name (RFC 1123 label)."""
-        label = _DNS_LABEL.sub("-", self.name.lower()).strip("-")[:63].strip("-")
-        return label or "vllm"
+        return k8s_name(self.name)
 
 
 def serve_args(flags: VllmFlags, options: DeployOptions) -> list[str]:
@@ -230,18 +275,10 @@ def container_args(flags: VllmFlags, options: DeployOptions) -> list[str]:
 
 def render(fmt: str, flags: VllmFlags, options: DeployOptions, provenance: Provenance | None = None) -> str:
     """The flags in format `fmt` (one of FORMATS), ready to paste, ending with a newline."""
-    renderers = {
-        "vllm-args": _vllm_args,
-        "vllm-config": _vllm_config,
-        "docker": _docker,
-        "compose": _compose,
-        "kubernetes": _kubernetes,
-        "json": _json,
-        "python": _python,
-    }
-    if fmt not in renderers:
+    renderer = FORMATS.get(fmt)
+    if renderer is None:
         raise ConfigError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    return renderers[fmt](flags, options, provenance)
+    return renderer(flags, options, provenance)
 
 
 def replica_devices(replicas: int, world_size: int) -> list[str]:
@@ -286,6 +323,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+@export_format("vllm-args")
 def _vllm_args(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
     if options.replicas == 1:
         return _comments(provenance) + shlex.join(["vllm", "serve", *serve_args(flags, options)]) + "\n"
@@ -297,6 +335,7 @@ def _vllm_args(flags: VllmFlags, options: DeployOptions, provenance: Provenance 
     return _comments(provenance) + _box_comment(flags, options) + "\n".join(lines) + "\nwait\n"
 
 
+@export_format("vllm-config")
 def _vllm_config(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
     # vLLM's --config file: the long option names as keys; a false boolean becomes --no-<key>.
     config: dict[str, Any] = {"model": options.model}
@@ -382,6 +421,7 @@ def _docker_lines(flags: VllmFlags, options: DeployOptions, replica: tuple[int, 
     return lines
 
 
+@export_format("docker")
 def _docker(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
     # `-e NAME` without a value hands the caller's variable to the container: the token never appears here.
     if options.replicas == 1:
@@ -432,6 +472,7 @@ def _compose_service(
     return service
 
 
+@export_format("compose")
 def _compose(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
     usage = "usage: docker compose -f compose.yaml up -d   (with HF_TOKEN exported in your shell)"
     if options.replicas == 1:
@@ -464,11 +505,8 @@ def _k8s_container(flags: VllmFlags, options: DeployOptions) -> dict[str, Any]:
         "image": options.image,
         "args": container_args(flags, options),
         "ports": [{"name": "http", "containerPort": options.port}],
-        "env": [
-            {"name": env, "valueFrom": {"secretKeyRef": {"name": options.k8s_secret, "key": env}}}
-            for env in options.secret_env
-        ],
-        "resources": {"limits": {K8S_GPU_RESOURCE[options.gpu_vendor]: flags.world_size}},
+        "env": [secret_ref(env, options.k8s_secret, env) for env in options.secret_env],
+        **gpu_limits(K8S_GPU_RESOURCE[options.gpu_vendor], flags.world_size),
         "volumeMounts": [
             {"name": "hf-cache", "mountPath": _CONTAINER_HF_CACHE},
             # vLLM's workers share tensors through /dev/shm: the pod's answer to `--ipc=host`.
@@ -487,6 +525,7 @@ def _k8s_container(flags: VllmFlags, options: DeployOptions) -> dict[str, Any]:
     return container
 
 
+@export_format("kubernetes")
 def _kubernetes(
     flags: VllmFlags,
     options: DeployOptions,
@@ -540,13 +579,10 @@ def _kubernetes(
     if options.secret_env:
         keys = " ".join(f'--from-literal={env}="${env}"' for env in options.secret_env)
         secret_hint = f"# needs: kubectl create secret generic {options.k8s_secret} {keys}\n"
-    return (
-        _comments(provenance)
-        + secret_hint
-        + yaml.dump_all([deployment, service, *extra], Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
-    )
+    return _comments(provenance) + secret_hint + yaml_documents([deployment, service, *extra])
 
 
+@export_format("json")
 def _json(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
     doc: dict[str, Any] = {
         "model": options.model,
@@ -566,6 +602,7 @@ def _json(flags: VllmFlags, options: DeployOptions, provenance: Provenance | Non
     return json.dumps(doc, indent=2) + "\n"
 
 
+@export_format("python")
 def _python(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
     # vLLM's LLM class has larger scheduler defaults than the server: every tuned value is written out, so the
     # engine gets what was measured (an unset one is left to vLLM, as in the trial).

@@ -11,6 +11,7 @@ from tuner.launch import find_cause, parse_startup_facts
 from tuner.launch.failures import (
     CRASHED_UNDER_LOAD,
     describe_exit,
+    refusal_in,
     start_timeout_error,
 )
 from tuner.launch.failures import classify_runtime_exit as runtime_exit
@@ -329,3 +330,16 @@ def test_an_unreachable_hub_is_not_a_missing_model() -> None:
         "cached files."
     )
     assert startup_exit(log, 1).reason == "unknown"
+
+
+def test_a_refusal_is_read_from_whole_lines_before_the_exit() -> None:
+    """The launcher reads the log while the server shuts down: the classified refusal is the one its exit gives, and
+    a sentence still being written is not read yet."""
+    message = "max_num_batched_tokens (32) must be greater than or equal to max_num_seqs (64)."
+    log = vllm_error(message)
+    cut = log.index(message) + 20
+    assert refusal_in(log[:cut]) is None
+    early = refusal_in(log)
+    assert early is not None
+    assert (str(early), early.reason) == (str(startup_exit(log, 1)), startup_exit(log, 1).reason)
+    assert refusal_in("INFO 12-02 10:15:00 [gpu_worker.py:241] Available KV cache memory: 4.74 GiB\n") is None

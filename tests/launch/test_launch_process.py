@@ -139,6 +139,29 @@ async def test_secret_is_masked_in_a_failed_starts_error(tmp_path: Path, monkeyp
     assert f"bad token {MASK}" in str(raised.value)
 
 
+async def test_a_refused_start_ends_at_its_error_line(tmp_path: Path) -> None:
+    """vLLM prints its refusal, then takes seconds to shut its processes down: the launcher classifies the line and
+    kills the group then. This stand-in never exits nor serves, so only the line can end its start."""
+    marker = new_marker()
+    refuses = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', 'child-of-' + sys.argv[1]])\n"
+        "print('ValueError: max_num_batched_tokens (32) must be greater than or equal to max_num_seqs (64).')\n"
+        "print('still shutting down', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    launcher = ProcessLauncher(
+        [sys.executable, "-c", refuses, marker], "m", state_dir=tmp_path, stop_grace_s=30, startup_timeout_s=120
+    )
+    with pytest.raises(LaunchError) as raised:
+        async with launcher.start(VllmFlags()):
+            pytest.fail("started")
+    assert raised.value.reason == "invalid_flags"
+    assert str(raised.value).endswith("must be greater than or equal to max_num_seqs (64).")
+    assert_nothing_left(marker, study="-")
+    assert ProcessRegistry(tmp_path).records() == []
+
+
 async def test_missing_executable_is_a_clear_launch_error(tmp_path: Path) -> None:
     launcher = ProcessLauncher(["no-such-vllm-binary", "serve"], state_dir=tmp_path)
     with pytest.raises(LaunchError, match="cannot run 'no-such-vllm-binary'") as raised:

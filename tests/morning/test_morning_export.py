@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
+import tuner.export as export
 from tuner.catalog import get_gpu, load_model
 from tuner.errors import ConfigError
-from tuner.export import DEFAULT_IMAGE, FORMATS, DeployOptions, Provenance, container_args, render
+from tuner.export import DEFAULT_IMAGE, FORMATS, DeployOptions, Provenance, container_args, export_format, render
 from tuner.flags import VllmFlags, default_flags
 
 TUNED = VllmFlags(
@@ -253,6 +254,21 @@ def test_python_is_valid_and_holds_the_engine_kwargs() -> None:
 def test_unknown_format_names_the_allowed_ones() -> None:
     with pytest.raises(ConfigError, match="allowed: vllm-args, vllm-config, docker"):
         render("helm", TUNED, OPTIONS)
+
+
+def test_a_format_registered_by_its_decorator_is_rendered_and_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(export, "FORMATS", dict(FORMATS))
+
+    @export_format("env-file")
+    def env_file(flags: VllmFlags, options: DeployOptions, provenance: Provenance | None) -> str:
+        return f"MODEL={options.model}\nARGS={shlex.join(flags.to_args())}\n"
+
+    assert list(export.FORMATS)[-1] == "env-file"
+    assert render("env-file", TUNED, OPTIONS).startswith(f"MODEL={OPTIONS.model}\nARGS=--")
+    with pytest.raises(ConfigError, match=r"allowed: vllm-args, .*, python, env-file"):
+        render("helm", TUNED, OPTIONS)
+    with pytest.raises(ValueError, match="registered twice"):
+        export_format("env-file")(env_file)
 
 
 def test_bad_options_are_config_errors() -> None:

@@ -1,14 +1,22 @@
 """Real vLLM (the pinned CPU build, `scripts/real-vllm`) serving the tiny local model.
 
-One server for the whole session where tests can share it (`real_vllm`); tests of the start itself launch their own
-from `vllm_python` and `tiny_model`. Missing vLLM skips with the reason, or fails under TUNER_REQUIRE_SERVICES=1.
+A started server for each flag set the tests need, shared for the session: `real_vllm` (vLLM's own command line, what
+the tests that only talk to a server use), `launched_vllm` (through the process launcher on a CPU plan: a good
+start's facts, the placement, a crash under load) and each refused start of `refused_starts`; the tests of a start
+itself (a study, a refusal through the launcher) launch their own from `vllm_python` and `tiny_model`. Missing
+vLLM skips with the reason, or fails under TUNER_REQUIRE_SERVICES=1.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import queue
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +25,11 @@ import pytest
 from tests.conftest import missing_service
 from tests.servers import free_port, wait_healthy
 from tuner.conformance.record import FAILURES, refused_start
+from tuner.flags import VllmFlags
+from tuner.launch import ProcessLauncher
+from tuner.launch.affinity import CpuPlan, plan_cpus
+from tuner.launch.base import Server
+from tuner.launch.pinning import usable_cpus
 from tuner.launch.process import stop_group
 
 SERVED_NAME = "tiny"
@@ -76,14 +89,19 @@ def serve_command(vllm_python: Path, model_dir: Path, port: int, *extra: str) ->
 def refused_starts(
     vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[str], tuple[str, int | None]]:
-    """Each start-up refusal of the conformance recorder (FAILURES), started once for the session when a test first
-    asks for it: its log and exit code. The conformance check and the launcher's reading of real vLLM's refusals
-    share one start each (a start is most of a minute here)."""
+    """Each start-up refusal of the conformance recorder (FAILURES): its log and exit code. All are started at once,
+    side by side, when a test first asks for one (a start is most of a minute here, and each waits on its own exit);
+    the conformance check and the launcher's reading of real vLLM's refusals share them."""
     seen: dict[str, tuple[str, int | None]] = {}
 
     def start(name: str) -> tuple[str, int | None]:
-        if name not in seen:
-            seen[name] = refused_start(vllm_python, tiny_model, FAILURES[name], tmp_path_factory.mktemp(name))
+        if not seen:
+            with ThreadPoolExecutor(len(FAILURES)) as pool:
+                done = {
+                    n: pool.submit(refused_start, vllm_python, tiny_model, refusal, tmp_path_factory.mktemp(n))
+                    for n, refusal in FAILURES.items()
+                }
+            seen.update({n: future.result() for n, future in done.items()})
         return seen[name]
 
     return start
@@ -136,3 +154,81 @@ def real_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.Temp
         yield RealVllm(base, SERVED_NAME, tiny_model, MAX_MODEL_LEN, log_path)
     finally:
         stop_group(proc)
+
+
+@dataclass(frozen=True)
+class LaunchedVllm:
+    """A real vLLM the process launcher started, held open in a thread of its own: its launcher (the registry of its
+    process group), the ready server, and the CPU plan it was placed on (None where one core cannot be split)."""
+
+    launcher: ProcessLauncher
+    server: Server
+    plan: CpuPlan | None
+
+
+# The flag set of `launched_vllm`: room for the tests' requests, and two sequences at a time so that a request sent
+# to a frozen engine waits (test_real_launch.py's crash under load).
+LAUNCHED_FLAGS = VllmFlags(max_model_len=1024, max_num_seqs=2)
+
+
+# The test that kills `launched_vllm`'s engine core: run after every other test of that server, whatever the order
+# the files were given in.
+KILLS_LAUNCHED_VLLM = "test_the_engine_core_killed_under_load"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    killers = [item for item in items if item.name == KILLS_LAUNCHED_VLLM]
+    rest = [item for item in items if item.name != KILLS_LAUNCHED_VLLM]
+    users = [i for i, item in enumerate(rest) if "launched_vllm" in getattr(item, "fixturenames", ())]
+    if killers and users:
+        items[:] = rest[: users[-1] + 1] + killers + rest[users[-1] + 1 :]
+
+
+@pytest.fixture(scope="session")
+def launched_vllm(
+    vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LaunchedVllm]:
+    """One real vLLM started through the process launcher on a CPU plan, vLLM's default (compiled) start: the facts
+    of a good start, the plan's placement (test_real_cpu_plan.py) and, last of its users, a crash under load
+    (test_real_launch.py kills its engine core) are read from this one start."""
+    usable = usable_cpus()
+    plan = plan_cpus(usable) if len(usable) >= 2 else None
+    launcher = ProcessLauncher(
+        [str(vllm_python), *SERVE],
+        str(tiny_model),
+        served_model_name=SERVED_NAME,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
+        startup_timeout_s=START_LIMIT_S,
+        stop_grace_s=30.0,
+        state_dir=tmp_path_factory.mktemp("launched") / "state",
+        cpu_plan=plan,
+    )
+    with _held(launcher, LAUNCHED_FLAGS) as server:
+        yield LaunchedVllm(launcher, server, plan)
+
+
+@contextlib.contextmanager
+def _held(launcher: ProcessLauncher, flags: VllmFlags) -> Iterator[Server]:
+    """`launcher.start(flags)` entered in a thread's own event loop and left when the context ends: each test runs
+    its own loop, and the server outlives them."""
+    ready: queue.Queue[Server | BaseException] = queue.Queue()
+    stop = threading.Event()
+
+    async def hold() -> None:
+        try:
+            async with launcher.start(flags) as server:
+                ready.put(server)
+                await asyncio.to_thread(stop.wait)
+        except BaseException as e:  # the start's failure is the fixture's; a failure at the stop is nobody's
+            ready.put(e)
+
+    thread = threading.Thread(target=asyncio.run, args=(hold(),), name="launched-vllm")
+    thread.start()
+    try:
+        got = ready.get()
+        if isinstance(got, BaseException):
+            raise got
+        yield got
+    finally:
+        stop.set()
+        thread.join()

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.real.conftest import SERVE
+from tests.real.conftest import SERVE, LaunchedVllm
 from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch import ProcessLauncher
@@ -95,46 +95,48 @@ async def test_missing_model_is_model_not_found(vllm_python: Path, tmp_path: Pat
     assert str(error).count(str(missing)) == 1
 
 
-async def test_good_start_then_the_engine_core_killed_under_load(
-    vllm_python: Path, tiny_model: Path, tmp_path: Path
-) -> None:
-    """One start shows both: the facts of a good start, then a crash under load read by Server.failure()."""
-    launch = launcher(vllm_python, str(tiny_model), tmp_path)
-    async with launch.start(VllmFlags(max_model_len=1024, max_num_seqs=2)) as server:
-        facts = server.facts
-        assert facts.vllm_version == "0.32.0"  # GET /version
-        assert facts.kv_tokens == 524_288  # 1 GiB / (4 layers x 2 KV heads x 64 x 2 (K, V) x 2 bytes)
-        assert facts.max_model_len == 1024
-        assert facts.max_concurrency == pytest.approx(512.0)
-        assert facts.available_kv_gib == pytest.approx(1.0)
-        assert facts.engine_init_seconds is not None and facts.startup_seconds is not None
-        assert server.model == "tiny" and server.failure() is None
+def test_a_good_starts_facts(launched_vllm: LaunchedVllm) -> None:
+    server = launched_vllm.server
+    facts = server.facts
+    assert facts.vllm_version == "0.32.0"  # GET /version
+    assert facts.kv_tokens == 524_288  # 1 GiB / (4 layers x 2 KV heads x 64 x 2 (K, V) x 2 bytes)
+    assert facts.max_model_len == 1024
+    assert facts.max_concurrency == pytest.approx(512.0)
+    assert facts.available_kv_gib == pytest.approx(1.0)
+    assert facts.engine_init_seconds is not None and facts.startup_seconds is not None
+    assert server.model == "tiny" and server.failure() is None
 
-        (record,) = launch.registry.records()
-        engine = _engine_core(record.pgid)
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=120.0, trust_env=False) as client:
-            answered = asyncio.Event()
-            load = [asyncio.create_task(_long_stream(client, i, answered)) for i in range(16)]
-            await asyncio.wait_for(answered.wait(), EXIT_LIMIT_S)  # the engine is generating for the load
-            # How far the engine is ahead of what its API server has streamed is unknowable from outside (a starved
-            # API server drained whole replies after the kill), so the engine is frozen first: a request sent after
-            # that can only end whole if the signals missed the engine core.
-            os.kill(engine, signal.SIGSTOP)
-            accepted = asyncio.Event()
-            late = asyncio.create_task(_long_stream(client, 16, accepted, at_headers=True))
-            await asyncio.wait_for(accepted.wait(), EXIT_LIMIT_S)  # the API server has taken it
-            os.kill(engine, signal.SIGKILL)
-            endings = await asyncio.gather(*load)
-            late_ending = await late
-        assert late_ending != "whole", endings
 
-        deadline = time.monotonic() + EXIT_LIMIT_S
-        while server.exit_code is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        error = server.failure()
-        assert error is not None, "the API server outlived its engine core"
-        assert error.reason == CRASHED_UNDER_LOAD
-        assert "after it was ready (" in str(error) and "engine core exited unexpectedly" in str(error)
+# tests/real/conftest.py runs it after every other test of `launched_vllm`: it kills that server's engine core.
+async def test_the_engine_core_killed_under_load(launched_vllm: LaunchedVllm) -> None:
+    """A crash under load read by Server.failure()."""
+    server = launched_vllm.server
+    assert server.failure() is None, "the server died before the test killed it"
+    (record,) = launched_vllm.launcher.registry.records()
+    engine = _engine_core(record.pgid)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=120.0, trust_env=False) as client:
+        answered = asyncio.Event()
+        load = [asyncio.create_task(_long_stream(client, i, answered)) for i in range(16)]
+        await asyncio.wait_for(answered.wait(), EXIT_LIMIT_S)  # the engine is generating for the load
+        # How far the engine is ahead of what its API server has streamed is unknowable from outside (a starved
+        # API server drained whole replies after the kill), so the engine is frozen first: a request sent after
+        # that can only end whole if the signals missed the engine core.
+        os.kill(engine, signal.SIGSTOP)
+        accepted = asyncio.Event()
+        late = asyncio.create_task(_long_stream(client, 16, accepted, at_headers=True))
+        await asyncio.wait_for(accepted.wait(), EXIT_LIMIT_S)  # the API server has taken it
+        os.kill(engine, signal.SIGKILL)
+        endings = await asyncio.gather(*load)
+        late_ending = await late
+    assert late_ending != "whole", endings
+
+    deadline = time.monotonic() + EXIT_LIMIT_S
+    while server.exit_code is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    error = server.failure()
+    assert error is not None, "the API server outlived its engine core"
+    assert error.reason == CRASHED_UNDER_LOAD
+    assert "after it was ready (" in str(error) and "engine core exited unexpectedly" in str(error)
 
 
 async def _long_stream(client: httpx.AsyncClient, i: int, started: asyncio.Event, *, at_headers: bool = False) -> str:

@@ -121,7 +121,7 @@ def test_the_default_sampler_takes_the_tpe_options() -> None:
 
 def test_gp_draws_the_flag_the_baseline_lacks_with_tpe_not_at_random(tmp_path: Path) -> None:
     require_gp()
-    study = run_study(tmp_path, {"name": "gp", "n_startup_trials": 2}, n_trials=6)
+    study = run_study(tmp_path, {"name": "gp", "n_startup_trials": 2}, n_trials=4)  # two of them GP's
     gp = study.sampler
     assert isinstance(gp, optuna.samplers.GPSampler)
     # GP's joint model is the intersection of the trials' parameters, which the baseline cuts short; the flag it

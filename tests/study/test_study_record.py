@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import FixedTrial
 from study_fakes import FakeLauncher, FakeServer, fake_measure, job
 
-from tuner.config import LAUNCHER_KINDS, SAMPLERS
+from tuner.config import LAUNCHER_KINDS, SAMPLER_NAMES
 from tuner.flags import VllmFlags
 from tuner.launch import StartupFacts
 from tuner.launch.factory import LAUNCHERS
@@ -21,7 +21,7 @@ from tuner.record import RECORD_VERSION, StoredJob, TrialRecord
 from tuner.store import TrialDetail
 from tuner.store.store import TrialFields
 from tuner.study import Objective
-from tuner.study.samplers import SAMPLERS as SAMPLER_FACTORIES
+from tuner.study.samplers import SAMPLERS
 
 OLD_DB = Path(__file__).parent.parent / "data" / "study-0.1.0-693ac3b.db"
 
@@ -92,7 +92,7 @@ def test_a_stored_job_reads_what_it_can() -> None:
 
 
 def test_every_sampler_and_launcher_a_job_may_name_has_a_factory() -> None:
-    assert set(SAMPLER_FACTORIES) == set(SAMPLERS)
+    assert set(SAMPLERS) == set(SAMPLER_NAMES)
     assert list(LAUNCHERS) == list(LAUNCHER_KINDS)
 
 

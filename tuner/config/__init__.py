@@ -20,7 +20,7 @@ from tuner.config.fields import parse_duration, secret_arg
 from tuner.config.humanise import did_you_mean, format_validation_error
 from tuner.config.loader import load_job, parse_job
 from tuner.config.schema import (
-    SAMPLERS,
+    SAMPLER_NAMES,
     Budget,
     CapacitySearch,
     FeasibilitySection,
@@ -42,7 +42,7 @@ from tuner.config.target import (
 
 __all__ = [
     "LAUNCHER_KINDS",
-    "SAMPLERS",
+    "SAMPLER_NAMES",
     "Budget",
     "CapacitySearch",
     "DockerOptions",

@@ -27,7 +27,7 @@ from tuner.space import ParamSpec, SearchSpace
 from tuner.step_profile import StepProfile, load_profile
 
 __all__ = [
-    "SAMPLERS",
+    "SAMPLER_NAMES",
     "Budget",
     "CapacitySearch",
     "FeasibilitySection",
@@ -42,7 +42,7 @@ __all__ = [
 _T = TypeVar("_T")
 # The samplers a job may name; each has its factory in tuner.study.samplers.
 SamplerName = Literal["tpe", "gp", "nsga2", "random", "grid", "twin"]
-SAMPLERS: tuple[str, ...] = get_args(SamplerName)
+SAMPLER_NAMES: tuple[str, ...] = get_args(SamplerName)
 
 
 class StudySection(StrictModel):

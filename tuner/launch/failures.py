@@ -197,6 +197,20 @@ def classify_startup_exit(log: str, code: int, *, what: str = "the server") -> L
         line = last_error_line(log)
         message = f"{what} {describe_exit(code)} before it was ready" + (f"; last log line: {line}" if line else "")
         return LaunchError(message, UNKNOWN, log_tail(log))
+    return _refused(cause, log, what)
+
+
+def refusal_in(log: str, *, what: str = "the server") -> LaunchError | None:
+    """A start-up refusal the server has already written, classified as its exit would be; None while it has not.
+
+    vLLM takes seconds after its error line to shut its engine core and API server down: a launcher that reads the
+    line need not wait for the exit. Only whole lines count, so a cause is never read from half a sentence."""
+    written = log[: log.rfind("\n") + 1]
+    cause = find_cause(written)
+    return None if cause is None else _refused(cause, written, what)
+
+
+def _refused(cause: Diagnosis, log: str, what: str) -> LaunchError:
     return LaunchError(
         f"{what} did not start ({cause.reason}: {_SUMMARY[cause.reason]}): {cause.message}",
         cause.reason,

@@ -22,7 +22,7 @@ from tuner.errors import LaunchError
 from tuner.flags import VllmFlags
 from tuner.launch.affinity import CpuPlan
 from tuner.launch.base import Server
-from tuner.launch.failures import CANNOT_LAUNCH
+from tuner.launch.failures import CANNOT_LAUNCH, START_TIMEOUT
 from tuner.launch.gpu_idle import GpuIdleWaiter
 from tuner.launch.owner import owner_alive, owner_token, pid_alive, process_start_ticks
 from tuner.launch.pinning import group_members, place_server
@@ -288,7 +288,8 @@ class ProcessLauncher:
             try:
                 server = await self._ready(handle, port, redact)
             except LaunchError as e:
-                await handle.stop(self.stop_grace_s)
+                # A refusal read from the log while the server still shuts down: its error line is the end of it.
+                await handle.stop(0.0 if refused_early(e, handle) else self.stop_grace_s)
                 if tries == PORT_TRIES or not port_taken(e):
                     raise
                 # Another program bound the port between our pick and the server's bind: not the flags' doing.
@@ -313,7 +314,7 @@ class ProcessLauncher:
         return await ready_server(
             handle, f"http://{host}:{port}", exit_code=exit_code, timeout_s=self.startup_timeout_s,
             what=f"the {self.name} server", redact=redact, launcher=self.name, time_scale=self.time_scale,
-            default_model=self.served_model_name or self.model,
+            default_model=self.served_model_name or self.model, read_refusals=True,
         )  # fmt: skip
 
     async def _place_on_cores(self, handle: ProcessHandle, server: Server) -> None:
@@ -358,6 +359,11 @@ class ProcessLauncher:
             if record.log_path:
                 Path(record.log_path).unlink(missing_ok=True)
         return removed
+
+
+def refused_early(error: LaunchError, handle: ProcessHandle) -> bool:
+    """The start failed on a refusal read from the log while the server was still shutting itself down."""
+    return error.reason != START_TIMEOUT and handle.exit_code() is None
 
 
 def _register(registry: ProcessRegistry, record: ProcessRecord) -> None:

@@ -44,8 +44,10 @@ async def wait_until_ready(
     timeout_s: float,
     logs: Callable[[], str] | None = None,
     poll_s: float = POLL_S,
+    refused: Callable[[], Exception | None] | None = None,
 ) -> Ready:
-    """Return once GET /health answers 200; raise ServerExited or StartTimedOut."""
+    """Return once GET /health answers 200; raise ServerExited or StartTimedOut, or what `refused` returns once it
+    returns one (the server said it will not start and is still shutting down)."""
     started = time.monotonic()
     deadline = started + timeout_s
     async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(2.0), trust_env=False) as client:
@@ -53,6 +55,8 @@ async def wait_until_ready(
             code = await exit_code()
             if code is not None:
                 raise ServerExited(code)
+            if refused is not None and (error := refused()) is not None:
+                raise error
             if await _healthy(client):
                 break
             if time.monotonic() >= deadline:

@@ -84,10 +84,9 @@ def _clip(v: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, v))
 
 
-LengthDist = Annotated[FixedLength | UniformLength | NormalLength | LogNormalLength, Field(discriminator="dist")]
-
-
 Dist = FixedLength | UniformLength | NormalLength | LogNormalLength
+# The job file's field: the same union, told apart by `dist`.
+LengthDist = Annotated[Dist, Field(discriminator="dist")]
 
 
 def as_dist(v: int | Dist) -> Dist:

@@ -17,15 +17,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from tuner.errors import ConfigError
 from tuner.load.jsonl import json_lines
 
-__all__ = ["FORMATS", "Trace", "TraceFormat", "TraceRequest", "load_trace"]
+__all__ = ["TRACE_FORMATS", "Trace", "TraceFormat", "TraceRequest", "load_trace"]
 
 TraceFormat = Literal["auto", "mooncake", "azure", "burstgpt", "jsonl"]
-FORMATS: tuple[str, ...] = ("mooncake", "azure", "burstgpt", "jsonl")
+TRACE_FORMATS: tuple[str, ...] = tuple(f for f in get_args(TraceFormat) if f != "auto")
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _detect(path: Path, first: str) -> str:
         if "Timestamp" in columns and "Request tokens" in columns:
             return "burstgpt"
     raise ConfigError(
-        f"trace {path}: cannot tell its format from line 1; give arrival.format: one of {', '.join(FORMATS)} "
+        f"trace {path}: cannot tell its format from line 1; give arrival.format: one of {', '.join(TRACE_FORMATS)} "
         "(Mooncake JSONL {timestamp, input_length, output_length, hash_ids}, Azure CSV {TIMESTAMP, ContextTokens, "
         "GeneratedTokens}, BurstGPT CSV {Timestamp, Request tokens, Response tokens}, JSONL {t, input_len, output_len})"
     )

@@ -16,7 +16,7 @@ from tuner.intervals import format_with_ci
 from tuner.record import StudyRecord
 from tuner.report.front import BEST_CHOICES, choose, ratios
 from tuner.report.views import StudyView, TrialView, first_label
-from tuner.scoring import STATS, figures, latency_metrics
+from tuner.scoring import STATS, Figure, figures, latency_metrics
 
 __all__ = [
     "FLAG_LABELS",
@@ -92,36 +92,53 @@ def front_table(front: list[TrialView], baseline: TrialView | None, title: str, 
     """The front with its ratios to the baseline. Narrow (the default) fits 80 columns: the figures a pick is made
     on, the flags left to `front_flags`; wide adds the registry's headline figures (TTFT and e2e P95) and the flags in
     the table."""
-    if wide:
-        return _front_table_wide(front, baseline, title)
-    picks = _picks(front)
-    table = Table(title=title)
+    shown = [f for f in figures() if f.headline] if wide else []
     first = first_label(front)
-    for col in ("pick", "#", first, "P95", "success", _ratio_label(first), "× P95"):
-        table.add_column(col, justify="left" if col == "pick" else "right", no_wrap=col != "pick")
+    cols = ("pick", "#", first, "latency P95" if wide else "P95", *(f.label for f in shown), "success")
+    table = Table(title=title)
+    for col in (*cols, _ratio_label(first), "× P95", *(("flags",) if wide else ())):
+        left = col in ("pick", "flags")
+        table.add_column(col, justify="left" if left else "right", no_wrap=not (wide or left))
+    picks = _picks(front)
     for t in front:
-        r = ratios(t, baseline)
-        table.add_row(
-            ", ".join(h for h, n in picks.items() if n == t.number),
-            str(t.number),
-            t.throughput_text,
-            fmt(t.objective_latency_s, ".3f", " s"),
-            fmt(t.success_rate, ".1%"),
-            _first_ratio(t, r.throughput),
-            ratio(r.latency_p95),
-        )
+        flags = [escape(flags_text(t.flags))] if wide else []
+        table.add_row(*_front_row(t, baseline, picks, shown), *flags)
     if baseline is not None:
         table.add_section()
-        table.add_row(
-            "baseline",
-            str(baseline.number),
-            baseline.throughput_text if baseline.measured else "—",
-            fmt(baseline.objective_latency_s if baseline.measured else None, ".3f", " s"),
-            fmt(baseline.success_rate, ".1%"),
-            "×1.00" if baseline.measured else "—",
-            "×1.00" if baseline.measured else "—",
-        )
+        flags = [escape(f"{baseline.verdict}; {flags_text(baseline.flags)}")] if wide else []
+        table.add_row(*_baseline_row(baseline, shown), *flags)
     return table
+
+
+def _front_row(t: TrialView, baseline: TrialView | None, picks: dict[str, int], shown: list[Figure]) -> list[str]:
+    """A front trial's cells up to its ratios to the baseline (the wide table's flags go after)."""
+    r = ratios(t, baseline)
+    return [
+        ", ".join(h for h, n in picks.items() if n == t.number),
+        str(t.number),
+        t.throughput_text,
+        fmt(t.objective_latency_s, ".3f", " s"),
+        *(fmt(t.latency(f.name), ".3f", " s") for f in shown),
+        fmt(t.success_rate, ".1%"),
+        _first_ratio(t, r.throughput),
+        ratio(r.latency_p95),
+    ]
+
+
+def _baseline_row(baseline: TrialView, shown: list[Figure]) -> list[str]:
+    """The baseline's cells in the same columns: its ratios to itself are 1 where it measured anything."""
+    measured = baseline.measured
+    itself = "×1.00" if measured else "—"
+    return [
+        "baseline",
+        str(baseline.number),
+        baseline.throughput_text if measured else "—",
+        fmt(baseline.objective_latency_s if measured else None, ".3f", " s"),
+        *(fmt(baseline.latency(f.name), ".3f", " s") for f in shown),
+        fmt(baseline.success_rate, ".1%"),
+        itself,
+        itself,
+    ]
 
 
 def _ratio_label(first: str) -> str:
@@ -148,44 +165,6 @@ def front_flags(front: list[TrialView], baseline: TrialView | None) -> Table:
     if baseline is not None:
         rows.append((f"#{baseline.number}", f"baseline, {baseline.verdict}: {flags_text(baseline.flags)}"))
     return flag_lines(rows)
-
-
-def _front_table_wide(front: list[TrialView], baseline: TrialView | None, title: str) -> Table:
-    picks = _picks(front)
-    table = Table(title=title)
-    shown = [f for f in figures() if f.headline]
-    first = first_label(front)
-    cols = ("pick", "#", first, "latency P95", *(f.label for f in shown), "success", _ratio_label(first), "× P95")
-    cols = (*cols, "flags")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("pick", "flags") else "right")
-    for t in front:
-        r = ratios(t, baseline)
-        table.add_row(
-            ", ".join(h for h, n in picks.items() if n == t.number),
-            str(t.number),
-            t.throughput_text,
-            fmt(t.objective_latency_s, ".3f", " s"),
-            *(fmt(t.latency(f.name), ".3f", " s") for f in shown),
-            fmt(t.success_rate, ".1%"),
-            _first_ratio(t, r.throughput),
-            ratio(r.latency_p95),
-            escape(flags_text(t.flags)),
-        )
-    if baseline is not None:
-        table.add_section()
-        table.add_row(
-            "baseline",
-            str(baseline.number),
-            baseline.throughput_text if baseline.measured else "—",
-            fmt(baseline.objective_latency_s if baseline.measured else None, ".3f", " s"),
-            *(fmt(baseline.latency(f.name), ".3f", " s") for f in shown),
-            fmt(baseline.success_rate, ".1%"),
-            "×1.00" if baseline.measured else "—",
-            "×1.00" if baseline.measured else "—",
-            escape(f"{baseline.verdict}; {flags_text(baseline.flags)}"),
-        )
-    return table
 
 
 def front_doc(front: list[TrialView], baseline: TrialView | None) -> dict[str, Any]:

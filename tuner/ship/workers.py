@@ -3,6 +3,9 @@
 Each pod runs `tuner tune` with the process launcher (vLLM runs inside the worker's own pod, on the GPUs the pod was
 given) against the study's PostgreSQL storage, whose URL comes from a Secret by reference; Optuna's own distributed
 mode and tuner's claims share the trials out. A worker that dies is restarted and the study goes on.
+
+Built from the pieces `tuner export -f kubernetes` builds its Deployment from (tuner.export: the object name, the
+GPUs' extended resource, secrets by reference), so the two manifests ask for GPUs and secrets alike.
 """
 
 from __future__ import annotations
@@ -12,13 +15,12 @@ from typing import Any
 
 from tuner.config import Job
 from tuner.errors import ConfigError
-from tuner.export import K8S_GPU_RESOURCE
+from tuner.export import K8S_GPU_RESOURCE, gpu_limits, k8s_name, secret_ref
 from tuner.space import Range
 
 __all__ = ["gpu_resource", "gpus_per_worker", "worker_manifest"]
 
 JOB_PATH = "/etc/tuner/job.yaml"
-_DNS = re.compile(r"[^a-z0-9-]+")
 _LABEL = re.compile(r"[^A-Za-z0-9._-]+")
 # A Kubernetes extended resource: a domain-prefixed name (nvidia.com/gpu, amd.com/gpu, nvidia.com/mig-1g.10gb).
 _RESOURCE = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
@@ -68,12 +70,12 @@ def worker_manifest(
         )
     if nodes < 1:
         raise ConfigError(f"--nodes {nodes}: give 1 or more")
-    name = _DNS.sub("-", f"tuner-{job.study.name}".lower()).strip("-")[:52]
+    name = k8s_name(f"tuner-{job.study.name}", limit=52)  # room for the Job's pod suffixes
     gpus = gpus_per_worker(job)
     resource = gpu_resource(job, resource)
     labels = {"app.kubernetes.io/name": "tuner", "tuner/study": _LABEL.sub("-", job.study.name)[:63].strip("-._")}
-    env: list[dict[str, Any]] = [_from_secret("TUNER_STORAGE_URL", secret, secret_key)]
-    env += [_from_secret(var, secret, var) for var in secret_env]  # HF_TOKEN & co.: keys of the same Secret
+    env: list[dict[str, Any]] = [secret_ref("TUNER_STORAGE_URL", secret, secret_key)]
+    env += [secret_ref(var, secret, var) for var in secret_env]  # HF_TOKEN & co.: keys of the same Secret
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -85,7 +87,7 @@ def worker_manifest(
         "image": image,
         "command": ["tuner", "tune", JOB_PATH],
         "env": env,
-        **({"resources": {"limits": {resource: gpus}}} if resource else {}),
+        **gpu_limits(resource, gpus),
         "volumeMounts": [{"name": "job", "mountPath": "/etc/tuner", "readOnly": True}],
     }
     indexed = {
@@ -117,7 +119,3 @@ def worker_manifest(
         },
     }
     return [config_map, indexed]
-
-
-def _from_secret(var: str, secret: str, key: str) -> dict[str, Any]:
-    return {"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}

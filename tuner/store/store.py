@@ -29,19 +29,9 @@ from tuner.store.waiting import StorageWait, connection_lost
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
-_REQUEST_FIELDS = (
-    "index",
-    "start_s",
-    "ttft_s",
-    "itl_s",
-    "e2e_s",
-    "prompt_tokens",
-    "completion_tokens",
-    "ok",
-    "error_class",
-    "error_message",
-    "warmup",
-    "usage_from_server",
+# A request's columns that are RequestRecord's fields: all but the row's id and where it belongs.
+_REQUEST_FIELDS = tuple(
+    c.name for c in RequestRow.__table__.columns if c.name not in ("id", "study_name", "trial_number", "step")
 )
 
 

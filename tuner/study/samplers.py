@@ -26,8 +26,7 @@ import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.config import SAMPLERS as SAMPLER_NAMES
-from tuner.config import Job, SamplerSection
+from tuner.config import SAMPLER_NAMES, Job, SamplerSection
 from tuner.errors import ConfigError
 from tuner.space import SearchSpace
 from tuner.twin.sampler import TwinSampler, twin_unsupported
