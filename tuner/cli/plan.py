@@ -94,6 +94,16 @@ GpuHourUsdOpt = Annotated[
 ]
 
 
+LowerBoundOpt = Annotated[
+    bool,
+    typer.Option(
+        "--lower-bound",
+        help="Size from the lower end of the 95% interval of the rate pooled over the flag set's starts, not from the "
+        "pooled rate itself.",
+    ),
+]
+
+
 @app.command("plan")
 def plan_cmd(
     study: StudyArg = None,
@@ -113,14 +123,7 @@ def plan_cmd(
     measure: MeasureOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of the arithmetic.")] = False,
     compare_gpus: CompareGpusOpt = None,
-    lower_bound: Annotated[
-        bool,
-        typer.Option(
-            "--lower-bound",
-            help="Size from the lower end of the 95% interval of the rate pooled over the flag set's starts, not "
-            "from the pooled rate itself.",
-        ),
-    ] = False,
+    lower_bound: LowerBoundOpt = False,
     gpu_hour_usd: GpuHourUsdOpt = None,
 ) -> None:
     """Replicas, GPUs and cost for --rate req/s (and --peak), from the winner's measured SLO-meeting rate per

@@ -54,6 +54,24 @@ ToleranceOpt = Annotated[
     ),
 ]
 
+RunsOpt = Annotated[
+    int,
+    typer.Option(
+        "--runs",
+        min=1,
+        max=50,
+        help="Pairs of fresh starts against the baseline (with --alone: load runs on one server).",
+    ),
+]
+AloneOpt = Annotated[
+    bool,
+    typer.Option(
+        "--alone",
+        help="Re-measure the trial alone on one server against its record, rather than against the baseline in pairs "
+        "of fresh starts.",
+    ),
+]
+
 
 @app.command("verify")
 def verify_cmd(
@@ -63,23 +81,8 @@ def verify_cmd(
     trial: TrialOpt = None,
     best: BestOpt = "throughput",
     top: TopOpt = None,
-    runs: Annotated[
-        int,
-        typer.Option(
-            "--runs",
-            min=1,
-            max=50,
-            help="Pairs of fresh starts against the baseline (with --alone: load runs on one server).",
-        ),
-    ] = 3,
-    alone: Annotated[
-        bool,
-        typer.Option(
-            "--alone",
-            help="Re-measure the trial alone on one server against its record, rather than against the baseline "
-            "in pairs of fresh starts.",
-        ),
-    ] = False,
+    runs: RunsOpt = 3,
+    alone: AloneOpt = False,
     tolerance: ToleranceOpt = 0.10,
     as_json: JsonOpt = False,
 ) -> None:
@@ -113,10 +116,25 @@ def verify_cmd(
     base = next((t for t in view.trials if t.baseline and t.measured and t.repeat_of is None), None)
     if top is None and not alone and base is not None and candidates[0].flags != base.flags:
         _retest(con, view, the_job, candidates[0], base, runs, as_json=as_json)
+    results = _verify_each(con, view, the_job, candidates, runs, tolerance, as_json=as_json)
+    winner = _winner(results)
+    if as_json:
+        doc = [_as_dict(view, t, v) if v is not None else {"trial": t.number, "verdict": why} for t, v, why in results]
+        out: Any = doc[0] if top is None else {"winner": winner.number if winner else None, "candidates": doc}
+        typer.echo(json.dumps(out, indent=2))
+    elif top is not None:
+        con.print(_ranking(view, results, winner))
+    raise typer.Exit(0 if winner is not None else 1)
+
+
+def _verify_each(
+    con: Console, view: StudyView, job: Job, candidates: list[TrialView], runs: int, tolerance: float, *, as_json: bool
+) -> list[tuple[TrialView, Verification | None, str | None]]:
+    """Each candidate re-measured alone against its record, its table and verdict printed as it comes."""
     results: list[tuple[TrialView, Verification | None, str | None]] = []
     for t in candidates:
         try:
-            v = _verify_one(con, view, the_job, t, runs, tolerance, quiet=as_json)
+            v = _verify_one(con, view, job, t, runs, tolerance, quiet=as_json)
         except LaunchError as e:
             why = f"not confirmed: trial {t.number}'s flags did not start again ({e.reason}): {e}"
             if len(candidates) == 1:
@@ -131,14 +149,7 @@ def verify_cmd(
             record, now = Contention.of(t.contention), pooled([r.contention for r in v.runs])
             if note := contention_warning(now, record, "the re-test", f"the record of #{t.number}"):
                 con.print(f"[yellow]{escape(note)}[/yellow]")
-    winner = _winner(results)
-    if as_json:
-        doc = [_as_dict(view, t, v) if v is not None else {"trial": t.number, "verdict": why} for t, v, why in results]
-        out: Any = doc[0] if top is None else {"winner": winner.number if winner else None, "candidates": doc}
-        typer.echo(json.dumps(out, indent=2))
-    elif top is not None:
-        con.print(_ranking(view, results, winner))
-    raise typer.Exit(0 if winner is not None else 1)
+    return results
 
 
 def _retest(
