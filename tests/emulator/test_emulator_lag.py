@@ -9,6 +9,7 @@ import io
 from dataclasses import dataclass, field
 
 import httpx
+import pytest
 
 from tuner.capacity import plan_startup
 from tuner.catalog import get_gpu, load_model
@@ -26,6 +27,12 @@ from tuner.study.measure import REMEASURES, Measurement, measure_watched
 
 H100 = get_gpu("h100-80gb")
 LLAMA = load_model("llama-3.1-8b")
+
+
+@pytest.fixture(autouse=True)
+def _the_products_lag_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the lag itself: the study's own limit, not the suite's (tests/conftest.py)."""
+    monkeypatch.delenv("TUNER_EMULATOR_LAG_LIMIT", raising=False)
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,8 @@ async def test_the_measure_step_runs_the_load_on_the_clients_cores(
         return measure.Measurement(None)
 
     monkeypatch.setattr(measure, "_measure", load_phase)
-    server = type("S", (), {"cpu_plan": two_cores})()
+    # a server nobody answers at (port 9, discard): the emulator's clock is asked there and says nothing
+    server = type("S", (), {"cpu_plan": two_cores, "base_url": "http://127.0.0.1:9", "time_scale": 1.0})()
     await measure.measure_load(server, None, VllmFlags())  # type: ignore[arg-type]
     server.cpu_plan = None
     await measure.measure_load(server, None, VllmFlags())  # type: ignore[arg-type]

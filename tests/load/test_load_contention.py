@@ -113,3 +113,17 @@ def test_a_container_handle_names_its_first_process() -> None:
 
     assert ContainerHandle(_Container({"Status": "running", "Pid": 4242})).root_pid() == 4242
     assert ContainerHandle(_Container({"Status": "exited", "Pid": 0})).root_pid() is None
+
+
+def test_the_lag_limit_is_the_products_unless_the_environment_gives_a_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.errors import ConfigError
+    from tuner.load.contention import LAG_SHARE_LIMIT, lag_share_limit
+
+    monkeypatch.delenv("TUNER_EMULATOR_LAG_LIMIT", raising=False)
+    assert lag_share_limit() == LAG_SHARE_LIMIT
+    monkeypatch.setenv("TUNER_EMULATOR_LAG_LIMIT", "0.2")
+    assert lag_share_limit() == 0.2
+    for bad in ("0", "1.5", "lots"):
+        monkeypatch.setenv("TUNER_EMULATOR_LAG_LIMIT", bad)
+        with pytest.raises(ConfigError, match="TUNER_EMULATOR_LAG_LIMIT"):
+            lag_share_limit()

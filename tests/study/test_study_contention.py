@@ -24,6 +24,12 @@ from tuner.study.lag import TimeScaleNotHeld
 from tuner.study.measure import REMEASURES, measure_watched
 
 
+@pytest.fixture(autouse=True)
+def _the_products_lag_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the lag itself: the study's own limit, not the suite's (tests/conftest.py)."""
+    monkeypatch.delenv("TUNER_EMULATOR_LAG_LIMIT", raising=False)
+
+
 class _Host:
     """Readings 10 wall seconds apart, others using `other_cores` of two CPUs."""
 

@@ -294,4 +294,5 @@ def test_db_upgrade_creates_the_tables_and_is_idempotent(tmp_path: Path) -> None
         text=True,
         timeout=60,
     )
-    assert bad.returncode == 1 and "error:" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "error:" in bad.stderr and "Traceback" not in bad.stderr
+    assert "MySQLdb" in bad.stderr and "pip install MySQLdb" not in bad.stderr  # no package by that name

@@ -91,8 +91,8 @@ def need_storage_driver(url: str) -> None:
             fix = extra.install
         elif dialect.name == "postgresql":
             fix = f"use postgresql+psycopg://... and {EXTRAS['postgres'].install}"
-        else:
-            fix = f"pip install {module}"
+        else:  # a database tuner's extras do not cover: its SQLAlchemy dialect names the package, we cannot
+            fix = f"install the Python package that provides {module} for SQLAlchemy's {dialect.name} dialect"
         raise ConfigError(f"storage {safe_url(url)}: its database driver {module} is not installed: {fix}") from None
 
 

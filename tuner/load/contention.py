@@ -10,9 +10,12 @@ happened, so it served fewer tokens in the time the client measured). Pure: the 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tuner.errors import ConfigError
 
 __all__ = [
     "BUSY_CORES",
@@ -21,11 +24,30 @@ __all__ = [
     "contention_warning",
     "holdable_time_scale",
     "lag_share",
+    "lag_share_limit",
     "pooled",
 ]
 
 LAG_SHARE_LIMIT: Final = 0.05
 """An emulator run whose engine lost more than this share of the measured duration is lagged: measured again."""
+
+LAG_LIMIT_ENV: Final = "TUNER_EMULATOR_LAG_LIMIT"
+
+
+def lag_share_limit() -> float:
+    """LAG_SHARE_LIMIT, or the share TUNER_EMULATOR_LAG_LIMIT gives: a rehearsal on a machine known to be busy (a
+    laptop, a test suite beside other work) may accept more lag rather than stop; the lag is still recorded."""
+    text = os.environ.get(LAG_LIMIT_ENV)
+    if not text:
+        return LAG_SHARE_LIMIT
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise ConfigError(f"{LAG_LIMIT_ENV}={text!r}: give a share of the run between 0 and 1, e.g. 0.05")
+    return value
+
 
 BUSY_CORES: Final = 0.5
 """Other processes' average CPU use (cores) from which two runs count as taken under different contention."""

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.load.contention import LAG_SHARE_LIMIT, Contention, holdable_time_scale
+from tuner.load.contention import Contention, holdable_time_scale, lag_share_limit
 from tuner.record import TrialRecord
 
 __all__ = ["TimeScaleNotHeld", "stop_if_lagged"]
@@ -36,7 +36,7 @@ def stop_if_lagged(number: int, attrs: dict[str, Any], on_event: Callable[[str],
     runs = c.measured_again + 1
     raise TimeScaleNotHeld(
         f"this machine cannot hold time_scale {scale:g}: the emulator fell {c.emulator_lag_share:.0%} behind its "
-        f"clock (limit {LAG_SHARE_LIMIT:.0%}) in all {runs} runs of trial {number}; it can hold about time_scale "
+        f"clock (limit {lag_share_limit():.0%}) in all {runs} runs of trial {number}; it can hold about time_scale "
         f"{holdable_time_scale(scale, c.emulator_lag_share):g} (target.emulator.time_scale in a new study), "
         "or run it on a quieter machine"
     )

@@ -13,7 +13,7 @@ from tuner.flags import VllmFlags, resolve
 from tuner.launch import Server
 from tuner.launch.pinning import keep_to
 from tuner.load import CapacityStep, LoadResult, find_max_rate, run_load
-from tuner.load.contention import LAG_SHARE_LIMIT, Contention, lag_share
+from tuner.load.contention import Contention, lag_share, lag_share_limit
 from tuner.load.emulator_lag import read_emulator_lag, reset_emulator_prefix_cache
 from tuner.load.host_contention import HostSampler, between
 
@@ -69,9 +69,10 @@ async def measure_watched(
     reset: Callable[[str], Awaitable[None]] = reset_emulator_prefix_cache,
 ) -> Measurement:
     """`run` with the host read around it and the emulator's lag read before and after (None: not an emulator);
-    a run whose engine lost more than LAG_SHARE_LIMIT of its duration is run again, up to REMEASURES times; the
+    a run whose engine lost more than lag_share_limit() of its duration is run again, up to REMEASURES times; the
     last run is kept, marked `lagged` when every run lagged."""
     sampler = sampler or HostSampler()
+    limit = lag_share_limit()
     again = 0
     while True:
         lag_before = await read_lag(base_url)
@@ -83,7 +84,7 @@ async def measure_watched(
         contention = between(before, after)
         lag = lag_after - lag_before if lag_after is not None and lag_before is not None else None
         share = lag_share(lag, (contention.seconds or 0.0) * time_scale)
-        lagged = share is not None and share > LAG_SHARE_LIMIT
+        lagged = share is not None and share > limit
         measurement.contention = contention.model_copy(
             update={
                 "time_scale": time_scale,
