@@ -41,6 +41,7 @@ class UnreachableWatch:
         self.predict = predict
         self.on = job.budget.stop_when_unreachable and twin_unsupported(job) is None
         self._key = {"slos": list(job.slos), "space": job.as_record()["space"]}
+        self._reachable = False
 
     def check(self, study: optuna.Study) -> str | None:
         """Asks the twin when the measurements first call for it (and queues its nearest flag sets)."""
@@ -69,11 +70,13 @@ class UnreachableWatch:
         if isinstance(held, dict) and {k: held.get(k) for k in self._key} == self._key:
             found = held.get("found")
             return Unreachable.from_attr(found) if isinstance(found, dict) else None
-        if not predict:
+        if not predict or self._reachable:
             return None
         answer = self.predict(self.job)
-        study.set_user_attr(UNREACHABLE_ATTR, self._key | {"found": answer.as_attr() if answer else None})
+        # Kept in the study only when found (its workers and later runs read it); within reach, this run asks no more.
+        self._reachable = answer is None
         if answer is not None:
+            study.set_user_attr(UNREACHABLE_ATTR, self._key | {"found": answer.as_attr()})
             self.on_event(
                 f"{answer.line()}; the baseline missed it too: the {len(answer.nearest)} nearest are measured next, "
                 "and the study stops if they miss it (budget.stop_when_unreachable)"

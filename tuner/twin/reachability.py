@@ -22,6 +22,7 @@ from tuner.twin.simulate import simulate
 __all__ = ["FEW", "Unreachable", "find_unreachable", "predict_unreachable", "show_value"]
 
 FEW = 2  # the nearest flag sets measured, beside the baseline, before a study stops on an unreachable SLO
+FIRST_LOOK = 4  # flag sets swept first; the rest only where none of them is likely to meet every SLO
 MIN_CHANCE = 0.05  # an SLO with no flag set this likely to meet it, at the twin's prior error, is out of reach
 _SPREAD = math.hypot(PRIOR_SPREAD, SWEEP_SPREAD)  # a swept prediction's error before any real trial
 
@@ -84,11 +85,16 @@ class Unreachable:
 def predict_unreachable(
     job: Job, *, max_points: int = 80, seed: int | None = 0, simulate_fn: Simulate = simulate, few: int = FEW
 ) -> Unreachable | None:
-    """The twin swept over (up to `max_points` of) the job's space, asked `find_unreachable`."""
-    pool = candidates(job.search_space(), max_points, seed)
-    twin = Twin(job, pool, simulate_fn)
-    twin.sweep()
-    return find_unreachable(twin, few=few)
+    """The twin swept over (up to `max_points` of) the job's space, asked `find_unreachable`: first over a few
+    flag sets, which answer the common case (one of them likely to meet every SLO) at a few simulations' cost."""
+    space = job.search_space()
+    for points in (min(FIRST_LOOK, max_points), max_points):
+        twin = Twin(job, candidates(space, points, seed), simulate_fn)
+        twin.sweep()
+        found = find_unreachable(twin, few=few)
+        if found is None or len(twin.pool) < points:
+            return found  # within reach, or the whole space swept
+    return found
 
 
 def find_unreachable(twin: Twin, *, few: int = FEW) -> Unreachable | None:
