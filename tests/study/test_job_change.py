@@ -249,3 +249,19 @@ def test_the_cli_refuses_with_exit_2_and_the_dry_run_says_what_changed(
     assert "job changed (verdicts)" in out and "verdicts would move" in out
     # The dry run wrote nothing: the study still holds its first SLOs.
     assert optuna.load_study(study_name="fake", storage=sqlite_url(tmp_path)).user_attrs["slos"] == JOB["slos"]
+
+
+def test_the_confirmation_starts_no_flag_set_outside_the_space(tmp_path: Path) -> None:
+    """The fake's 32 sequences lead the first run; narrowed to 8 and 16, they are history: the confirmation starts
+    the baseline and the flag sets of the space again, never #32's (its parameters no longer read in the space)."""
+    url = sqlite_url(tmp_path)
+    first = run(job(), url)
+    assert any(t.user_attrs["flags"]["max_num_seqs"] == 32 for t in first.trials)
+    study = run(job(space=space(max_num_seqs={"choices": [8, 16]}), budget={"n_trials": 5, "confirm": 2}), url)
+    no_trial_burned(study)
+    starts = [t for t in study.trials if t.user_attrs.get("repeat_of") is not None]
+    assert starts
+    for t in starts:
+        first = study.trials[t.user_attrs["repeat_of"]]
+        assert t.user_attrs["flags"] == first.user_attrs["flags"]  # the flag set started again, not another
+        assert first.user_attrs["flags"]["max_num_seqs"] in (8, 16, 256)

@@ -31,7 +31,7 @@ from tuner.cli.trial_lines import (
     trial_line,
 )
 from tuner.config import Job, job_schema, load_job
-from tuner.errors import ConfigError, TunerError
+from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.feasibility import FeasibilityModel
 from tuner.launch.factory import cpu_plan
 from tuner.space import describe_distribution
@@ -298,7 +298,13 @@ def stored_job_check(job: Job, url: str) -> None:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
         return
-    storage = make_storage(url, heartbeat_interval=job.study.heartbeat_interval, grace_period=job.study.grace_period)
+    try:
+        storage = make_storage(
+            url, heartbeat_interval=job.study.heartbeat_interval, grace_period=job.study.grace_period
+        )
+    except StorageError as e:
+        console.print(f"the stored job was not compared: {e}", markup=False)  # the dry run needs no database
+        return
     lines: list[str] = []
     try:
         if job.study.name not in {s.study_name for s in storage.get_all_studies()}:

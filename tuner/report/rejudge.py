@@ -37,12 +37,17 @@ def rejudge(storage: RDBStorage, store: RecordSource, job: Job, *, write: bool =
     if write:
         for r in judged:
             _write(storage, ids[r.after.number], r, names, job.primary_latency())
-    moved = [r for r in judged if r.summary is not None and r.changed and r.before.duplicate_of is None]
+    # A sampler's repeat of a flag set measured nothing of its own: it is written its first trial's verdict, and
+    # not counted again.
+    own = [
+        r for r in judged if r.summary is not None and (r.before.duplicate_of is None or r.before.repeat_of is not None)
+    ]
+    moved = [r for r in own if r.changed]
     said = "moved" if write else "would move"
     detail = "; ".join(f"#{r.after.number} now {'meets them' if r.after.feasible else _misses(r)}" for r in moved)
     return (
         f"judged again under {', '.join(str(s) for s in slos)} ({job.objective}, {job.primary_latency()}): "
-        f"{sum(r.summary is not None for r in judged)} measured trials, {len(moved)} verdicts {said}"
+        f"{len(own)} measured trials, {len(moved)} verdicts {said}"
         + (f" ({detail})" if detail else "")
         + f"; feasible {sum(r.before.feasible for r in judged)} -> {sum(r.after.feasible for r in judged)}"
     )
