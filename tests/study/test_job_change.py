@@ -265,3 +265,18 @@ def test_the_confirmation_starts_no_flag_set_outside_the_space(tmp_path: Path) -
         first = study.trials[t.user_attrs["repeat_of"]]
         assert t.user_attrs["flags"] == first.user_attrs["flags"]  # the flag set started again, not another
         assert first.user_attrs["flags"]["max_num_seqs"] in (8, 16, 256)
+
+
+@pytest.mark.parametrize("sampler", ["twin", "tpe", "grid"])
+def test_each_kind_of_sampler_goes_on_in_an_edited_choices_list(tmp_path: Path, sampler: str) -> None:
+    """The reported case, under the default sampler (the twin) and the samplers that model the stored trials."""
+    url = sqlite_url(tmp_path)
+    run(job(sampler={"name": sampler, "seed": 1}), url)
+    edited = job(
+        space=space(max_num_seqs={"choices": [8, 16, 48, 128]}),
+        sampler={"name": sampler, "seed": 1},
+        budget={"n_trials": 7},
+    )
+    study = run(edited, url)
+    no_trial_burned(study)
+    assert sum(t.user_attrs.get("duplicate_of") is None for t in study.trials) == 7
