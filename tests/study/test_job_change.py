@@ -280,3 +280,14 @@ def test_each_kind_of_sampler_goes_on_in_an_edited_choices_list(tmp_path: Path, 
     study = run(edited, url)
     no_trial_burned(study)
     assert sum(t.user_attrs.get("duplicate_of") is None for t in study.trials) == 7
+
+
+def test_another_vllm_is_measured() -> None:
+    from tuner.study.vllm_version import version_to_run
+    from tuner.vllm_pin import PINNED_VLLM
+
+    same = job().as_record()
+    change = compare(same, same, stored_vllm="0.31.0", current_vllm="0.32.0")
+    assert [(c.kind, c.text()) for c in change.changes] == [(MEASURED, "vLLM 0.31.0 -> 0.32.0")]
+    assert compare(same, same, stored_vllm="0.32.0", current_vllm=None).changes == ()  # not known: not compared
+    assert version_to_run(job()) == PINNED_VLLM  # the emulator imitates the pinned vLLM

@@ -127,11 +127,16 @@ def compare(
     *,
     stored_workload: str | None = None,
     current_workload: str | None = None,
+    stored_vllm: str | None = None,
+    current_vllm: str | None = None,
 ) -> JobChange:
     """Every difference of `current` from `stored` (both `Job.as_record()` dicts), classified. `*_workload`: the
     workloads' fingerprints (`Workload.fingerprint`), which also see a dataset file's contents change under one
-    path (compared only where the job names a dataset: the hash also moves with the schema's fields)."""
+    path (compared only where the job names a dataset: the hash also moves with the schema's fields). `*_vllm`:
+    the vLLM the stored trials logged and the one the job would start (tuner.study.vllm_version)."""
     changes: list[Change] = []
+    if stored_vllm and current_vllm and stored_vllm != current_vllm:
+        changes.append(Change(MEASURED, "vLLM", stored_vllm, current_vllm))
     if stored_workload and current_workload and stored_workload != current_workload:
         workload = current.get("workload")
         # Only a dataset's bytes are seen by the hash alone (the rest is in the job's own fields, compared below).

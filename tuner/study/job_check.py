@@ -20,6 +20,7 @@ from tuner.space import SearchSpace
 from tuner.store import Store
 from tuner.study.job_change import JobChange, compare, normalised
 from tuner.study.space_carry import carry_space
+from tuner.study.vllm_version import stored_version, version_to_run
 
 __all__ = ["Rejudge", "settle_job"]
 
@@ -56,6 +57,8 @@ def settle_job(
         job.as_record(),
         stored_workload=made.workload_hash,
         current_workload=job.workload.fingerprint(),
+        stored_vllm=stored_version(storage, study_id),
+        current_vllm=version_to_run(job),
     )
     if change.refused:
         raise ConfigError(change.refusal(name))
