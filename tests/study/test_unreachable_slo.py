@@ -93,3 +93,21 @@ def test_the_dry_run_says_which_slo_and_the_nearest(
     assert "e2e_p95<=1ms" in said and "the nearest, max_num_seqs=8" in said and "against 1 ms" in said
     assert "the study stops once the baseline" in said
     assert not list(tmp_path.glob("*.db"))  # the dry run created no storage
+
+
+def test_status_says_which_slo_stopped_the_study(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tuner.cli import main
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    report, _ = run(job(slos=IMPOSSIBLE, budget={"n_trials": 6}), url)
+    assert report.stopped_by == "unreachable"
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setattr(sys, "argv", ["tuner", "status", "fake", "--storage", url])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "unreachable: no flag set is predicted to meet e2e_p95<=1ms" in out and "SLOs: e2e_p95 <= 1ms" in out

@@ -13,6 +13,7 @@ from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, StudyArg, console_for_
 from tuner.report import ratios, status
 from tuner.report.overview import StudyStatus
 from tuner.report.tables import flags_text, fmt, ratio
+from tuner.twin.reachability import Unreachable
 
 __all__ = ["status_cmd"]
 
@@ -42,6 +43,9 @@ def status_cmd(
         con.print("SLOs: " + escape(", ".join(view.slos)))
     if st.stopped:
         con.print(f"[bold red]stopped:[/bold red] {escape(st.stopped)}")
+    found = (a.get("unreachable") or {}).get("found") if isinstance(a.get("unreachable"), dict) else None
+    if isinstance(found, dict) and not st.feasible:  # an SLO the twin predicted nothing meets (tuner.study.unreachable)
+        con.print(f"[bold yellow]unreachable:[/bold yellow] {escape(Unreachable.from_attr(found).line())}")
     if st.budget:
         done = min(st.finished, st.budget)
         bar = "█" * round(30 * done / st.budget) + "░" * (30 - round(30 * done / st.budget))
