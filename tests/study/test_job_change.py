@@ -291,3 +291,20 @@ def test_another_vllm_is_measured() -> None:
     assert [(c.kind, c.text()) for c in change.changes] == [(MEASURED, "vLLM 0.31.0 -> 0.32.0")]
     assert compare(same, same, stored_vllm="0.32.0", current_vllm=None).changes == ()  # not known: not compared
     assert version_to_run(job()) == PINNED_VLLM  # the emulator imitates the pinned vLLM
+
+
+def test_a_trial_left_running_by_a_killed_worker_is_carried_too(tmp_path: Path) -> None:
+    """Its parameters are read by the next suggest as any trial's (Optuna compares a new distribution with the
+    first stored one of the name, whatever its trial's state)."""
+    url = sqlite_url(tmp_path)
+    run(job(), url)
+    storage = optuna.storages.RDBStorage(url)
+    left = optuna.load_study(study_name="fake", storage=storage).ask()
+    job().search_space().suggest(left)  # a worker killed after its suggest: RUNNING, under the old choices
+    storage.record_heartbeat(left._trial_id)  # its last beat: the next run fails it after the grace period
+    storage.engine.dispose()
+    study = run(job(space=space(max_num_seqs={"choices": [8, 16, 48]}), budget={"n_trials": 6}), url)
+    assert study.trials[left.number].state == TrialState.FAIL
+    others = [t for t in study.trials if t.number != left.number]
+    assert {t.state for t in others} == {TrialState.COMPLETE}
+    assert sum(t.user_attrs.get("duplicate_of") is None for t in others) == 6

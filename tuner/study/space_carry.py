@@ -6,7 +6,7 @@ does not support dynamic value space"), after the trial was created, so the tria
 sampler's joint model (TPE's groups, GP's intersection) keeps only the parameters every trial drew from one
 distribution, so even a widened range, which Optuna allows, drops the flag from it.
 
-So before the first trial of the edited space, each finished trial's parameter is moved onto the new distribution
+So before the first trial of the edited space, each stored trial's parameter is moved onto the new distribution
 where its value lies in it; where it does not, the parameter is removed from the trial (its flags, in the trial's
 record, stay: the trial is history, measured outside the space, and no sampler draws it again). A queued trial keeps
 only the fixed values that lie in the space. Only Optuna's `trial_params` rows and queued trials' `fixed_params`
@@ -32,8 +32,8 @@ __all__ = ["SpaceCarry", "carry_space", "in_space"]
 _ROWS = sa.text(
     "SELECT p.param_id, p.param_name, p.param_value, p.distribution_json, t.number FROM trial_params p "
     "JOIN trials t ON t.trial_id = p.trial_id JOIN studies s ON s.study_id = t.study_id "
-    "WHERE s.study_name = :study AND t.state IN ('COMPLETE', 'PRUNED', 'FAIL')"
-)
+    "WHERE s.study_name = :study"
+)  # every state: a trial a killed worker left RUNNING is failed later, its parameters still read by the next suggest
 _MOVE = sa.text("UPDATE trial_params SET param_value = :value, distribution_json = :dist WHERE param_id = :id")
 _DROP = sa.text("DELETE FROM trial_params WHERE param_id = :id")
 
