@@ -170,7 +170,10 @@ CASES = [
         "budget typo",
         DEMO,
         edit(("budget.timout", "1h")),
-        ("budget.timout: unknown field; allowed: n_trials, timeout, confirm; did you mean timeout?",),
+        (
+            "budget.timout: unknown field; allowed: n_trials, timeout, confirm, stop_when_unreachable; "
+            "did you mean timeout?",
+        ),
     ),
     Case("emulator typo", DEMO, edit(("target.emulator.time_scal", 2)), ("; did you mean time_scale?",)),
     Case("arrival typo", DEMO, edit(("arrival.concurency", 4)), ("; did you mean concurrency?",)),

@@ -55,7 +55,8 @@ def error_of(tmp_path: Path, text: str) -> str:
     [
         (
             ("budget: {n_trials: 5, timeout: 30m}", "budget: {n_trials: 5, timout: 30m}"),
-            "budget.timout: unknown field; allowed: n_trials, timeout, confirm; did you mean timeout?",
+            "budget.timout: unknown field; allowed: n_trials, timeout, confirm, stop_when_unreachable; "
+            "did you mean timeout?",
         ),
         (("slos: [", "sampler: {name: cmaes}\nslos: ["), "sampler.name: Input should be 'tpe', 'gp', 'nsga2'"),
         (("gpu: l4", "gpu: v100"), "target.gpu: unknown GPU 'v100'; known GPUs: rtx4090"),

@@ -13,6 +13,7 @@ from tuner.cli.common import JobOpt, JsonOpt, StorageOpt, StudyArg, console_for_
 from tuner.report import StudyView, ratios, status
 from tuner.report.overview import StudyStatus, machine_line
 from tuner.report.tables import flags_text, fmt, ratio
+from tuner.twin.reachability import Unreachable
 
 __all__ = ["status_cmd"]
 
@@ -42,6 +43,9 @@ def status_cmd(
         con.print("SLOs: " + escape(", ".join(view.slos)))
     if st.stopped:
         con.print(f"[bold red]stopped:[/bold red] {escape(st.stopped)}")
+    found = (a.get("unreachable") or {}).get("found") if isinstance(a.get("unreachable"), dict) else None
+    if isinstance(found, dict) and not st.feasible:  # an SLO the twin predicted nothing meets (tuner.study.unreachable)
+        con.print(f"[bold yellow]unreachable:[/bold yellow] {escape(Unreachable.from_attr(found).line())}")
     if st.budget:
         done = min(st.finished, st.budget)
         bar = "█" * round(30 * done / st.budget) + "░" * (30 - round(30 * done / st.budget))
@@ -57,6 +61,17 @@ def status_cmd(
             f"confirmation: {st.confirmation_starts} extra start{'s' if st.confirmation_starts != 1 else ''} of "
             f"flags already tried ({st.confirmation_measured} measured, {st.confirmation_minutes:.1f} server-min)"
         )
+    _print_best(con, view, st)
+    _print_running(con, st)
+    if st.failures:
+        con.print("failures: " + ", ".join(f"{escape(k)} {v}" for k, v in st.failures.items()))
+    else:
+        con.print("failures: none")
+    _print_skips(con, st)
+    _print_twin(con, st)
+
+
+def _print_best(con: Any, view: StudyView, st: StudyStatus) -> None:
     if st.best is not None:
         base = view.baseline
         r = ratios(st.best, base)
@@ -71,13 +86,6 @@ def status_cmd(
         )
     else:
         con.print("best so far: no feasible trial yet")
-    _print_running(con, st)
-    if st.failures:
-        con.print("failures: " + ", ".join(f"{escape(k)} {v}" for k, v in st.failures.items()))
-    else:
-        con.print("failures: none")
-    _print_skips(con, st)
-    _print_twin(con, st)
 
 
 def _print_running(con: Any, st: StudyStatus) -> None:

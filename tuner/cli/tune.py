@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import optuna
 import typer
 from optuna.trial import FrozenTrial, TrialState
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from tuner.box import replica_arrival, replicas
@@ -34,7 +35,7 @@ from tuner.cli.trial_lines import (
     trial_line,
 )
 from tuner.config import Job, job_schema, load_job
-from tuner.errors import ConfigError, TunerError
+from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.feasibility import FeasibilityModel
 from tuner.launch.factory import cpu_plan
 from tuner.space import describe_distribution
@@ -161,6 +162,8 @@ def dry_run(job: Job, url: str, *, launching: bool = False) -> None:
         reasons[key] = reasons.get(key, 0) + 1
         probe.tell(trial, state=TrialState.PRUNED)
     console.print(f"of {n} random flag sets: " + ", ".join(f"{v} {k}" for k, v in sorted(reasons.items())))
+    reach_check(job)
+    stored_job_check(job, url)
     console.print("[green]job file is valid[/green]" + ("" if launching else "; nothing was launched"))
 
 
@@ -183,6 +186,17 @@ def preflight_check(job: Job) -> None:
     console.print(f"[green]preflight passed[/green]: {result.note}; the server is stopped, nothing was recorded")
 
 
+NewStudyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--new-study",
+        help="run the job as a new study of this name in the same storage (where the job's study was measured "
+        "under another workload, arrival, model, GPU or launcher, and refuses it)",
+        metavar="NAME",
+    ),
+]
+
+
 @app.command(
     help="Run the tuning study of a job file to its budget: launch a server per proposed flag set, measure it under "
     "the job's load, keep the feasible Pareto front of throughput against P95 latency. Run it again to continue; "
@@ -194,7 +208,9 @@ def preflight_check(job: Job) -> None:
     "slice's shape; README: Bring your own log)\n\n"
     "Example: [bold]tuner tune search_spaces/emulator-trace-goodput.yaml[/bold]   (objective: goodput on a trace: "
     "how much faster than logged the traffic can come, each trial replaying it sped up to the rates it tries)\n\n"
-    "Example: [bold]tuner tune job.yaml --parallel auto[/bold]   (8 GPUs, tensor_parallel_size 2: 4 workers)"
+    "Example: [bold]tuner tune job.yaml --parallel auto[/bold]   (8 GPUs, tensor_parallel_size 2: 4 workers)\n\n"
+    "Example: [bold]tuner tune job.yaml --new-study night-1024[/bold]   (the job's workload edited: a new study "
+    "beside the old one in the same storage; a rerun checks its job against the stored one)"
 )
 def tune(
     job_file: Annotated[Path, typer.Argument(help="the job file (YAML)", metavar="JOB.yaml")],
@@ -228,6 +244,7 @@ def tune(
             metavar="N|auto",
         ),
     ] = "1",
+    new_study: NewStudyOpt = None,
 ) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     fit_console_to_output()
@@ -236,6 +253,8 @@ def tune(
         job = job.model_copy(update={"budget": job.budget.model_copy(update={"n_trials": n_trials})})
     url = storage or job.storage_url()
     need_job_extras(job, url)  # the dry run too: a job it calls valid runs
+    if new_study is not None:
+        job = _renamed(job, new_study)
     if not (dry_run_ or check) and job.arrival.trace is not None and (note := job.arrival.load_trace().note):
         console.print(f"note: {note}", markup=False)
     from tuner.study.parallel import worker_count
@@ -250,6 +269,66 @@ def tune(
             preflight_check(job)
         return
     run(job, url, log_file, workers=workers, gpus=gpus)
+
+
+def reach_check(job: Job) -> None:
+    """An SLO the twin predicts no flag set meets: which, the nearest flag set and by how much (nothing said where
+    some flag set is likely to meet them all, or the twin cannot imitate the job)."""
+    from tuner.twin.reachability import predict_unreachable
+    from tuner.twin.sampler import twin_unsupported
+
+    if twin_unsupported(job) is not None:
+        return
+    found = predict_unreachable(job, max_points=48, seed=job.sampler.seed)
+    if found is None:
+        return
+    then = (
+        "the study stops once the baseline and the twin's nearest flag sets measured missing it"
+        if job.budget.stop_when_unreachable
+        else "the study spends its budget anyway (budget.stop_when_unreachable: false)"
+    )
+    console.print(f"[yellow]unreachable:[/yellow] {escape(found.line())}; {then}")
+
+
+def _renamed(job: Job, name: str) -> Job:
+    """The job as study `name` (--new-study), in the storage its own name gave it."""
+    if not name.strip() or len(name) > 200:
+        raise ConfigError(f"--new-study {name!r}: give a study name of 1 to 200 characters")
+    return job.model_copy(update={"study": job.study.model_copy(update={"name": name})})
+
+
+def stored_job_check(job: Job, url: str) -> None:
+    """What a run would find of the job's study in its storage: what changed from the stored job and what the run
+    does about it (ConfigError where it would refuse); nothing written, no storage created."""
+    from sqlalchemy.engine import make_url
+
+    from tuner.report.rejudge import rejudge
+    from tuner.store import open_store
+    from tuner.study.job_check import settle_job
+    from tuner.study.storage import make_storage
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
+        return
+    try:
+        storage = make_storage(
+            url, heartbeat_interval=job.study.heartbeat_interval, grace_period=job.study.grace_period
+        )
+    except StorageError as e:
+        console.print(f"the stored job was not compared: {e}", markup=False)  # the dry run needs no database
+        return
+    lines: list[str] = []
+    try:
+        if job.study.name not in {s.study_name for s in storage.get_all_studies()}:
+            return
+        with open_store(url) as store:
+            change = settle_job(storage, store, job, job.search_space(), lines.append, rejudge=rejudge, write=False)
+        if not change.changes:
+            lines.append(f"study {job.study.name!r} exists with this job: a run continues it")
+    finally:
+        storage.engine.dispose()
+    for line in lines:
+        console.print(line, markup=False)
 
 
 def _parallel_gpus(parallel: str) -> tuple[str, ...]:
@@ -278,6 +357,7 @@ def run(
         run_workers(job, url, log_file, workers=workers, gpus=gpus, measure=measure or measure_load)
         return
     from tuner.launch.factory import build_launcher
+    from tuner.report.rejudge import rejudge
     from tuner.study import TuningRun
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -312,6 +392,7 @@ def run(
         on_trial_start=on_start,
         on_trial_end=on_end,
         measure=measure or measure_load,
+        rejudge=rejudge,
     )
     state["run"] = tuning
     started = time.monotonic()

@@ -106,6 +106,7 @@ def run_workers(
     job: Job, url: str, log_file: Path | None, *, workers: int, gpus: Sequence[str], measure: Measure
 ) -> None:
     from tuner.launch.factory import build_launcher
+    from tuner.report.rejudge import rejudge
 
     log = TextLog(log_file)
     progress = _progress()
@@ -120,7 +121,7 @@ def run_workers(
     if url.startswith("sqlite"):
         sqlite_wal(url)  # before any connection of this run holds the file
     # The study is made ready once, here: created with its baseline, interrupted trials requeued, said once.
-    parent = TuningRun(job, launcher, storage_url=url, on_event=say, measure=measure)
+    parent = TuningRun(job, launcher, storage_url=url, on_event=say, measure=measure, rejudge=rejudge)
     n = job.budget.n_trials
 
     started = time.monotonic()

@@ -86,6 +86,11 @@ class Budget(StrictModel):
         description="extra server starts spent re-measuring the baseline, the leader and the flag sets within the "
         "noise of it before the study ends (0: off; every figure is then one start)",
     )
+    stop_when_unreachable: bool = Field(
+        default=True,
+        description="stop the study once the twin predicted that no flag set meets an SLO and the baseline and "
+        "the twin's nearest flag sets measured missing it (false: spend the budget anyway)",
+    )
 
 
 class SamplerSection(StrictModel):

@@ -23,7 +23,7 @@ from tuner.report.front import pareto_front
 from tuner.report.views import StudyView, TrialView, pooled_over_starts
 from tuner.scoring import LoadSummary, Slo, closest, figures, goodput_bound, objective_latency, summarize
 
-__all__ = ["RecordSource", "RescoreResult", "RescoredTrial", "rescore"]
+__all__ = ["RecordSource", "RescoreResult", "RescoredTrial", "rejudged", "rescore"]
 
 
 class _Detail(Protocol):
@@ -94,6 +94,22 @@ class _Run:
 
 
 def rescore(view: StudyView, source: RecordSource, slos: Sequence[Slo]) -> RescoreResult:
+    out, slos = rejudged(view, source, slos)
+    pooled = pooled_over_starts([r.after for r in out])
+    out = [dataclasses.replace(r, after=after) for r, after in zip(out, pooled, strict=True)]
+    return RescoreResult(
+        study=view.name,
+        slos=[str(s) for s in slos],
+        latency_metric=view.latency_metric,
+        trials=out,
+        front=pareto_front([t.after for t in out]),
+    )
+
+
+def rejudged(view: StudyView, source: RecordSource, slos: Sequence[Slo]) -> tuple[list[RescoredTrial], list[Slo]]:
+    """Each trial judged under `slos` (and the view's objective and latency metric) on its own figures, before a
+    flag set's starts are pooled (what a study writes back into its trials: `tuner.report.rejudge`); and the SLOs
+    it was judged by (a goodput study's with its good-share bound)."""
     timeout = view.job.request_timeout
     worst_latency = float(timeout) if timeout is not None else 60.0
     if view.record.objective == "goodput" and not any(s.metric == "good_share" for s in slos):
@@ -112,15 +128,7 @@ def rescore(view: StudyView, source: RecordSource, slos: Sequence[Slo]) -> Resco
                 owner.after, number=r.before.number, baseline=r.before.baseline, duplicate_of=r.before.duplicate_of
             )
             out[i] = RescoredTrial(r.before, copied, owner.summary, owner.step, owner.source, "duplicate")
-    pooled = pooled_over_starts([r.after for r in out])
-    out = [dataclasses.replace(r, after=after) for r, after in zip(out, pooled, strict=True)]
-    return RescoreResult(
-        study=view.name,
-        slos=[str(s) for s in slos],
-        latency_metric=view.latency_metric,
-        trials=out,
-        front=pareto_front([t.after for t in out]),
-    )
+    return out, list(slos)
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,17 @@ from tuner.study.confirm import (
 )
 from tuner.study.contention import contention_lines
 from tuner.study.heartbeat import Heartbeat
+from tuner.study.job_change import JobChange
+from tuner.study.job_check import Rejudge, settle_job
 from tuner.study.journal import Journal, Kept, ResultKept, kept_from, store_kept
 from tuner.study.lag import stop_if_lagged
 from tuner.study.measure import Measure, measure_load
 from tuner.study.preflight import Check, WorkloadRejected
 from tuner.study.samplers import make_sampler, sampler_name
+from tuner.study.space_carry import in_space
 from tuner.study.storage import make_storage, study_attrs
 from tuner.study.surroundings import disk_full, full_disk_error, wait_until
+from tuner.study.unreachable import UnreachableWatch
 from tuner.study.verdict import DIRECTIONS
 from tuner.twin.sampler import TwinSampler
 
@@ -70,7 +74,9 @@ proposes only flag sets already tried (a small discrete space, every point of it
 class RunReport:
     study: optuna.Study
     trials_run: int
-    stopped_by: str  # "budget", "timeout", "stopped", "grid done" (every grid point measured), "repeats" (REPEAT_CAP)
+    # "budget", "timeout", "stopped", "grid done" (every grid point measured), "repeats" (REPEAT_CAP), "unreachable"
+    # (an SLO the twin predicted nothing meets, and the measurements agreed: tuner.study.unreachable)
+    stopped_by: str
     closing: list[str] = field(default_factory=list)  # how sure the result is (the confirmation's lines)
 
     @property
@@ -129,8 +135,10 @@ class TuningRun:
         poll_s: float = 1.0,
         preflight: Check | None = None,
         worker: int | None = None,
+        rejudge: Rejudge | None = None,
     ) -> None:
-        """`worker`: this worker's index among the `--parallel` workers of one box (its seed offset)."""
+        """`worker`: this worker's index among the `--parallel` workers of one box (its seed offset). `rejudge`:
+        how the study's trials are judged again when the job's SLOs or objective changed (tuner.report.rejudge)."""
         self.job = job
         self.launcher = launcher
         self.url = storage_url or job.storage_url()
@@ -139,6 +147,8 @@ class TuningRun:
         self.on_trial_end = on_trial_end or (lambda _t: None)
         self.poll_s = poll_s
         self.space = job.search_space()
+        self.rejudge = rejudge
+        self.job_change = JobChange()
         try:
             self._open(worker)
         except Exception as e:
@@ -157,6 +167,7 @@ class TuningRun:
         )
         self._stop = threading.Event()
         self._only_repeats = False
+        self.unreachable = UnreachableWatch(job, self.on_event)
 
     def _open(self, worker: int | None) -> None:
         """The project's tables and Optuna's study, created when new (a full disk is the caller's one line)."""
@@ -174,6 +185,11 @@ class TuningRun:
                     self.url, heartbeat_interval=job.study.heartbeat_interval, grace_period=job.study.grace_period
                 )
                 self.storage.waiting = self.waiting
+                # The job against the study's stored one, before Optuna's cache reads a trial: refused, or the
+                # study carried over to it (tuner.study.job_check).
+                self.job_change = settle_job(
+                    self.storage, self.store, job, self.space, self.on_event, rejudge=self.rejudge
+                )
                 self.study = optuna.create_study(
                     study_name=job.study.name,
                     storage=self.storage,
@@ -350,6 +366,10 @@ class TuningRun:
                 return ran, "stopped"
             if self._timed_out(started):
                 return ran, "timeout"
+            with self.store.exclusive(self.job.study.name):
+                unreachable = self.unreachable.check(self.study)
+            if unreachable is not None:
+                return ran, "unreachable"
             trial = self._next_trial()
             if trial is None:
                 return ran, "repeats" if self._only_repeats else "budget"
@@ -492,7 +512,7 @@ class TuningRun:
             # The confirmation ranks flag sets by tok/s intervals; a cost study ranks them by the cost of its load.
             if count >= self.job.budget.confirm or self.job.objective == "cost":
                 return None
-            step = Confirmation.of(trials, self.objective.slos, self._prior()).next_step()
+            step = Confirmation.of(self._in_space(trials), self.objective.slos, self._prior()).next_step()
             if step is None:
                 return None
             target, pair = step
@@ -508,6 +528,11 @@ class TuningRun:
         """The platform's between-start spread the confirmation starts from (tuner.intervals.PRIORS)."""
         return platform_prior(self.job.gpu_profile().is_cpu)
 
+    def _in_space(self, trials: list[FrozenTrial]) -> list[FrozenTrial]:
+        """The trials whose flag sets the job's space holds: a trial measured before the space was edited and
+        outside it is history, never started again (tuner.study.space_carry)."""
+        return [t for t in trials if in_space(self.space, t)]
+
     def _ask(self) -> optuna.Trial:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
@@ -519,11 +544,12 @@ class TuningRun:
             return ["no confirmation starts: they compare flag sets by tok/s, a cost study by what its load costs"]
         trials = self.study.get_trials(deepcopy=False)
         count, seconds = spent(trials)
-        c = Confirmation.of(trials, self.objective.slos, self._prior())
+        c = Confirmation.of(self._in_space(trials), self.objective.slos, self._prior())
         lines = closing_lines(c, starts_spent=count, server_seconds=seconds, budget=self.job.budget.confirm)
         lines += contention_lines(trials, c)
         self.study.set_user_attr(CONFIRM_ATTR, summary_attr(c, lines, starts_spent=count, server_seconds=seconds))
-        return lines
+        unreachable = self.unreachable.said(self.study)  # an SLO nothing meets: the line that ends the study
+        return [*lines, unreachable] if unreachable is not None else lines
 
 
 def retry_trial(study: optuna.Study, trial: FrozenTrial, max_retry: int | None = None) -> None:
