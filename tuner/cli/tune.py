@@ -205,7 +205,7 @@ NewStudyOpt = Annotated[
     "`sampler: {name: tpe, multivariate: false}`; `tuner schema` lists them.\n\n"
     "Example: [bold]tuner tune search_spaces/emulator-demo.yaml[/bold]\n\n"
     "Example: [bold]tuner tune search_spaces/emulator-trace.yaml --dry-run[/bold]   (a request log replayed: the "
-    "slice's shape; README: Bring your own log)\n\n"
+    "slice's shape; docs/guides/traces.md)\n\n"
     "Example: [bold]tuner tune search_spaces/emulator-trace-goodput.yaml[/bold]   (objective: goodput on a trace: "
     "how much faster than logged the traffic can come, each trial replaying it sped up to the rates it tries)\n\n"
     "Example: [bold]tuner tune job.yaml --parallel auto[/bold]   (8 GPUs, tensor_parallel_size 2: 4 workers)\n\n"
