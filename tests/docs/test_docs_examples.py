@@ -14,14 +14,7 @@ import pytest
 from doc_blocks import DOCS, ROOT, TRANSCRIPTS, Command, PageExamples, page_examples, pages, transcript_commands
 
 # The pages other helpers write (the lead merges their versions); each has its own tests.
-_STUBS = {
-    "guides/job-changes.md",
-    "guides/unreachable-slos.md",
-    "guides/busy-machines.md",
-    "concepts/confirmation-and-intervals.md",
-    "concepts/twin.md",
-    "guides/log-files-and-extras.md",
-}
+_STUBS = {"concepts/twin.md"}
 # Guides that show a complete job file (the "each with a complete job file that runs").
 _GUIDES_WITHOUT_JOB = {"guides/morning.md", "guides/bench-and-launch.md", "guides/verify.md", "guides/surroundings.md"}
 
