@@ -11,14 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from study_fakes import FakeLauncher, fake_measure, job
+from study_fakes import FakeLauncher, FakeServer, job, records_for
 from test_twin_sampler import KV, fake_simulate, fake_tok_s
 from test_twin_slos import study_of, tell, twin
 
+from tuner.config import Job
 from tuner.flags import VllmFlags
+from tuner.load import LoadResult
 from tuner.record import TrialRecord
+from tuner.scoring import summarize
 from tuner.store import flag_key
-from tuner.study import TuningRun
+from tuner.study import Measurement, TuningRun
 from tuner.twin.explore import explore, leader_bound
 from tuner.twin.model import Candidate, Observation, Predicted, Twin, candidates
 from tuner.twin.residual import ALONG, GLOBAL
@@ -28,15 +31,22 @@ from tuner.twin.simulate import Coefficients, SimPoint
 SLOS = ["e2e_p95 <= 2.5s", "success_rate >= 0.9"]
 
 
+async def served_alike(server: FakeServer, j: Job, flags: VllmFlags) -> Measurement:
+    """A real server that serves four users the same whatever the flags (as the twin simulates it), within the SLOs."""
+    records = records_for(flags.model_copy(update={"max_num_seqs": 8}))
+    summary = summarize(records, duration_s=1.25, slos=j.parsed_slos())
+    return Measurement(LoadResult(summary=summary, records=records, diagnosis="fake"), rate=summary.request_throughput)
+
+
 def test_a_flag_set_the_twin_simulates_as_one_measured_is_answered_from_it_not_launched(tmp_path: Path) -> None:
     # Four users: every max_num_seqs admits them all and every utilization holds their KV, so the twin simulates the
-    # twelve flag sets (and the baseline) alike. Once the baseline is measured nothing else can teach: no proposal
-    # launches a server, each is answered with the baseline's figures and says so.
+    # twelve flag sets (and the baseline) alike. Once the baseline is measured (its verdict as the twin said) nothing
+    # else can teach: no proposal launches a server, each is answered with the baseline's figures and says so.
     j = job(sampler={"name": "twin", "seed": 1}, budget={"n_trials": 3})
     launcher = FakeLauncher()
     log: list[str] = []
     tuning = TuningRun(
-        j, launcher, storage_url=f"sqlite:///{tmp_path / 't.db'}", measure=fake_measure(), on_event=log.append
+        j, launcher, storage_url=f"sqlite:///{tmp_path / 't.db'}", measure=served_alike, on_event=log.append
     )
     try:
         tuning.run()

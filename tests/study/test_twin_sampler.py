@@ -231,10 +231,8 @@ def test_naming_the_twin_for_a_target_it_cannot_imitate_is_one_line() -> None:
 
 
 def test_a_twin_study_records_and_shows_predicted_against_measured(tmp_path: Path) -> None:
-    """The real study, the real twin (the emulator's engine on the fake job's L4), a fake server and load. Under 24
-    users the twin simulates every max_num_seqs of 24 or more alike (the baseline's too): of the space's three
-    answers each is launched once, the other proposals are answered from them (tuner.study.claims)."""
-    j = job(sampler={"name": "twin", "seed": 1}, budget={"n_trials": 6}, arrival={"concurrency": 24, "requests": 48})
+    """The real study, the real twin (the emulator's engine on the fake job's L4), a fake server and load."""
+    j = job(sampler={"name": "twin", "seed": 1}, budget={"n_trials": 6})
     launcher = FakeLauncher()
     log: list[str] = []
     url = f"sqlite:///{tmp_path / 'twin.db'}"
@@ -245,8 +243,7 @@ def test_a_twin_study_records_and_shows_predicted_against_measured(tmp_path: Pat
     finally:
         tuning.close()
     launched = [flag_key(launch["flags"]) for launch in launcher.launches]
-    assert len(launched) == len(set(launched)) == 3
-    assert sorted(min(launch["flags"].get("max_num_seqs") or 256, 24) for launch in launcher.launches) == [8, 16, 24]
+    assert len(launched) == len(set(launched)) == 6
     records = [TrialRecord.from_attrs(t.user_attrs) for t in study.trials]
     assert all(r.twin_predicted_tok_s is not None for r in records if not r.is_duplicate)
     assert log.index(next(m for m in log if m.startswith("twin: 12 flag sets"))) < log.index(

@@ -184,6 +184,7 @@ class Twin:
         # the residual's kernel chosen by leave-one-out error, and each trial's figures predicted from the others
         self.choice = Choice(GLOBAL, {}, {})
         self.residual: Residual | None = None
+        self.doubted: set[str] = set()  # measured flag sets whose likeness to others the twin cannot vouch for
 
     def sweep(self) -> None:
         for key, c in self.pool.items():
@@ -238,22 +239,43 @@ class Twin:
         return held
 
     def known_answer(self, key: str, measured: Iterable[str]) -> str | None:
-        """The measured flag set (of `measured`) this one's simulation cannot tell apart from: it starts, it admits
-        the same batch at its fullest and every figure is within SAME_WITHIN of that one's, under the catalog's
-        figures and under the fit; None when it would teach something."""
-        mine = self.point(key)
-        if not mine.started or mine.crashed:
-            return None
+        """The measured flag set (of `measured`) this one's simulation cannot tell apart from (`alike`), where the
+        twin's likeness is to be trusted; None when it would teach something. Where the twin got a trial's verdict
+        wrong its simulation missed something, perhaps in a flag it treats as inert: one flag set alike to it may
+        still be measured, and once one measured alike (within a start's noise) the rest are known answers."""
         for other in measured:
-            if other == key:
-                continue
-            theirs = self.point(other)
-            if not theirs.started or theirs.crashed or theirs.peak_running != mine.peak_running:
-                continue
-            a, b = self._features(key), self._features(other)
-            if a.keys() == b.keys() and all(abs(a[f] - b[f]) <= SAME_WITHIN for f in a):
+            if other != key and other not in self.doubted and self.alike(key, other):
                 return other
         return None
+
+    def alike(self, a: str, b: str) -> bool:
+        """Both start and hold the load, admit the same batch at their fullest, and every figure the twin simulates
+        for one is within SAME_WITHIN of the other's."""
+        pa, pb = self.point(a), self.point(b)
+        if not (pa.started and pb.started) or pa.crashed or pb.crashed or pa.peak_running != pb.peak_running:
+            return False
+        fa, fb = self._features(a), self._features(b)
+        return fa.keys() == fb.keys() and all(abs(fa[f] - fb[f]) <= SAME_WITHIN for f in fa)
+
+    def _doubted(self, observations: list[Observation]) -> set[str]:
+        """The measured flag sets whose likeness to others the twin cannot vouch for: one that measured other than a
+        flag set it simulates alike (beyond SPREAD_FLOOR in a figure), and one whose SLO verdict it predicted wrong
+        before it ran unless one it simulates alike measured the same (its likeness stood the test there)."""
+        loads = [o for o in observations if o.started and not o.crashed and o.figures]
+        wrong = {o.key for o in loads if o.predicted and self._meets(o.predicted) != self._meets(o.figures)}
+        confirmed: set[str] = set()
+        differ: set[str] = set()
+        for i, a in enumerate(loads):
+            for b in loads[i + 1 :]:
+                if a.key == b.key or not self.alike(a.key, b.key):
+                    continue
+                common = [f for f in a.figures if b.figures.get(f, 0.0) > 0 and a.figures[f] > 0]
+                same = all(abs(math.log(a.figures[f] / b.figures[f])) <= SPREAD_FLOOR for f in common)
+                (confirmed if same else differ).update((a.key, b.key))
+        return (wrong - confirmed) | differ
+
+    def _meets(self, figures: dict[str, float]) -> bool:
+        return all(violation_of(slo, figures) <= 0 for slo in self.slos)
 
     def positions(self, key: str) -> dict[str, Position]:
         """Each varied flag's place along its range (tuner.twin.residual), for the residual along the flags."""
@@ -329,6 +351,7 @@ class Twin:
         """Coefficients that agree with every observation so far; the exact predictions are redone under them."""
         for o in observations:
             self.known.setdefault(o.key, o.flags)
+        self.doubted = self._doubted(observations)
         ratios = [
             o.kv_tokens / raw
             for o in observations

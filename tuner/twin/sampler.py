@@ -186,8 +186,9 @@ class TwinSampler(BaseSampler):
         """A proposal the twin simulates as a trial already measured (only when nothing left can teach more, or the
         fallback's draw) is marked with that trial's number: the study answers it with those figures, as a repeat."""
         measured = _measured_keys(done)
-        key = flag_key(self.space.repair(params).flags.as_dict())
-        twin.known.setdefault(key, self.space.repair(params).flags)
+        flags = self.space.repair(params).flags
+        key = flag_key(flags.as_dict())
+        twin.known.setdefault(key, flags)
         same = twin.known_answer(key, measured)
         if same is not None:
             study._storage.set_trial_user_attr(trial._trial_id, SAME_AS_ATTR, measured[same])
