@@ -422,9 +422,12 @@ class TwinSampler(BaseSampler):
         ranked = sorted((twin.predict(k) for k in untried), key=self._rank)
         top = ranked[0]
         if self._rank(top)[0] != 0:
-            return top.key
-        bar = (1 - NEAR_BEST) * self._expected(top)
-        equals = [p.key for p in ranked[:3] if self._rank(p)[0] == 0 and self._expected(p) >= bar]
+            # none likely to meet the SLOs: of those the twin cannot tell apart, the one differing most from the
+            # trials (a flag the twin treats as inert is then varied, not kept)
+            equals = [p.key for p in ranked[:8] if self._rank(p) == self._rank(top)]
+        else:
+            bar = (1 - NEAR_BEST) * self._expected(top)
+            equals = [p.key for p in ranked[:3] if self._rank(p)[0] == 0 and self._expected(p) >= bar]
         tried = self._tried_params(study)
         return max(equals, key=lambda k: (self._distance(twin.pool[k].params, tried), -equals.index(k)))
 
