@@ -2,16 +2,16 @@
 
 Before the first launch the twin measures every candidate flag set (tuner.twin.model). Each proposal then:
 refit the twin to the real trials, re-rank, and propose the best untried candidate (among near-equals, the one
-farthest from what was tried); every `explore_every`-th proposal goes instead where the twin is least sure (the
-highest optimistic throughput, its uncertainty the twin's measured error times the distance from any real trial).
+farthest from what was tried; a flag set the twin simulates as one measured already only when nothing else is
+left); every `explore_every`-th proposal goes instead where a trial most likely beats the leader (tuner.twin.explore).
 After each real trial the record gets the twin's prediction (`twin_predicted_tok_s`; every SLO metric predicted and
 measured in `twin_figures`) and the log a line of predicted against measured, the SLO verdict first: a trial the
 twin said meets the SLOs and does not (or the reverse) is a wrong verdict (`twin_verdict_missed`), whatever its
 throughput error. Where the twin stays wrong after `check_after` real trials (its throughput error above
 `error_bound`, its verdicts wrong in most of the latest trials, or its ranking of the trials measured mostly
-reversed) the sampler says so and hands over to the fallback sampler (TPE). The twin goes on refitting after that
-and stays its prior: of a few flag sets the fallback draws, the one the twin expects the most feasible throughput
-from is proposed.
+reversed; from 3 trials, verdicts wrong that its residual cannot explain) the sampler says so and hands over to
+the fallback sampler (TPE). The twin goes on refitting after that and stays its prior: of a few flag sets the
+fallback draws, the one the twin expects the most feasible throughput from is proposed.
 
 The fallback state lives in the study, not in one process: each trial's error (`twin_error`), miss
 (`twin_missed`) or wrong verdict is a trial attribute and the hand-over a study attribute (`twin_fallback`), so a
