@@ -466,7 +466,8 @@ class TwinSampler(BaseSampler):
         if value is None:
             return "none"
         if self.job is not None and self.job.objective == "cost":
-            return f"{value:,.3g} per unit cost"
+            unit = "$" if self.job.gpu_hour_usd() is not None else "GPU-h"
+            return f"{1 / value:,.2f} {unit} per million output tokens" if value > 0 else "no capacity"
         return f"{value:,.0f} tok/s"
 
     def _shown_best(self, p: Predicted) -> str:
