@@ -184,7 +184,11 @@ class Twin:
         # the residual's kernel chosen by leave-one-out error, and each trial's figures predicted from the others
         self.choice = Choice(GLOBAL, {}, {})
         self.residual: Residual | None = None
-        self.doubted: set[str] = set()  # measured flag sets whose likeness to others the twin cannot vouch for
+        # what the trials say of the twin's likeness (`_vouch`): trials whose verdict it got wrong, trials that
+        # measured other than one it simulates alike, and the flags alike trials showed inert
+        self.wrong: set[str] = set()
+        self.disproved: set[str] = set()
+        self.inert: set[str] = set()
 
     def sweep(self) -> None:
         for key, c in self.pool.items():
@@ -241,12 +245,20 @@ class Twin:
     def known_answer(self, key: str, measured: Iterable[str]) -> str | None:
         """The measured flag set (of `measured`) this one's simulation cannot tell apart from (`alike`), where the
         twin's likeness is to be trusted; None when it would teach something. Where the twin got a trial's verdict
-        wrong its simulation missed something, perhaps in a flag it treats as inert: one flag set alike to it may
-        still be measured, and once one measured alike (within a start's noise) the rest are known answers."""
-        for other in measured:
-            if other != key and other not in self.doubted and self.alike(key, other):
-                return other
-        return None
+        wrong its simulation missed something, perhaps in a flag it treats as inert: a flag set alike to it is a known
+        answer only where they differ in flags two alike flag sets already showed inert (measured the same)."""
+        alike = [other for other in measured if other != key and self.alike(key, other)]
+        if not alike or any(other in self.disproved for other in alike):
+            return None
+        if any(other in self.wrong for other in alike) and not all(
+            self._differing(key, other) <= self.inert for other in alike
+        ):
+            return None
+        return alike[0]
+
+    def _differing(self, a: str, b: str) -> set[str]:
+        va, vb = self.flag_values(a), self.flag_values(b)
+        return {name for name in va if va[name] != vb.get(name)}
 
     def alike(self, a: str, b: str) -> bool:
         """Both start and hold the load, admit the same batch at their fullest, and every figure the twin simulates
@@ -257,22 +269,22 @@ class Twin:
         fa, fb = self._features(a), self._features(b)
         return fa.keys() == fb.keys() and all(abs(fa[f] - fb[f]) <= SAME_WITHIN for f in fa)
 
-    def _doubted(self, observations: list[Observation]) -> set[str]:
-        """The measured flag sets whose likeness to others the twin cannot vouch for: one that measured other than a
-        flag set it simulates alike (beyond SPREAD_FLOOR in a figure), and one whose SLO verdict it predicted wrong
-        before it ran unless one it simulates alike measured the same (its likeness stood the test there)."""
+    def _vouch(self, observations: list[Observation]) -> None:
+        """What the trials say of the twin's likeness: the flag sets whose verdict it predicted wrong before they ran
+        (`wrong`), those that measured other than a flag set it simulates alike (`disproved`: beyond SPREAD_FLOOR in
+        a figure), and the flags two alike flag sets differing in them showed inert (measured the same)."""
         loads = [o for o in observations if o.started and not o.crashed and o.figures]
-        wrong = {o.key for o in loads if o.predicted and self._meets(o.predicted) != self._meets(o.figures)}
-        confirmed: set[str] = set()
-        differ: set[str] = set()
+        self.wrong = {o.key for o in loads if o.predicted and self._meets(o.predicted) != self._meets(o.figures)}
+        self.disproved, self.inert = set(), set()
         for i, a in enumerate(loads):
             for b in loads[i + 1 :]:
                 if a.key == b.key or not self.alike(a.key, b.key):
                     continue
                 common = [f for f in a.figures if b.figures.get(f, 0.0) > 0 and a.figures[f] > 0]
-                same = all(abs(math.log(a.figures[f] / b.figures[f])) <= SPREAD_FLOOR for f in common)
-                (confirmed if same else differ).update((a.key, b.key))
-        return (wrong - confirmed) | differ
+                if all(abs(math.log(a.figures[f] / b.figures[f])) <= SPREAD_FLOOR for f in common):
+                    self.inert |= self._differing(a.key, b.key)
+                else:
+                    self.disproved.update((a.key, b.key))
 
     def _meets(self, figures: dict[str, float]) -> bool:
         return all(violation_of(slo, figures) <= 0 for slo in self.slos)
@@ -351,7 +363,7 @@ class Twin:
         """Coefficients that agree with every observation so far; the exact predictions are redone under them."""
         for o in observations:
             self.known.setdefault(o.key, o.flags)
-        self.doubted = self._doubted(observations)
+        self._vouch(observations)
         ratios = [
             o.kv_tokens / raw
             for o in observations
