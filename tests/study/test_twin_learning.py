@@ -200,3 +200,23 @@ def test_a_miss_along_a_flag_the_residual_learns_does_not_hand_over() -> None:
         tell(study, j, lambda f: (fake_tok_s(f), 5.0 if f.gpu_memory_utilization == 0.95 else 0.1))
     assert not sampler.fell_back
     assert 3 not in sampler.verdicts and 4 not in sampler.verdicts
+
+
+def test_beside_a_wrong_verdict_a_flag_set_alike_is_measured_until_its_flags_are_shown_inert() -> None:
+    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
+    pool = candidates(j.search_space(), 400, 1)
+    at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
+    t = Twin(j, pool, alike_above_32)
+    t.sweep()
+    a, b = at[32, 0.9], at[64, 0.9]
+    met = {"output_tok_s": 288.0, "e2e_p95": 1.0, "success_rate": 1.0}
+    missed = {"output_tok_s": 288.0, "e2e_p95": 3.0, "success_rate": 1.0}
+    right = Observation(a.key, a.flags, True, False, 288.0, KV, met, predicted=met)
+    t.refit([right])
+    assert t.known_answer(b.key, [a.key]) == a.key  # the twin said met, it was met: its likeness stands
+    wrong = Observation(a.key, a.flags, True, False, 288.0, KV, missed, predicted=met)
+    t.refit([wrong])
+    assert t.known_answer(b.key, [a.key]) is None  # it missed something there: 64 sequences may teach it
+    other = Observation(b.key, b.flags, True, False, 200.0, KV, {"output_tok_s": 200.0, "e2e_p95": 3.0})
+    t.refit([wrong, other])
+    assert t.disproved == {a.key, b.key}  # alike in the twin, not on the server
