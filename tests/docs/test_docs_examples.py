@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 from doc_blocks import DOCS, ROOT, TRANSCRIPTS, Command, PageExamples, page_examples, pages, transcript_commands
 
-# The pages other helpers write (the lead merges their versions); each has its own tests.
-_STUBS = {"concepts/twin.md"}
 # Guides that show a complete job file (the "each with a complete job file that runs").
 _GUIDES_WITHOUT_JOB = {"guides/morning.md", "guides/bench-and-launch.md", "guides/verify.md", "guides/surroundings.md"}
 
@@ -79,7 +77,7 @@ def test_every_guide_shows_a_job_file_that_runs() -> None:
     missing = []
     for page in sorted((DOCS / "guides").glob("*.md")):
         name = str(page.relative_to(DOCS))
-        if name in _STUBS or name in _GUIDES_WITHOUT_JOB:
+        if name in _GUIDES_WITHOUT_JOB:
             continue
         if not page_examples(page).job_files:
             missing.append(name)

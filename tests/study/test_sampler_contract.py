@@ -127,7 +127,8 @@ def test_a_flag_set_proposed_again_is_answered_from_its_first_trial(name: str, t
 
     launcher = FakeLauncher()
     j = contract_job(name, 3, space=STARTABLE)
-    report = run(j, f"sqlite:///{tmp_path / 's.db'}", launcher, on_trial_end=repeat_trial_1)
+    # the twin of this fake tells the flag sets apart (the real one, under 4 users, simulates them all alike)
+    report = run(j, f"sqlite:///{tmp_path / 's.db'}", launcher, on_trial_end=repeat_trial_1, twin=twin_of_the_fake)
     trials = report.study.trials
     repeat = trials[2]
     assert repeat.user_attrs["duplicate_of"] == 1 and repeat.values == trials[1].values
@@ -232,7 +233,7 @@ def test_the_front_holds_only_flag_sets_that_meet_the_slos(name: str, tmp_path: 
 def test_a_killed_workers_study_resumes_with_a_new_sampler_that_runs_nothing_twice(name: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     first = FakeLauncher()
-    run(contract_job(name, 3, space=STARTABLE), url, first)
+    run(contract_job(name, 3, space=STARTABLE), url, first, twin=twin_of_the_fake)
     # A second worker proposes a trial, starts it, and is killed: its trial stays RUNNING without heartbeats.
     dying = TuningRun(contract_job(name, 5, space=STARTABLE), FakeLauncher(), storage_url=url, measure=fake_measure())
     try:
@@ -245,7 +246,7 @@ def test_a_killed_workers_study_resumes_with_a_new_sampler_that_runs_nothing_twi
         dying.close()
     # The next run (a new process: a new sampler) fails the dead trial after the grace period and retries it.
     resumed = FakeLauncher()
-    report = run(contract_job(name, 5, space=STARTABLE), url, resumed)
+    report = run(contract_job(name, 5, space=STARTABLE), url, resumed, twin=twin_of_the_fake)
     trials = report.study.trials
     assert trials[dead.number].state == TrialState.FAIL and report.distinct == 5
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]

@@ -19,6 +19,7 @@ from tuner.errors import StorageError
 from tuner.record import MEASURED, RECORD_VERSION, TrialRecord
 from tuner.store import Store
 from tuner.study.trial import TrialLike
+from tuner.twin.sampler import SAME_AS_ATTR
 
 __all__ = ["Claims"]
 
@@ -38,6 +39,9 @@ class Claims:
 
     def duplicate(self, trial: TrialLike, key: str) -> Values | None:
         """The stored result when this flag set was launched before (or is being launched by another worker)."""
+        same = self._same_as(trial)
+        if same is not None:
+            return same
         if self.store is None or not isinstance(trial, optuna.Trial):
             local = self.local.get(key)
             return None if local is None else self._copy(trial, *local)
@@ -62,6 +66,19 @@ class Claims:
                 fail_stale_trials(study)
             time.sleep(self.poll_s)
 
+    def _same_as(self, trial: TrialLike) -> Values | None:
+        """The result of the measured trial the twin simulates these flags as (its SAME_AS_ATTR): a known answer,
+        given as a repeat is, without a launch."""
+        owner = trial.user_attrs.get(SAME_AS_ATTR)
+        if not isinstance(trial, optuna.Trial) or not isinstance(owner, int):
+            return None
+        previous = _trial_by_number(trial.study, owner)
+        if previous is None or previous.state != TrialState.COMPLETE or previous.values is None:
+            return None
+        values = (float(previous.values[0]), float(previous.values[1]))
+        note = f"the twin simulates these flags as trial {owner}'s (the same batch, the same steps)"
+        return self._copy(trial, owner, values, previous.user_attrs, previous.constraints, note)
+
     def remember(self, key: str, number: int, values: Values, attrs: dict[str, Any], cons: dict[str, float]) -> None:
         self.local[key] = (number, values, dict(attrs), cons)
 
@@ -71,7 +88,13 @@ class Claims:
                 self.store.release_claim(self.study_name, key, trial.number)
 
     def _copy(
-        self, trial: TrialLike, owner: int, values: Values, attrs: dict[str, Any], constraints: dict[str, float]
+        self,
+        trial: TrialLike,
+        owner: int,
+        values: Values,
+        attrs: dict[str, Any],
+        constraints: dict[str, float],
+        note: str | None = None,
     ) -> Values:
         own = TrialRecord.from_attrs(trial.user_attrs)
         copied = TrialRecord.from_attrs(attrs).model_copy(
@@ -93,7 +116,8 @@ class Claims:
             trial.set_user_attr(name, value)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
-        self.on_event(f"trial {trial.number}: same flags as trial {owner}; its result is reused, nothing launched")
+        said = note or f"same flags as trial {owner}"
+        self.on_event(f"trial {trial.number}: {said}; its result is reused, nothing launched")
         if self.store is not None and isinstance(trial, optuna.Trial):
             self.store.save_trial(
                 self.study_name,
@@ -102,7 +126,7 @@ class Claims:
                 baseline=copied.baseline,
                 outcome=copied.outcome or MEASURED,
                 reason=copied.reason,
-                message=f"duplicate of trial {owner}: not launched again",
+                message=f"{note}: not launched" if note else f"duplicate of trial {owner}: not launched again",
                 attempts=0,
                 server_seconds=0.0,
             )

@@ -30,6 +30,7 @@ from tuner.scoring import LoadSummary
 from tuner.space import SearchSpace
 from tuner.store import flag_key
 from tuner.twin.figures import chance_of_meeting, figures_of, violation_of
+from tuner.twin.residual import GLOBAL, Choice, Covariance, Kernel, Position, Residual, choose_kernel, flag_positions
 from tuner.twin.simulate import GIB, Coefficients, SimPoint, simulate
 from tuner.twin.terms import STEP, TERMS, Anchor, fit_terms, slopes_of, term_logs, with_terms
 
@@ -49,9 +50,11 @@ UNCERTAIN_BELOW = 0.84  # a chance of one sigma: a margin smaller than the sprea
 # What the terms cannot fit (an effect outside the twin's model family) is left in each trial's residuals; they carry
 # to flag sets the twin simulates alike (figures within about this much, in logs: its own simulation is the measure
 # of likeness, so 64 and 128 sequences under 64 users are neighbours and 32 is not), against a prior of no
-# correction worth RESIDUAL_PRIOR trials.
+# correction (tuner.twin.residual).
 RESIDUAL_LENGTH = 0.08
-RESIDUAL_PRIOR = 0.3
+# Two flag sets the twin simulates with the same batch and steps (every figure within this, in logs: well inside a
+# start's noise on a GPU, a few percent) are one answer: once one is measured the other teaches nothing.
+SAME_WITHIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class Predicted:
     figures: dict[str, float] = field(default_factory=dict)  # the throughput and each SLO metric
     chance: float = 0.0  # of meeting every SLO, under the twin's spread per figure
     replicas: int = 1  # of this shape on the job's box (tuner.box): the figures above are one replica's
+    spread: dict[str, float] = field(default_factory=dict)  # each figure's spread (logs) the chance was taken under
 
     @property
     def box_tok_s(self) -> float:
@@ -175,6 +179,16 @@ class Twin:
         self.residuals: dict[str, dict[str, float]] = {}  # per real trial's flag set: log(measured / fit) per figure
         self._corrections: dict[str, dict[str, float]] = {}
         self._feature_memo: dict[str, dict[str, float]] = {}
+        self._position_memo: dict[str, dict[str, Position]] = {}
+        self._dists: dict[str, BaseDistribution] | None = None
+        # the residual's kernel chosen by leave-one-out error, and each trial's figures predicted from the others
+        self.choice = Choice(GLOBAL, {}, {})
+        self.residual: Residual | None = None
+        # what the trials say of the twin's likeness (`_vouch`): trials whose verdict it got wrong, trials that
+        # measured other than one it simulates alike, and the flags alike trials showed inert
+        self.wrong: set[str] = set()
+        self.disproved: set[str] = set()
+        self.inert: set[str] = set()
 
     def sweep(self) -> None:
         for key, c in self.pool.items():
@@ -214,35 +228,92 @@ class Twin:
         violation = max((violation_of(slo, figures) for slo in self.slos), default=0.0)
         chance = chance_of_meeting(self.slos, figures, spread)
         n = replicas(self.job.box_gpus(), self._flags(key).world_size)
-        return Predicted(key, True, False, figures["output_tok_s"], violation, exact, figures, chance, n)
+        return Predicted(key, True, False, figures["output_tok_s"], violation, exact, figures, chance, n, spread)
 
     def _correction(self, key: str) -> dict[str, float]:
-        """Factors per figure from the real trials' residuals: their mean everywhere (a bias the terms cannot fit is
-        most often the whole server's), and what is left of each near it (kernel-weighted); both shrunk toward 1.
-        At a measured flag set the twin then agrees with what was measured, in its neighbourhood nearly so."""
+        """Factors per figure: the residual process's mean at this flag set (tuner.twin.residual). At a measured
+        flag set the twin then agrees with what was measured; where flag sets share an error (a bias, a likeness,
+        a flag's value) it carries there, shrunk by the prior."""
         held = self._corrections.get(key)
         if held is not None:
             return held
-        bias = self._bias()
-        sums: dict[str, float] = {}
-        weights: dict[str, float] = {}
-        for other, residuals in self.residuals.items():
-            w = self._likeness(key, other)
-            for figure, r in residuals.items():
-                sums[figure] = sums.get(figure, 0.0) + w * (r - bias[figure])
-                weights[figure] = weights.get(figure, 0.0) + w
-        held = {f: math.exp(bias[f] + sums[f] / (RESIDUAL_PRIOR + weights[f])) for f in sums}
+        mean = self.residual.mean(key) if self.residual is not None else {}
+        held = {f: math.exp(r) for f, r in mean.items()}
         self._corrections[key] = held
         return held
 
-    def _bias(self) -> dict[str, float]:
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for residuals in self.residuals.values():
-            for figure, r in residuals.items():
-                sums[figure] = sums.get(figure, 0.0) + r
-                counts[figure] = counts.get(figure, 0) + 1
-        return {f: sums[f] / (RESIDUAL_PRIOR + counts[f]) for f in sums}
+    def known_answer(self, key: str, measured: Iterable[str]) -> str | None:
+        """The measured flag set (of `measured`) this one's simulation cannot tell apart from (`alike`), where the
+        twin's likeness is to be trusted; None when it would teach something. Where the twin got a trial's verdict
+        wrong its simulation missed something, perhaps in a flag it treats as inert: a flag set alike to it is a known
+        answer only where they differ in flags two alike flag sets already showed inert (measured the same)."""
+        alike = [other for other in measured if other != key and self.alike(key, other)]
+        if not alike or any(other in self.disproved for other in alike):
+            return None
+        if any(other in self.wrong for other in alike) and not all(
+            self._differing(key, other) <= self.inert for other in alike
+        ):
+            return None
+        return alike[0]
+
+    def _differing(self, a: str, b: str) -> set[str]:
+        va, vb = self.flag_values(a), self.flag_values(b)
+        return {name for name in va if va[name] != vb.get(name)}
+
+    def alike(self, a: str, b: str) -> bool:
+        """Both start and hold the load, admit the same batch at their fullest, and every figure the twin simulates
+        for one is within SAME_WITHIN of the other's."""
+        pa, pb = self.point(a), self.point(b)
+        if not (pa.started and pb.started) or pa.crashed or pb.crashed or pa.peak_running != pb.peak_running:
+            return False
+        fa, fb = self._features(a), self._features(b)
+        return fa.keys() == fb.keys() and all(abs(fa[f] - fb[f]) <= SAME_WITHIN for f in fa)
+
+    def _vouch(self, observations: list[Observation]) -> None:
+        """What the trials say of the twin's likeness: the flag sets whose verdict it predicted wrong before they ran
+        (`wrong`), those that measured other than a flag set it simulates alike (`disproved`: beyond SPREAD_FLOOR in
+        a figure), and the flags two alike flag sets differing in them showed inert (measured the same)."""
+        loads = [o for o in observations if o.started and not o.crashed and o.figures]
+        self.wrong = {o.key for o in loads if o.predicted and self._meets(o.predicted) != self._meets(o.figures)}
+        self.disproved, self.inert = set(), set()
+        for i, a in enumerate(loads):
+            for b in loads[i + 1 :]:
+                if a.key == b.key or not self.alike(a.key, b.key):
+                    continue
+                common = [f for f in a.figures if b.figures.get(f, 0.0) > 0 and a.figures[f] > 0]
+                if all(abs(math.log(a.figures[f] / b.figures[f])) <= SPREAD_FLOOR for f in common):
+                    self.inert |= self._differing(a.key, b.key)
+                else:
+                    self.disproved.update((a.key, b.key))
+
+    def _meets(self, figures: dict[str, float]) -> bool:
+        return all(violation_of(slo, figures) <= 0 for slo in self.slos)
+
+    def positions(self, key: str) -> dict[str, Position]:
+        """Each varied flag's place along its range (tuner.twin.residual), for the residual along the flags."""
+        held = self._position_memo.get(key)
+        if held is None:
+            held = self._position_memo[key] = flag_positions(self._distributions(), self._flags(key).as_dict())
+        return held
+
+    def flag_values(self, key: str) -> dict[str, Any]:
+        """The varied flags' values of flag set `key`."""
+        values = self._flags(key).as_dict()
+        return {name: values.get(name) for name in self._distributions()}
+
+    def _distributions(self) -> dict[str, BaseDistribution]:
+        if self._dists is None:
+            self._dists = dict(self.job.search_space().distributions)
+        return self._dists
+
+    def covariance(self, kernel: Kernel) -> Covariance:
+        return Covariance(kernel, self._likeness, self.positions)
+
+    def explained(self, key: str) -> dict[str, float] | None:
+        """A measured trial's figures as the twin predicts them from the other trials (terms and residual), or None
+        (too few trials, or not measured): a miss it still predicts wrong there is one its residual cannot explain."""
+        logs = self.choice.predictions.get(key)
+        return None if logs is None else {f: math.exp(v) for f, v in logs.items()}
 
     def _nearness(self, key: str) -> float:
         """1 at a flag set a real trial measured (or one the twin simulates alike), fading to 0 away from them."""
@@ -292,6 +363,7 @@ class Twin:
         """Coefficients that agree with every observation so far; the exact predictions are redone under them."""
         for o in observations:
             self.known.setdefault(o.key, o.flags)
+        self._vouch(observations)
         ratios = [
             o.kv_tokens / raw
             for o in observations
@@ -305,7 +377,7 @@ class Twin:
         for o in measured:
             if o.key not in self.anchors:
                 self.anchors[o.key] = self._anchor(o, base)
-        new = self._fit_terms(base, [o.key for o in measured])
+        new = self._fit_terms(base, [o.key for o in measured if o.key in self.anchors])
         self.spread = _spreads(measured, self.residuals)
         if replace(new, step_scale=1.0) != replace(self.coefficients, step_scale=1.0):
             self.exact = {}
@@ -330,8 +402,12 @@ class Twin:
         if not keys:
             return base
         at = term_logs(base)
+        keys = list(dict.fromkeys(keys))
         anchors = [self.anchors[k].moved(at, self._figures_at(k, base)) for k in keys]
-        fitted = with_terms(base, fit_terms(anchors))
+        self.choice = choose_kernel(keys, anchors, self.covariance)
+        kernel = self.choice.kernel
+        gram = self.covariance(kernel).gram(keys) if kernel.in_fit else None
+        fitted = with_terms(base, fit_terms(anchors, gram))
         residuals: dict[str, list[float]] = {}
         moved: dict[str, list[float]] = {}
         self.residuals, self._corrections = {}, {}
@@ -345,6 +421,7 @@ class Twin:
                 if value > 0 and catalog.get(name, 0.0) > 0:
                     moved.setdefault(name, []).append(math.log(value / catalog[name]))
         self.moved = {name: math.exp(float(np.mean(m))) for name, m in moved.items()}
+        self.residual = Residual(self.covariance(kernel), self.residuals)
         return fitted
 
     def _catalog_figures(self, key: str) -> dict[str, float]:

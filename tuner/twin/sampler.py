@@ -2,16 +2,16 @@
 
 Before the first launch the twin measures every candidate flag set (tuner.twin.model). Each proposal then:
 refit the twin to the real trials, re-rank, and propose the best untried candidate (among near-equals, the one
-farthest from what was tried); every `explore_every`-th proposal goes instead where the twin is least sure (the
-highest optimistic throughput, its uncertainty the twin's measured error times the distance from any real trial).
+farthest from what was tried; a flag set the twin simulates as one measured already only when nothing else is
+left); every `explore_every`-th proposal goes instead where a trial most likely beats the leader (tuner.twin.explore).
 After each real trial the record gets the twin's prediction (`twin_predicted_tok_s`; every SLO metric predicted and
 measured in `twin_figures`) and the log a line of predicted against measured, the SLO verdict first: a trial the
 twin said meets the SLOs and does not (or the reverse) is a wrong verdict (`twin_verdict_missed`), whatever its
 throughput error. Where the twin stays wrong after `check_after` real trials (its throughput error above
 `error_bound`, its verdicts wrong in most of the latest trials, or its ranking of the trials measured mostly
-reversed) the sampler says so and hands over to the fallback sampler (TPE). The twin goes on refitting after that
-and stays its prior: of a few flag sets the fallback draws, the one the twin expects the most feasible throughput
-from is proposed.
+reversed; from 3 trials, verdicts wrong that its residual cannot explain) the sampler says so and hands over to
+the fallback sampler (TPE). The twin goes on refitting after that and stays its prior: of a few flag sets the
+fallback draws, the one the twin expects the most feasible throughput from is proposed.
 
 The fallback state lives in the study, not in one process: each trial's error (`twin_error`), miss
 (`twin_missed`) or wrong verdict is a trial attribute and the hand-over a study attribute (`twin_fallback`), so a
@@ -21,6 +21,7 @@ measured before.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -39,8 +40,10 @@ from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED, TrialRecord
 from tuner.scoring import Slo
 from tuner.space import SearchSpace
 from tuner.store import flag_key
-from tuner.twin.figures import THROUGHPUT, describe_miss, describe_surprise, measured_slo_values
+from tuner.twin.explore import explore
+from tuner.twin.figures import THROUGHPUT, describe_miss, describe_surprise, measured_slo_values, violation_of
 from tuner.twin.model import RERANK, Candidate, Observation, Predicted, Simulate, Twin, candidates, distance
+from tuner.twin.residual import ALONG
 from tuner.twin.simulate import simulate
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "FIGURES_ATTR",
     "MISSED_ATTR",
     "PREDICTED_ATTR",
+    "SAME_AS_ATTR",
     "VERDICT_ATTR",
     "TwinSampler",
     "twin_unsupported",
@@ -60,6 +64,10 @@ MISSED_ATTR = "twin_missed"  # trial: it started, crashed or failed to start oth
 VERDICT_ATTR = "twin_verdict_missed"  # trial: the SLO verdict the twin got wrong, said in a line
 FIGURES_ATTR = "twin_figures"  # trial: {"predicted": {figure: value}, "measured": {...}, "chance": p}
 FALLBACK_ATTR = "twin_fallback"  # study: {"after": real trials, "why": ...} once the twin handed over to TPE
+# trial: the number of the measured trial whose flags the twin simulates alike (the same batch, the same steps);
+# the study answers it with that trial's figures, as a repeat, and launches nothing (tuner.study.claims)
+SAME_AS_ATTR = "twin_same_as"
+VERDICT_AFTER = 3  # from this many real trials, wrong verdicts the residual cannot explain hand over to the fallback
 GUIDE_DRAWS = 4  # after the hand-over: the fallback's draws the twin chooses among
 
 Reserve = Callable[[str, int], bool]
@@ -161,13 +169,30 @@ class TwinSampler(BaseSampler):
         twin = self._ready()
         done = _real_trials(study)
         self._refit(twin, done)
-        if self.fell_back or self._failing(study, done):
-            return self._guided(twin, study, trial)
-        choice = self._choose_reserved(twin, study, done, trial.number)
-        if choice is None:
-            return {}  # every candidate tried: the independent sampler draws the rest
-        self._predicted[trial.number] = twin.predict(choice.key)
-        return dict(choice.params)
+        if self.fell_back or self._failing(twin, study, done):
+            params = self._guided(twin, study, trial, done)
+        else:
+            choice = self._choose_reserved(twin, study, done, trial.number)
+            if choice is None:
+                return {}  # every candidate tried: the independent sampler draws the rest
+            self._predicted[trial.number] = twin.predict(choice.key)
+            params = dict(choice.params)
+        self._mark_known(twin, study, trial, done, params)
+        return params
+
+    def _mark_known(
+        self, twin: Twin, study: Study, trial: FrozenTrial, done: list[FrozenTrial], params: dict[str, Any]
+    ) -> None:
+        """A proposal the twin simulates as a trial already measured (only when nothing left can teach more, or the
+        fallback's draw) is marked with that trial's number: the study answers it with those figures, as a repeat."""
+        measured = _measured_keys(done)
+        flags = self.space.repair(params).flags
+        key = flag_key(flags.as_dict())
+        twin.known.setdefault(key, flags)
+        same = twin.known_answer(key, measured)
+        if same is not None:
+            study._storage.set_trial_user_attr(trial._trial_id, SAME_AS_ATTR, measured[same])
+            trial.set_user_attr(SAME_AS_ATTR, measured[same])  # the trial the objective reads is this one, cached
 
     def sample_independent(
         self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
@@ -252,7 +277,7 @@ class TwinSampler(BaseSampler):
             )
             self.on_event(
                 f"twin refit to {len(done)} real trial{'s' if len(done) > 1 else ''}: step time "
-                f"x{c.step_scale:.3f}{terms}, KV tokens x{c.kv_scale:.3f}{headroom}"
+                f"x{c.step_scale:.3f}{terms}, KV tokens x{c.kv_scale:.3f}{headroom}{_residual_story(twin)}"
             )
 
     def _restore(self, study: Study) -> None:
@@ -273,24 +298,36 @@ class TwinSampler(BaseSampler):
                 f"({handed.get('why')}); TPE goes on"
             )
 
-    def _failing(self, study: Study, done: list[FrozenTrial]) -> bool:
-        """After `check_after` real trials: is the twin still wrong? Its throughput error (the median of the latest
-        trials measured in full) above the bound, the latest `check_after` trials all not as it foresaw (a start,
-        a crash), its SLO verdict wrong in most of them, or its ranking of the trials measured mostly reversed."""
-        if self.fell_back or len(done) < self.check_after:
+    def _failing(self, twin: Twin, study: Study, done: list[FrozenTrial]) -> bool:
+        """Is the twin still wrong? From VERDICT_AFTER real trials: its SLO verdict wrong in most of the latest
+        VERDICT_AFTER and its residual, fitted to the other trials, wrong there too (it cannot explain them). After
+        `check_after`: its throughput error (the median of the latest trials measured in full) above the bound, the
+        latest `check_after` trials all not as it foresaw (a start, a crash), its SLO verdict wrong in most of them
+        and in the latest (each given after what the trials before it taught), or its ranking of the trials
+        measured mostly reversed."""
+        if self.fell_back or len(done) < min(self.check_after, VERDICT_AFTER):
             return False
         errors = [self.errors[t.number] for t in done if t.number in self.errors]
         latest = done[-self.check_after :]
         missed = [self.missed.get(t.number, False) for t in latest]
+        unexplained = self._unexplained(twin, done[-VERDICT_AFTER:])
         wrong = sum(self.verdicts.get(t.number, False) for t in latest)
         recent = errors[-(self.check_after - 1) :]
         reversed_pairs = _reversed_pairs(done)
-        if recent and statistics.median(recent) > self.error_bound:
+        if len(done) >= VERDICT_AFTER and 2 * unexplained > VERDICT_AFTER:
+            why = (
+                f"its SLO verdict was wrong in {unexplained} of the last {VERDICT_AFTER} real trials and its "
+                "residual, fitted to the other trials, cannot explain them"
+            )
+        elif len(done) < self.check_after:
+            return False
+        elif recent and statistics.median(recent) > self.error_bound:
             why = f"its throughput error stayed above {self.error_bound:.0%} (median of the last {len(recent)}: "
             why += f"{statistics.median(recent):.0%})"
         elif all(missed):
             why = f"the last {len(missed)} real trials did not start or crash as it predicted"
-        elif 2 * wrong > len(latest):
+        elif 2 * wrong > len(latest) and self.verdicts.get(latest[-1].number, False):
+            # each verdict given after what the trials before it taught, the latest too: the learning is not working
             why = f"its SLO verdict was wrong in {wrong} of the last {len(latest)} real trials"
         elif reversed_pairs is not None:
             why = f"it ranked {reversed_pairs[0]} of {reversed_pairs[1]} pairs of measured trials the wrong way round"
@@ -304,13 +341,31 @@ class TwinSampler(BaseSampler):
         )
         return True
 
-    def _guided(self, twin: Twin, study: Study, trial: FrozenTrial) -> dict[str, Any]:
+    def _unexplained(self, twin: Twin, trials: list[FrozenTrial]) -> int:
+        """Of `trials`, those whose SLO verdict the twin got wrong before they ran and still gets wrong from the
+        other trials (its terms and residual fitted without it: tuner.twin.residual's leave-one-out)."""
+        count = 0
+        for t in trials:
+            if not self.verdicts.get(t.number, False):
+                continue
+            r = TrialRecord.from_attrs(t.user_attrs)
+            again = twin.explained(flag_key(r.flags)) if r.flags else None
+            if again is None or r.feasible is None:
+                count += 1
+                continue
+            meets = all(violation_of(slo, again) <= 0 for slo in twin.slos)
+            count += meets != r.feasible
+        return count
+
+    def _guided(self, twin: Twin, study: Study, trial: FrozenTrial, done: list[FrozenTrial]) -> dict[str, Any]:
         """After the hand-over: a few of the fallback's draws (its own search, unchanged), and of them the one the
         refit twin expects the most feasible throughput from; the first draw where the twin sees no difference.
+        A draw the twin simulates as a trial measured already comes after every other (it would teach nothing).
         A draw names every parameter: those outside the fallback's relative space come from its independent
         sampling, as Optuna would have asked it."""
         relative = self.fallback.infer_relative_search_space(study, trial)
         tried = _tried_keys(study, self.space)
+        measured = _measured_keys(done)
         best: tuple[float, int, dict[str, Any], Predicted] | None = None
         for i in range(GUIDE_DRAWS):
             params = dict(self.fallback.sample_relative(study, trial, relative)) if relative else {}
@@ -321,7 +376,7 @@ class TwinSampler(BaseSampler):
             key = flag_key(flags.as_dict())
             twin.known.setdefault(key, flags)
             p = twin.predict(key)
-            score = -1.0 if key in tried else self._expected(p)
+            score = -1.0 if key in tried else -0.5 if twin.known_answer(key, measured) else self._expected(p)
             if best is None or score > best[0]:
                 best = (score, i, params, p)
         assert best is not None
@@ -345,13 +400,15 @@ class TwinSampler(BaseSampler):
         untried = [key for key in twin.pool if key not in tried]
         if not untried:
             return None
+        # a flag set simulated as one measured already is proposed only when nothing else is left to learn from
+        measured = _measured_keys(done)
+        untried = [key for key in untried if twin.known_answer(key, measured) is None] or untried
         self._proposals += 1
         best = self._exploit(twin, untried, study)
         if self._proposals % self.explore_every == 0:
-            explore = self._explore(twin, untried, best, study, done)
-            if explore is not None:
-                self.on_event(f"twin: exploring where it is least sure ({_describe(twin.predict(explore))})")
-                return twin.pool[explore]
+            explored = self._explore(twin, untried, best, done)
+            if explored is not None:
+                return twin.pool[explored]
         return twin.pool[best]
 
     def _exploit(self, twin: Twin, untried: list[str], study: Study) -> str:
@@ -365,26 +422,53 @@ class TwinSampler(BaseSampler):
         ranked = sorted((twin.predict(k) for k in untried), key=self._rank)
         top = ranked[0]
         if self._rank(top)[0] != 0:
-            return top.key
-        bar = (1 - NEAR_BEST) * self._expected(top)
-        equals = [p.key for p in ranked[:3] if self._rank(p)[0] == 0 and self._expected(p) >= bar]
+            # none likely to meet the SLOs: of those the twin cannot tell apart, the one differing most from the
+            # trials (a flag the twin treats as inert is then varied, not kept)
+            equals = [p.key for p in ranked[:8] if self._rank(p) == self._rank(top)]
+        else:
+            bar = (1 - NEAR_BEST) * self._expected(top)
+            equals = [p.key for p in ranked[:3] if self._rank(p)[0] == 0 and self._expected(p) >= bar]
         tried = self._tried_params(study)
         return max(equals, key=lambda k: (self._distance(twin.pool[k].params, tried), -equals.index(k)))
 
-    def _explore(self, twin: Twin, untried: list[str], best: str, study: Study, done: list[FrozenTrial]) -> str | None:
+    def _explore(self, twin: Twin, untried: list[str], best: str, done: list[FrozenTrial]) -> str | None:
+        """Where a trial can most likely beat the leader (tuner.twin.explore), the twin's measured error its
+        uncertainty; never a flag set that could not beat the leader even if the twin were wrong by that error."""
         errors = [self.errors[t.number] for t in done if t.number in self.errors]
         u = max(statistics.median(errors) if errors else 0.2, 0.05)
-        tried = self._tried_params(study)
-        options = []
-        for key in untried:
-            p = twin.predict(key)
-            if key == best or not p.started or p.crashed or (p.violation > u and p.chance < MIN_CHANCE / 5):
+        leader = self._leader(twin, done)
+        found = explore([twin.predict(k) for k in untried if k != best], self._optimistic, leader, u)
+        if found is None:
+            return None
+        p, chance = found
+        against = f"beating the leader ({self._shown_value(leader)})" if leader else "meeting the SLOs (none met yet)"
+        self.on_event(
+            f"twin: exploring where a trial most likely changes the answer ({_describe(p)}; a {chance:.0%} "
+            f"chance of {against})"
+        )
+        return p.key
+
+    def _leader(self, twin: Twin, done: list[FrozenTrial]) -> float | None:
+        """The best value a real trial measured meeting the SLOs (the box's tok/s; for the cost objective the twin's
+        figure at its flag set, which its residual brings to what was measured), None before one did."""
+        best: float | None = None
+        for t in done:
+            r = TrialRecord.from_attrs(t.user_attrs)
+            if r.outcome != MEASURED or not r.feasible or not r.output_tok_s or not r.flags:
                 continue
-            d = self._distance(twin.pool[key].params, tried)
-            # where the verdict is least sure a trial teaches the most: an even chance doubles the weight
-            doubt = 4 * p.chance * (1 - p.chance)
-            options.append((self._optimistic(p) * (1 + u * d) * (1 + doubt), key))
-        return max(options)[1] if options else None
+            p = twin.predict(flag_key(r.flags))
+            value = self._optimistic(p) if self.job is not None and self.job.objective == "cost" else None
+            value = value if value is not None else r.output_tok_s * p.replicas
+            best = value if best is None else max(best, value)
+        return best
+
+    def _shown_value(self, value: float | None) -> str:
+        if value is None:
+            return "none"
+        if self.job is not None and self.job.objective == "cost":
+            unit = "$" if self.job.gpu_hour_usd() is not None else "GPU-h"
+            return f"{1 / value:,.2f} {unit} per million output tokens" if value > 0 else "no capacity"
+        return f"{value:,.0f} tok/s"
 
     def _shown_best(self, p: Predicted) -> str:
         if self.job is not None and self.job.objective == "cost":
@@ -438,6 +522,37 @@ def _reversed_pairs(done: list[FrozenTrial]) -> tuple[int, int] | None:
     ]
     wrong = sum((a[0] - b[0]) * (a[1] - b[1]) < 0 for a, b in pairs)
     return (wrong, len(pairs)) if len(pairs) >= 3 and 2 * wrong > len(pairs) else None
+
+
+def _measured_keys(done: list[FrozenTrial]) -> dict[str, int]:
+    """The flag sets real trials measured (a load run, whatever its verdict), by key: their trial numbers."""
+    out: dict[str, int] = {}
+    for t in done:
+        r = TrialRecord.from_attrs(t.user_attrs)
+        if r.outcome == MEASURED and r.flags:
+            out.setdefault(flag_key(r.flags), t.number)
+    return out
+
+
+def _residual_story(twin: Twin) -> str:
+    """What the residual says, for the refit's line: the kernel leave-one-out chose (with both errors) and, along
+    the flags, the flag value that carries the largest throughput error."""
+    errors = twin.choice.errors
+    if not errors:
+        return ""
+    kernel = twin.choice.kernel
+    shown = ", ".join(f"{name} {e:.0%}" for name, e in errors.items())
+    story = f"; residual {kernel.name} (leave-one-out error: {shown})"
+    if kernel is ALONG and twin.residual is not None:
+        effects = []
+        for key in twin.residuals:
+            for flag, value in twin.flag_values(key).items():
+                effects.append((abs(twin.residual.along(flag, key, THROUGHPUT)), flag, value, key))
+        if effects:
+            _, flag, value, key = max(effects)
+            factor = math.exp(twin.residual.along(flag, key, THROUGHPUT))
+            story += f", {flag} {value}: throughput x{factor:.2f}"
+    return story
 
 
 def _real_trials(study: Study) -> list[FrozenTrial]:

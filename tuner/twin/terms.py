@@ -21,7 +21,7 @@ import numpy as np
 from tuner.twin.figures import THROUGHPUT
 from tuner.twin.simulate import Coefficients
 
-__all__ = ["PRIOR_SIGMA", "STEP", "TERMS", "Anchor", "fit_terms", "term_logs", "with_terms"]
+__all__ = ["FIGURE_SIGMA", "PRIOR_SIGMA", "STEP", "TERMS", "Anchor", "fit_terms", "term_logs", "with_terms"]
 
 TERMS = ("memory_scale", "compute_scale", "overhead_scale", "step_scale")
 STEP = 0.15  # the log step of a term's slope
@@ -70,15 +70,31 @@ def slopes_of(base: Mapping[str, float], moved: Sequence[Mapping[str, float]]) -
     return out
 
 
-def fit_terms(anchors: Sequence[Anchor]) -> np.ndarray:
-    """The terms' logs that best agree with every anchor's figures under the prior (0: the catalog)."""
+def fit_terms(anchors: Sequence[Anchor], correlation: np.ndarray | None = None) -> np.ndarray:
+    """The terms' logs that best agree with every anchor's figures under the prior (0: the catalog). With
+    `correlation` (anchor by anchor, in logs squared: tuner.twin.residual) the anchors' errors in one figure are
+    correlated as it says, so trials that share an error outside the terms count as less than independent evidence
+    against them (a generalised least squares)."""
     rows: list[np.ndarray] = []
     targets: list[float] = []
-    for a in anchors:
-        for f in a.figures():
-            # predicted(x) ~ predicted(at) + slope . (x - at)  ->  slope . x = measured - predicted(at) + slope . at
-            rows.append(a.slopes[f] / FIGURE_SIGMA)
-            targets.append((a.measured[f] - a.predicted[f] + float(a.slopes[f] @ a.at)) / FIGURE_SIGMA)
+    for f in sorted({f for a in anchors for f in a.figures()}):
+        held = [i for i, a in enumerate(anchors) if f in a.figures()]
+        # predicted(x) ~ predicted(at) + slope . (x - at)  ->  slope . x = measured - predicted(at) + slope . at
+        slopes = np.array([anchors[i].slopes[f] for i in held])
+        wanted = np.array(
+            [
+                anchors[i].measured[f] - anchors[i].predicted[f] + float(anchors[i].slopes[f] @ anchors[i].at)
+                for i in held
+            ]
+        )
+        if correlation is None:
+            rows.extend(slopes / FIGURE_SIGMA)
+            targets.extend(wanted / FIGURE_SIGMA)
+            continue
+        covariance = correlation[np.ix_(held, held)] + FIGURE_SIGMA**2 * np.eye(len(held))
+        lower = np.linalg.cholesky(covariance)
+        rows.extend(np.linalg.solve(lower, slopes))
+        targets.extend(np.linalg.solve(lower, wanted))
     n = len(TERMS)
     rows.extend(np.eye(n) / PRIOR_SIGMA)
     targets.extend([0.0] * n)

@@ -1,0 +1,222 @@
+"""What the twin learns from its trials: no launch for an answer it knows, an error along one flag learnt along that
+flag, exploring only where a trial can change the answer, and the hand-over when its residual cannot explain a miss.
+
+The fake twin of test_twin_sampler.py (throughput 10 x seqs x utilization, E2E seqs / 32 s) for its pure functions;
+the real study with a fake launcher and load for what is launched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from study_fakes import FakeLauncher, FakeServer, job, records_for
+from test_twin_sampler import KV, fake_simulate, fake_tok_s
+from test_twin_slos import study_of, tell, twin
+
+from tuner.config import Job
+from tuner.flags import VllmFlags
+from tuner.load import LoadResult
+from tuner.record import TrialRecord
+from tuner.scoring import summarize
+from tuner.store import flag_key
+from tuner.study import Measurement, TuningRun
+from tuner.twin.explore import explore, leader_bound
+from tuner.twin.model import Candidate, Observation, Predicted, Twin, candidates
+from tuner.twin.residual import ALONG, GLOBAL
+from tuner.twin.sampler import SAME_AS_ATTR
+from tuner.twin.simulate import Coefficients, SimPoint
+
+SLOS = ["e2e_p95 <= 2.5s", "success_rate >= 0.9"]
+
+
+async def served_alike(server: FakeServer, j: Job, flags: VllmFlags) -> Measurement:
+    """A real server that serves four users the same whatever the flags (as the twin simulates it), within the SLOs."""
+    records = records_for(flags.model_copy(update={"max_num_seqs": 8}))
+    summary = summarize(records, duration_s=1.25, slos=j.parsed_slos())
+    return Measurement(LoadResult(summary=summary, records=records, diagnosis="fake"), rate=summary.request_throughput)
+
+
+def test_a_flag_set_the_twin_simulates_as_one_measured_is_answered_from_it_not_launched(tmp_path: Path) -> None:
+    # Four users: every max_num_seqs admits them all and every utilization holds their KV, so the twin simulates the
+    # twelve flag sets (and the baseline) alike. Once the baseline is measured (its verdict as the twin said) nothing
+    # else can teach: no proposal launches a server, each is answered with the baseline's figures and says so.
+    j = job(sampler={"name": "twin", "seed": 1}, budget={"n_trials": 3})
+    launcher = FakeLauncher()
+    log: list[str] = []
+    tuning = TuningRun(
+        j, launcher, storage_url=f"sqlite:///{tmp_path / 't.db'}", measure=served_alike, on_event=log.append
+    )
+    try:
+        tuning.run()
+        trials = tuning.study.trials
+    finally:
+        tuning.close()
+    assert len(launcher.launches) == 1  # the baseline's
+    answered = [t for t in trials if t.number > 0]
+    assert answered and all(t.user_attrs.get(SAME_AS_ATTR) == 0 for t in answered)
+    assert all(TrialRecord.from_attrs(t.user_attrs).duplicate_of == 0 for t in answered)
+    assert all(t.values == trials[0].values for t in answered)
+    assert "trial 1: the twin simulates these flags as trial 0's (the same batch, the same steps); its result is " \
+        "reused, nothing launched" in log  # fmt: skip
+
+
+def alike_above_32(job_: Any, flags: VllmFlags, c: Coefficients) -> SimPoint:
+    """The fake twin under 32 users: 64 sequences admit no more than 32 do, so they simulate alike."""
+    capped = flags.model_copy(update={"max_num_seqs": min(flags.max_num_seqs or 0, 32)})
+    point = fake_simulate(job_, capped, c)
+    point.peak_running = min(flags.max_num_seqs or 0, 32)
+    return point
+
+
+def test_the_twin_does_not_propose_a_known_answer_while_another_can_teach() -> None:
+    j, sampler, _ = twin(simulate_fn=alike_above_32)
+    study = study_of(sampler)
+    seen = []
+    for _ in range(5):
+        trial = tell(study, j, lambda f: (fake_tok_s(f), 1.0))
+        seen.append((trial.user_attrs["flags"]["max_num_seqs"], trial.user_attrs["flags"]["gpu_memory_utilization"]))
+        assert SAME_AS_ATTR not in trial.user_attrs
+    for util in (0.85, 0.9, 0.95):
+        assert not {(32, util), (64, util)} <= set(seen)  # never both of a pair the twin cannot tell apart
+
+
+def slow_at(util: float, factor: float = 0.7) -> Any:
+    """A real server whose flag sets at this utilization are `factor` as fast as simulated (E2E 1 / factor)."""
+
+    def observe(c: Candidate) -> Observation:
+        f = factor if c.flags.gpu_memory_utilization == util else 1.0
+        tok = fake_tok_s(c.flags) * f
+        figures = {"output_tok_s": tok, "e2e_p95": (c.flags.max_num_seqs or 0) / 32 / f}
+        return Observation(c.key, c.flags, True, False, tok, KV, figures)
+
+    return observe
+
+
+def test_a_residual_along_one_flag_is_learnt_from_three_trials_and_moves_only_flag_sets_with_that_value() -> None:
+    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
+    pool = candidates(j.search_space(), 400, 1)
+    at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
+    t = Twin(j, pool, fake_simulate)
+    t.sweep()
+    observe = slow_at(0.85)
+    trials = [observe(at[64, 0.85]), observe(at[32, 0.85]), observe(at[32, 0.95])]
+    for n in range(1, 4):
+        t.refit(trials[:n])
+    assert t.choice.kernel is ALONG and t.choice.errors[ALONG.name] < t.choice.errors[GLOBAL.name]
+    measured = {o.key for o in trials}
+    untried = {k: c for k, c in at.items() if c.key not in measured}
+    ratio = {k: t.predict(c.key).output_tok_s / fake_tok_s(c.flags) for k, c in untried.items()}
+    assert all(r < 0.75 for k, r in ratio.items() if k[1] == 0.85)  # learnt: x0.7 at 0.85
+    assert all(r > 0.95 for k, r in ratio.items() if k[1] == 0.95)  # and not carried to the others
+    # the flag sets without that value keep the physics' order among themselves; those with it drop below
+    others = sorted((k for k in untried if k[1] != 0.85), key=lambda k: -t.predict(untried[k].key).output_tok_s)
+    assert others == sorted(others, key=lambda k: -fake_tok_s(untried[k].flags))
+    assert t.predict(untried[16, 0.85].key).output_tok_s < t.predict(untried[16, 0.9].key).output_tok_s * 0.85
+
+
+def test_a_miss_the_global_terms_explain_better_stays_with_them() -> None:
+    # Every flag set 30% slower: the terms (the whole step's scale) take it, nothing is learnt along a flag.
+    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
+    pool = candidates(j.search_space(), 400, 1)
+    at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
+    t = Twin(j, pool, fake_simulate)
+    t.sweep()
+    everywhere = slow_at(0.85, 0.7)
+    trials = [everywhere(at[64, 0.85]), everywhere(at[32, 0.85]), everywhere(at[16, 0.85])]
+    trials = [Observation(o.key, o.flags, True, False, o.output_tok_s, KV, o.figures) for o in trials]
+    for n in range(1, 4):
+        t.refit(trials[:n])
+    assert t.choice.kernel is GLOBAL
+    assert t.coefficients.step_scale == pytest.approx(1 / 0.7, rel=0.1)
+
+
+def predicted(key: str, tok_s: float, chance: float, spread: float) -> Predicted:
+    figures = {"output_tok_s": tok_s}
+    return Predicted(key, True, False, tok_s, -0.1, True, figures, chance, 1, {"output_tok_s": spread})
+
+
+def test_an_exploring_proposal_never_goes_below_the_leaders_bound() -> None:
+    leader, error = 300.0, 0.2
+    options = [
+        predicted("unsure-and-low", 192.0, 0.9, 0.8),  # the least sure; below the leader even if 20% wrong
+        predicted("just-under", 245.0, 0.99, 0.03),  # under the bound, within the error: a small chance
+        predicted("above", 320.0, 0.6, 0.1),
+        predicted("certain-above", 330.0, 0.95, 0.03),
+    ]
+    chosen = explore(options, lambda p: p.box_tok_s, leader, error)
+    assert chosen is not None and chosen[0].key == "certain-above"
+    without = explore(options[:2], lambda p: p.box_tok_s, leader, error)
+    assert without is not None and without[0].key == "just-under"  # some chance: 245 x 1.2 > the bound
+    assert explore(options[:1], lambda p: p.box_tok_s, leader, error) is None
+    # whatever the candidates, what is explored could beat the bound were the twin wrong by its error
+    for tok_s in range(100, 400, 7):
+        for spread in (0.03, 0.3, 1.0):
+            found = explore([predicted("x", float(tok_s), 0.9, spread)], lambda p: p.box_tok_s, leader, error)
+            assert found is None or tok_s * (1 + error) >= leader_bound(leader)
+
+
+def test_the_sampler_explores_only_where_a_trial_can_beat_the_leader() -> None:
+    # After the first trial (the twin's best, measured as predicted) every later proposal explores; none goes to a
+    # flag set predicted under the leader by more than the twin's error.
+    j, sampler, log = twin(explore_every=1)
+    study = study_of(sampler)
+    first = tell(study, j, lambda f: (fake_tok_s(f), (f.max_num_seqs or 0) / 32))
+    leader = first.user_attrs["output_tok_s"]
+    for _ in range(3):
+        trial = tell(study, j, lambda f: (fake_tok_s(f), (f.max_num_seqs or 0) / 32))
+        said = trial.user_attrs["twin_predicted_tok_s"]
+        assert said * 1.2 >= leader_bound(leader) or not any("exploring" in x for x in log[-3:])
+    after_first = log[log.index(next(x for x in log if x.startswith("trial 0:"))) :]
+    assert any("exploring" in x for x in after_first)
+    assert all("chance of beating the leader" in x for x in after_first if "exploring" in x)
+
+
+def test_verdicts_that_stay_wrong_hand_over() -> None:
+    # Reality contradicts every verdict the twin gives (a miss where it says met, and the reverse): what each trial
+    # teaches fails the next, and the fallback gets the budget.
+    j, sampler, log = twin()
+    study = study_of(sampler)
+
+    def contrary(f: VllmFlags) -> tuple[float, float]:
+        assert sampler.twin is not None
+        meets = sampler.twin.predict(flag_key(f.as_dict())).feasible
+        return fake_tok_s(f), 4.0 if meets else 0.5
+
+    for _ in range(5):
+        tell(study, j, contrary)
+    assert sampler.fell_back
+    line = next(x for x in log if "falling back" in x)
+    assert "its SLO verdict was wrong in" in line
+
+
+def test_a_miss_along_a_flag_the_residual_learns_does_not_hand_over() -> None:
+    # Every flag set at 0.95 utilization misses the E2E SLO, the others meet it as predicted: after the first miss
+    # the twin learns it along that flag and its verdicts are right again.
+    j, sampler, _ = twin()
+    study = study_of(sampler)
+    for _ in range(5):
+        tell(study, j, lambda f: (fake_tok_s(f), 5.0 if f.gpu_memory_utilization == 0.95 else 0.1))
+    assert not sampler.fell_back
+    assert 3 not in sampler.verdicts and 4 not in sampler.verdicts
+
+
+def test_beside_a_wrong_verdict_a_flag_set_alike_is_measured_until_its_flags_are_shown_inert() -> None:
+    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
+    pool = candidates(j.search_space(), 400, 1)
+    at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
+    t = Twin(j, pool, alike_above_32)
+    t.sweep()
+    a, b = at[32, 0.9], at[64, 0.9]
+    met = {"output_tok_s": 288.0, "e2e_p95": 1.0, "success_rate": 1.0}
+    missed = {"output_tok_s": 288.0, "e2e_p95": 3.0, "success_rate": 1.0}
+    right = Observation(a.key, a.flags, True, False, 288.0, KV, met, predicted=met)
+    t.refit([right])
+    assert t.known_answer(b.key, [a.key]) == a.key  # the twin said met, it was met: its likeness stands
+    wrong = Observation(a.key, a.flags, True, False, 288.0, KV, missed, predicted=met)
+    t.refit([wrong])
+    assert t.known_answer(b.key, [a.key]) is None  # it missed something there: 64 sequences may teach it
+    other = Observation(b.key, b.flags, True, False, 200.0, KV, {"output_tok_s": 200.0, "e2e_p95": 3.0})
+    t.refit([wrong, other])
+    assert t.disproved == {a.key, b.key}  # alike in the twin, not on the server
