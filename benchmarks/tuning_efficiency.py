@@ -40,7 +40,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -256,6 +256,16 @@ class RealityStepModel(StepTimeModel):
         return t
 
 
+class PerFlagSet(Protocol):
+    """A real server whose hidden figures depend on the flag set it was started with (benchmarks/realities.py draws
+    them: a step-time term along a flag, a KV capacity off by a flag-dependent amount, a crash region)."""
+
+    def at(self, flags: VllmFlags) -> Coefficients: ...
+
+
+Hidden = Coefficients | PerFlagSet
+
+
 def hidden_of(name: str) -> Coefficients:
     """The scenario's real server: its hidden figures (the catalog's where it gives none)."""
     hidden = SCENARIOS[name].get("hidden", {})
@@ -314,10 +324,10 @@ class Point:
         return self.startup_s + self.duration_s
 
 
-def simulate(job: Job, flags: VllmFlags, hidden: Coefficients = CATALOG, twin: CatalogTwin | None = None) -> Point:
+def simulate(job: Job, flags: VllmFlags, hidden: Hidden = CATALOG, twin: CatalogTwin | None = None) -> Point:
     """The flag set on the scenario's "real" server: the emulator's engine with the scenario's hidden figures (a
     server with the catalog's is the twin's own simulation: `twin` keeps it, so the twin does not redo it)."""
-    p = twin_simulate(job, flags, hidden)
+    p = twin_simulate(job, flags, hidden if isinstance(hidden, Coefficients) else hidden.at(flags))
     if twin is not None and hidden == CATALOG:
         twin.memo[(flag_key(flags.as_dict()), CATALOG)] = p
     argv = ["--model", job.target.model, "--gpu", job.target.gpu, *flags.to_args(), "--disable-log-stats"]
@@ -362,7 +372,7 @@ class ReplayServer:
 class ReplayLauncher:
     name = "replay"
 
-    def __init__(self, job: Job, cache: dict[str, Point], hidden: Coefficients) -> None:
+    def __init__(self, job: Job, cache: dict[str, Point], hidden: Hidden) -> None:
         self.job = job
         self.cache = cache
         self.hidden = hidden
@@ -465,17 +475,18 @@ def grid_points(job: Job) -> list[VllmFlags]:
 class Scenario:
     name: str
     cache: dict[str, Point]  # the real server's answer per flag set
-    hidden: Coefficients
+    hidden: Hidden
     twin: CatalogTwin
     folder: Path
     log: list[str]
+    log_every_seed: bool = False  # the study log of every seed, not only seed 0's
 
 
 def run_sampler(sc: Scenario, sampler: str, seed: int, n_trials: int) -> list[tuple[float | None, float, float]]:
     job = scenario_job(sc.name, sampler, seed, n_trials)
     launcher = ReplayLauncher(job, sc.cache, sc.hidden)
     url = f"sqlite:///{sc.folder / f'{job.study.name}.db'}"
-    log = sc.log if seed == 0 else []
+    log = sc.log if seed == 0 or sc.log_every_seed else []
     run = TuningRun(job, launcher, storage_url=url, measure=replay_measure, on_event=log.append)  # type: ignore[arg-type]
     if sampler == "twin":
         # The same sampler the study made, with the scenario's shared simulations: the seeds do not redo the sweep.
