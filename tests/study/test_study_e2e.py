@@ -295,4 +295,4 @@ def test_db_upgrade_creates_the_tables_and_is_idempotent(tmp_path: Path) -> None
         timeout=60,
     )
     assert bad.returncode == 2 and "error:" in bad.stderr and "Traceback" not in bad.stderr
-    assert "MySQLdb" in bad.stderr and "pip install MySQLdb" not in bad.stderr  # no package by that name
+    assert "driver MySQLdb is not installed: pip install mysqlclient" in bad.stderr  # the package, not the module

@@ -72,6 +72,10 @@ def extra_for_module(module: str) -> Extra | None:
     return next((e for e in EXTRAS.values() if top in e.modules), None)
 
 
+# SQLAlchemy drivers whose import name is not their package's (the rest install under the module's own name).
+_PACKAGE_OF_MODULE = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary"}
+
+
 def need_storage_driver(url: str) -> None:
     """The storage URL's database driver importable, checked before a study opens (and by `tune --dry-run`): without
     it Optuna says `Failed to import DB access module` and exits 1 mid-way."""
@@ -91,8 +95,8 @@ def need_storage_driver(url: str) -> None:
             fix = extra.install
         elif dialect.name == "postgresql":
             fix = f"use postgresql+psycopg://... and {EXTRAS['postgres'].install}"
-        else:  # a database tuner's extras do not cover: its SQLAlchemy dialect names the package, we cannot
-            fix = f"install the Python package that provides {module} for SQLAlchemy's {dialect.name} dialect"
+        else:  # a database tuner's extras do not cover: the driver's package, where its name is not the module's
+            fix = f"pip install {_PACKAGE_OF_MODULE.get(module, module)}"
         raise ConfigError(f"storage {safe_url(url)}: its database driver {module} is not installed: {fix}") from None
 
 
