@@ -39,7 +39,8 @@ JOB: dict[str, Any] = {
     "study": {"name": "par", "heartbeat_interval": 2, "grace_period": 60},
     "target": {"launcher": "emulator", "model": "llama-3.1-8b", "gpu": "l4", "emulator": {"time_scale": 50}},
     "space": {
-        "max_num_seqs": {"choices": [16, 32, 48, 64]},
+        # Below the 4 users each admits another batch: flag sets the twin simulates alike are answered, not launched
+        "max_num_seqs": {"choices": [1, 2, 3, 5]},
         "gpu_memory_utilization": {"choices": [0.86, 0.9]},
         "max_model_len": 2048,
     },
