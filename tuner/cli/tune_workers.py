@@ -91,6 +91,8 @@ class _WorkerRows:
             progress.update(self.overall, completed=done, count=f"{done}/{self.n} trials", best=best_text(self.study))
         elif e.kind == "done":
             progress.update(row, description=f"{who}: finished ({e.args[1]})")
+            if isinstance(progress, PlainProgress):  # a log has no rows: the worker's end is a line of its own
+                self.say(f"{who}: finished ({e.args[1]})")
         elif e.kind == "failed":
             progress.update(row, description=f"{who}: {e.args[0]}")
             if e.args[0] != "interrupted":
