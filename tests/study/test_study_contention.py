@@ -4,8 +4,6 @@ the baseline says so. Fakes throughout: a lag reader standing for an engine slow
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import optuna
 import pytest
 from study_fakes import FakeLauncher, FakeServer, fake_measure, job
 
+from tests.conftest import run_main
 from tuner.config import Job
 from tuner.flags import VllmFlags
 from tuner.load.contention import Contention
@@ -165,14 +164,10 @@ def test_a_machine_that_cannot_hold_the_time_scale_stops_the_study_with_the_one_
 
 
 def _cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
-    from tuner.cli import main
-
+    """`tuner ARGS` through the real entry point (tests/conftest.run_main), its output at a wide terminal."""
     monkeypatch.setenv("COLUMNS", "220")
-    monkeypatch.setattr(sys, "argv", ["tuner", *args])
     capsys.readouterr()
-    with contextlib.suppress(SystemExit):
-        main()
-    return capsys.readouterr().out
+    return run_main(list(args), capsys, monkeypatch)[1]
 
 
 def test_a_winner_measured_beside_busy_processes_says_so() -> None:

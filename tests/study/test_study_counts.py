@@ -4,8 +4,6 @@ feasible than measured; an interrupted baseline runs again as the baseline. A fa
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import optuna
 import pytest
 from study_fakes import FakeLauncher, fake_measure, job
 
+from tests.conftest import run_main
 from tuner.config import Job
 from tuner.flags import VllmFlags
 from tuner.report.overview import counts, listing, status
@@ -42,14 +41,10 @@ def _interrupted_at(n: int) -> FakeLauncher:
 
 
 def _cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
-    from tuner.cli import main
-
+    """`tuner ARGS` through the real entry point (tests/conftest.run_main), its output at a wide terminal."""
     monkeypatch.setenv("COLUMNS", "220")
-    monkeypatch.setattr(sys, "argv", ["tuner", *args])
     capsys.readouterr()
-    with contextlib.suppress(SystemExit):
-        main()
-    return capsys.readouterr().out
+    return run_main(list(args), capsys, monkeypatch)[1]
 
 
 def _view(url: str) -> Any:
