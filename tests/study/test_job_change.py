@@ -3,7 +3,6 @@ refused with one line; never a traceback, never a trial burned (tuner.study.job_
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import yaml
 from optuna.trial import TrialState
 from study_fakes import JOB, FakeLauncher, fake_measure, job
 
+from tests.conftest import run_main
 from tuner.config import Job
 from tuner.errors import ConfigError
 from tuner.report.rejudge import rejudge
@@ -210,18 +210,11 @@ def write_job(folder: Path, name: str, **changes: Any) -> Path:
 
 
 def tuner(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str]:
-    from tuner.cli import main
-
+    """`tuner ARGS` through the real entry point (tests/conftest.run_main): its exit code and all it printed."""
     monkeypatch.setenv("COLUMNS", "220")
-    monkeypatch.setattr(sys, "argv", ["tuner", *args])
     capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0) if not isinstance(e.code, str) else 1
-    out = capsys.readouterr()
-    return code, out.out + out.err
+    code, out, err = run_main(list(args), capsys, monkeypatch)
+    return code, out + err
 
 
 def test_the_cli_refuses_with_exit_2_and_the_dry_run_says_what_changed(
