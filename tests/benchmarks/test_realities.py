@@ -40,8 +40,9 @@ def test_a_seed_draws_the_same_server_every_time() -> None:
 
 def test_the_written_seeds_cover_every_family_and_stay_apart() -> None:
     assert not set(R.TRAINING_SEEDS) & set(R.HELD_OUT_SEEDS)
-    assert len(R.HELD_OUT_SEEDS) == 40
-    for seeds in (R.TRAINING_SEEDS, R.HELD_OUT_SEEDS):
+    assert not (set(R.TRAINING_SEEDS) | set(R.HELD_OUT_SEEDS)) & set(R.FRESH_SEEDS)
+    assert len(R.HELD_OUT_SEEDS) == len(R.FRESH_SEEDS) == 40
+    for seeds in (R.TRAINING_SEEDS, R.HELD_OUT_SEEDS, R.FRESH_SEEDS):
         families = [R.draw_reality(s).family for s in seeds]
         assert {f: families.count(f) for f in R.FAMILIES} == dict.fromkeys(R.FAMILIES, 5)
 
