@@ -108,9 +108,9 @@ def table(said: dict[str, Any], retests: list[dict[str, Any]]) -> list[str]:
         ci = "—" if not d else f"{d[0] * 100:+.1f}% ({d[1] * 100:+.0f}..{d[2] * 100:+.0f}%)"
         pairs = ", ".join(f"({p['trial_tok_s']:,.0f}, {p['baseline_tok_s']:,.0f})" for p in r.get("pairs", []))
         out.append(f"| {i} | {r.get('ranking')} | {ci} | {pairs} |")
-    held = sum(r.get("ranking") == "reproduced" for r in retests)
-    claim = "beats the baseline" if said["beats_baseline"] else "not separable / the baseline leads"
-    out += ["", f"the study said: {claim}; the ranking reproduced in {held} of {len(retests)} re-tests"]
+    held = sum(bool(r.get("held")) for r in retests)
+    claim = "beats the baseline" if said["beats_baseline"] else "not separable from the baseline"
+    out += ["", f"the study said: the leader {claim}; that held in {held} of {len(retests)} re-tests"]
     return out
 
 

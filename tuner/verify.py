@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tuner.config import Job
 from tuner.flags import VllmFlags
@@ -46,10 +47,12 @@ __all__ = [
     "NOT_REPRODUCED",
     "NOT_SEPARABLE",
     "REPRODUCED",
+    "SEPARATED",
     "Retest",
     "Verification",
     "VerifyRun",
     "retest_against_baseline",
+    "study_claim",
     "verify_flags",
 ]
 
@@ -267,6 +270,24 @@ async def _one(
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
+# The study called the two not separable, and the re-test told them apart: its own finding, not a reversal.
+SEPARATED = "separated"
+
+
+def study_claim(confirm: Mapping[str, Any], trial: int, baseline: int) -> bool | None:
+    """What the study concluded of `trial` against `baseline` from its confirmation (the `confirm` attribute):
+    True above, False below, None not separable (or nothing measured in pairs). The point figures' order is not a
+    claim: two flag sets the study could not tell apart have no ranking to reproduce."""
+    if trial == confirm.get("leader") and confirm.get("beats_baseline") is not None:
+        return True if confirm["beats_baseline"] else None
+    paired = confirm.get("paired") or {}
+    for first, second in ((trial, baseline), (baseline, trial)):  # "a-b" holds a / b - 1
+        d = (paired.get(f"{first}-{second}") or {}).get("difference")
+        if isinstance(d, list) and len(d) == 3:
+            if d[1] <= 0.0 <= d[2]:
+                return None
+            return (d[0] > 0) == (first == trial)
+    return None
 
 
 @dataclass(frozen=True)
@@ -278,9 +299,10 @@ class Retest:
     The ranking is judged by the pairs' log-ratios (`paired_difference`, the platform's prior joined to their own
     spread), never against a stored figure taken at another time: "reproduced" when the interval of trial /
     baseline - 1 excludes zero on the side the study claimed, "not reproduced" when it excludes zero on the other,
-    and "not separable" when it includes zero."""
+    and "not separable" when it includes zero. Where the study itself called them not separable (`claimed_above`
+    None), "not separable" is that claim holding and "separated" the re-test telling them apart."""
 
-    claimed_above: bool  # the study measured the trial above the baseline
+    claimed_above: bool | None  # the study's conclusion: above, below, None not separable
     prior: Noise = field(default_factory=Noise)
     trial: list[VerifyRun] = field(default_factory=list)
     baseline: list[VerifyRun] = field(default_factory=list)
@@ -299,19 +321,29 @@ class Retest:
         d = self.difference
         if d is None or d.contains(0.0):
             return NOT_SEPARABLE
+        if self.claimed_above is None:
+            return SEPARATED
         return REPRODUCED if (d.value > 0) == self.claimed_above else NOT_REPRODUCED
+
+    @property
+    def held(self) -> bool:
+        """The study's conclusion stood: its ranking reproduced, or the two it could not separate stayed so."""
+        return self.ranking == REPRODUCED or (self.claimed_above is None and self.ranking == NOT_SEPARABLE)
 
     def verdict(self) -> str:
         d = self.difference
         n = len(self.pairs)
-        claimed = "above" if self.claimed_above else "below"
+        claimed = {True: "above", False: "below", None: "not separable from"}[self.claimed_above]
         if d is None:
             return f"{NOT_SEPARABLE}: no interval from {n} pair{'s' if n != 1 else ''} of starts"
         ci = f"{d.value * 100:+.1f}% (95% CI {d.low * 100:+.0f}..{d.high * 100:+.0f}%, {n} pairs of fresh starts)"
+        side = "above" if d.value > 0 else "below"
         said = {
             REPRODUCED: f"the study's ranking held: the trial {claimed} the baseline by {ci}",
             NOT_REPRODUCED: f"the ranking reversed: the study had the trial {claimed} the baseline; re-tested {ci}",
-            NOT_SEPARABLE: f"the trial against the baseline {ci}: within the noise",
+            NOT_SEPARABLE: f"the trial against the baseline {ci}: within the noise"
+            + (", as the study said" if self.claimed_above is None else ""),
+            SEPARATED: f"the study could not separate the trial from the baseline; re-tested {side} it by {ci}",
         }[self.ranking]
         misses = sorted({m for r in self.trial for m in r.missed})
         slo = f"; the trial missed {', '.join(misses)} in some run" if misses else ""
@@ -325,7 +357,7 @@ def retest_against_baseline(
     baseline: VllmFlags,
     *,
     pairs: int,
-    claimed_above: bool,
+    claimed_above: bool | None,
     latency_metric: str,
     study: str | None = None,
     measure: Measure = measure_load,

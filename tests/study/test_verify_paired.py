@@ -14,7 +14,7 @@ from tuner.intervals import PRIORS
 from tuner.load import LoadResult, RequestRecord
 from tuner.scoring import summarize
 from tuner.study import Measurement
-from tuner.verify import NOT_REPRODUCED, NOT_SEPARABLE, REPRODUCED, retest_against_baseline, verify_flags
+from tuner.verify import NOT_REPRODUCED, NOT_SEPARABLE, REPRODUCED, SEPARATED, retest_against_baseline, verify_flags
 
 TRIAL = VllmFlags(max_num_seqs=64, gpu_memory_utilization=0.9)
 BASELINE = VllmFlags()
@@ -117,3 +117,35 @@ def test_the_pairs_table_fits_80_columns_and_the_json_names_each_pair() -> None:
     assert max(len(line) for line in text.splitlines()) <= 80
     doc = _retest_dict(view, view.trials[1], view.trials[0], r)
     assert doc["ranking"] == REPRODUCED and [p["trial_first"] for p in doc["pairs"]] == [True, False]
+
+
+def test_the_study_s_claim_is_its_confirmation_not_its_point_figures() -> None:
+    from tuner.verify import study_claim
+
+    confirm = {
+        "leader": 3,
+        "beats_baseline": False,
+        "paired": {"0-3": {"difference": [-0.3, -0.6, 0.2]}, "5-0": {"difference": [0.25, 0.1, 0.4]}},
+    }
+    assert study_claim(confirm, 3, 0) is None  # the leader, not separated from the baseline
+    assert study_claim({**confirm, "beats_baseline": True}, 3, 0) is True
+    assert study_claim(confirm, 5, 0) is True  # "5-0" holds #5 / #0 - 1, its interval above zero
+    flipped = {"paired": {"0-5": {"difference": [0.25, 0.1, 0.4]}}}
+    assert study_claim(flipped, 5, 0) is False  # the baseline above #5
+    assert study_claim(confirm, 7, 0) is None  # never paired: no claim
+
+
+def test_two_the_study_could_not_separate_hold_when_the_re_test_cannot_either() -> None:
+    same = DriftingMachine({64: 1000.0, None: 1000.0})
+    r = retest_against_baseline(
+        job(), same.launcher, TRIAL, BASELINE, pairs=3, claimed_above=None, latency_metric="e2e_p95",
+        measure=same.measure, prior=PRIORS["cpu"].noise,
+    )  # fmt: skip
+    assert r.ranking == NOT_SEPARABLE and r.held and r.verdict().endswith("within the noise, as the study said")
+    apart = DriftingMachine({64: 1000.0, None: 2000.0})
+    r = retest_against_baseline(
+        job(), apart.launcher, TRIAL, BASELINE, pairs=3, claimed_above=None, latency_metric="e2e_p95",
+        measure=apart.measure, prior=PRIORS["cpu"].noise,
+    )  # fmt: skip
+    assert r.ranking == SEPARATED and not r.held
+    assert "could not separate the trial from the baseline; re-tested below it by -4" in r.verdict()  # 2x, drifting

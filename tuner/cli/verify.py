@@ -32,7 +32,7 @@ from tuner.load.contention import Contention, contention_warning, pooled
 from tuner.report import StudyView, TrialView, choose, pareto_front
 from tuner.study.confirm import noise_of
 from tuner.study.measure import measure_load
-from tuner.verify import REPRODUCED, Retest, Verification, VerifyRun, retest_against_baseline, verify_flags
+from tuner.verify import Retest, Verification, VerifyRun, retest_against_baseline, study_claim, verify_flags
 
 __all__ = ["verify_cmd"]
 
@@ -93,8 +93,9 @@ def verify_cmd(
     baseline first in the next pair, and so on) and runs the study's load once on each; the ranking is judged by
     the 95% interval of the pairs' ratios, never against a figure stored at another time: "reproduced" (the
     interval excludes zero on the side the study found), "not reproduced" (on the other side) or "not separable"
-    (it includes zero). Exit 0 when reproduced, 1 when not. The baseline itself, a study without a measured
-    baseline, --top and --alone re-measure the trial alone instead, as follows.
+    (it includes zero); where the study itself could not separate them, "separated" when the re-test can. Exit 0
+    when the study's conclusion held (reproduced, or not separable as the study said), 1 when not. The baseline
+    itself, a study without a measured baseline, --top and --alone re-measure the trial alone instead, as follows.
 
     Alone: confirmed: every one of --runs runs meets every SLO (an SLO within the noise of its bound is decided by the
     runs' majority, never one run), the median output tok/s is not more than --tolerance below the record, and
@@ -172,7 +173,7 @@ def _retest(
         with status:
             r = retest_against_baseline(
                 job, build_launcher(job), trial_flags(t), trial_flags(base), pairs=pairs,
-                claimed_above=(t.throughput or 0.0) >= (base.throughput or 0.0),
+                claimed_above=_claimed(view, t, base),
                 latency_metric=view.latency_metric, study=view.name, measure=measure_load, on_run=progress, prior=noise,
             )  # fmt: skip
     except LaunchError as e:
@@ -181,9 +182,18 @@ def _retest(
         typer.echo(json.dumps(_retest_dict(view, t, base, r), indent=2))
     else:
         con.print(_pairs_table(view, t, base, r))
-        style = "green" if r.ranking == REPRODUCED else "red"
+        style = "green" if r.held else "red"
         con.print(f"[bold {style}]{escape(r.verdict())}[/bold {style}]")
-    raise typer.Exit(0 if r.ranking == REPRODUCED else 1)
+    raise typer.Exit(0 if r.held else 1)
+
+
+def _claimed(view: StudyView, t: TrialView, base: TrialView) -> bool | None:
+    """The study's conclusion of the trial against the baseline; a study kept from before confirmation recorded
+    its pairs has only its point figures to go by."""
+    confirm = view.record.confirm
+    if confirm:
+        return study_claim(confirm, t.number, base.number)
+    return (t.throughput or 0.0) >= (base.throughput or 0.0)
 
 
 def _pairs_table(view: StudyView, t: TrialView, base: TrialView, r: Retest) -> Table:
@@ -212,6 +222,7 @@ def _retest_dict(view: StudyView, t: TrialView, base: TrialView, r: Retest) -> d
         "verdict": r.verdict(),
         "study_tok_s": {"trial": t.throughput, "baseline": base.throughput},
         "claimed_above": r.claimed_above,
+        "held": r.held,
         "pairs": [
             {"trial_tok_s": a, "baseline_tok_s": b, "trial_first": i % 2 == 0} for i, (a, b) in enumerate(r.pairs)
         ],
