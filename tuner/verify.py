@@ -286,7 +286,7 @@ def study_claim(confirm: Mapping[str, Any], trial: int, baseline: int) -> bool |
         if isinstance(d, list) and len(d) == 3:
             if d[1] <= 0.0 <= d[2]:
                 return None
-            return (d[0] > 0) == (first == trial)
+            return bool(d[0] > 0) == (first == trial)
     return None
 
 
