@@ -301,20 +301,9 @@ def _check_ranges(ns: argparse.Namespace) -> None:
 
 
 def _flags(ns: argparse.Namespace) -> VllmFlags:
-    return VllmFlags(
-        max_num_seqs=ns.max_num_seqs,
-        max_model_len=ns.max_model_len,
-        gpu_memory_utilization=ns.gpu_memory_utilization,
-        max_num_batched_tokens=ns.max_num_batched_tokens,
-        tensor_parallel_size=ns.tensor_parallel_size,
-        kv_cache_dtype=ns.kv_cache_dtype,
-        block_size=ns.block_size,
-        enable_chunked_prefill=ns.enable_chunked_prefill,
-        enable_prefix_caching=ns.enable_prefix_caching,
-        enforce_eager=ns.enforce_eager,
-        async_scheduling=ns.async_scheduling,
-        kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
-    )
+    # Every flag VllmFlags holds is an argument of the parser above under its own name (argparse's dest), so a flag
+    # added to VllmFlags without its argument fails here, at the emulator's first start, not silently.
+    return VllmFlags(**{name: getattr(ns, name) for name in VllmFlags.model_fields if name != "extra"})
 
 
 def _non_default_args(
