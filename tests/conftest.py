@@ -91,6 +91,22 @@ def postgres_url(postgres_server_url: str) -> Iterator[str]:
     admin.dispose()
 
 
+# The databases the store runs on, as Optuna's own suite names its storages (optuna.testing.storages.STORAGE_MODES):
+# a test taking `storage_url` runs once on each. PostgreSQL's is marked, so `-m "not postgres"` leaves it out.
+STORAGE_MODES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=STORAGE_MODES)
+def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database of each mode, for one test: a SQLite file of its own, or a PostgreSQL database created for
+    it and dropped afterwards (skipped where the server is missing, a failure under TUNER_REQUIRE_SERVICES=1). For a
+    test whose outcome could differ by database; one that cannot takes a SQLite file alone, to keep the suite short."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'study.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
 @pytest.fixture(scope="session")
 def docker_client():  # type: ignore[no-untyped-def]
     """A Docker SDK client to an engine that answers a ping."""
