@@ -137,12 +137,13 @@ def demo_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 def tuner_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Run]:
-    """`tuner ARGS...` through the real entry point (run_main), 220 columns wide and no storage from the
-    environment: the morning commands' tests read whole rows and name their storage."""
+    """`tuner ARGS...` through the real entry point (run_main), 220 columns wide unless the test sets COLUMNS, and
+    no storage from the environment: the morning commands' tests read whole rows and name their storage."""
+    monkeypatch.setenv("COLUMNS", "220")
     monkeypatch.delenv("TUNER_STORAGE", raising=False)
     monkeypatch.delenv("TUNER_STORAGE_URL", raising=False)
 
     def run(*args: str | Path) -> Run:
-        return Run(*run_main(args, capsys, monkeypatch, columns=220))
+        return Run(*run_main(args, capsys, monkeypatch))
 
     return run
