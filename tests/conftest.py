@@ -8,9 +8,11 @@ import os
 import sys
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
+from morning_demo import Run, build_demo_study
 
 REQUIRE_SERVICES = os.environ.get("TUNER_REQUIRE_SERVICES") == "1"
 
@@ -21,18 +23,29 @@ os.environ.setdefault("TUNER_EMULATOR_LAG_LIMIT", "0.5")
 
 
 def run_main(
-    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    args: Sequence[str | Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    columns: int | None = None,
 ) -> tuple[int, str, str]:
     """`tuner ARGS` through its real entry point (`tuner.cli.main`, error handling included) in this process: the
-    exit code, stdout and stderr."""
+    exit code as the shell would see it, stdout and stderr (only this command's: what was printed before is
+    dropped). `columns` sets the terminal's width (COLUMNS) where a test reads whole table rows."""
     from tuner.cli import main
 
-    monkeypatch.setattr(sys, "argv", ["tuner", *args])
-    with pytest.raises(SystemExit) as exc:
+    if columns is not None:
+        monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(sys, "argv", ["tuner", *map(str, args)])
+    capsys.readouterr()
+    try:
         main()
+        code: object = 0
+    except SystemExit as e:
+        code = e.code
     out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else 1), out, err
+    # sys.exit's own mapping: None is success, a message is 1
+    return (0 if code is None else code if isinstance(code, int) else 1), out, err
 
 
 def missing_service(what: str, why: str) -> None:
@@ -78,6 +91,22 @@ def postgres_url(postgres_server_url: str) -> Iterator[str]:
     admin.dispose()
 
 
+# The databases the store runs on, as Optuna's own suite names its storages (optuna.testing.storages.STORAGE_MODES):
+# a test taking `storage_url` runs once on each. PostgreSQL's is marked, so `-m "not postgres"` leaves it out.
+STORAGE_MODES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=STORAGE_MODES)
+def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database of each mode, for one test: a SQLite file of its own, or a PostgreSQL database created for
+    it and dropped afterwards (skipped where the server is missing, a failure under TUNER_REQUIRE_SERVICES=1). For a
+    test whose outcome could differ by database; one that cannot takes a SQLite file alone, to keep the suite short."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'study.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
 @pytest.fixture(scope="session")
 def docker_client():  # type: ignore[no-untyped-def]
     """A Docker SDK client to an engine that answers a ping."""
@@ -98,3 +127,23 @@ def docker_client():  # type: ignore[no-untyped-def]
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
     missing_service("Docker engine", why)
+
+
+@pytest.fixture(scope="session")
+def demo_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The demo study the morning commands read (tests/morning_demo.py), written once for the session."""
+    return build_demo_study(tmp_path_factory.mktemp("morning") / "demo.db")
+
+
+@pytest.fixture
+def tuner_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Run]:
+    """`tuner ARGS...` through the real entry point (run_main), 220 columns wide unless the test sets COLUMNS, and
+    no storage from the environment: the morning commands' tests read whole rows and name their storage."""
+    monkeypatch.setenv("COLUMNS", "220")
+    monkeypatch.delenv("TUNER_STORAGE", raising=False)
+    monkeypatch.delenv("TUNER_STORAGE_URL", raising=False)
+
+    def run(*args: str | Path) -> Run:
+        return Run(*run_main(args, capsys, monkeypatch))
+
+    return run

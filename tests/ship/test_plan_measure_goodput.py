@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.study.study_fakes import FakeLauncher, FakeServer, job
+from tests.study_fakes import FakeLauncher, FakeServer, job
 from tuner.config import Job
 from tuner.flags import VllmFlags
 from tuner.ship.measure import measure_capacity

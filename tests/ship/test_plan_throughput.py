@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.morning.morning_demo import build_demo_study
+from tests.morning_demo import build_demo_study
 
 
 @pytest.fixture(scope="module")

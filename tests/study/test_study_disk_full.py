@@ -7,7 +7,6 @@ import errno
 import shutil
 import sqlite3
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import yaml
 from optuna.trial import TrialState
 from study_fakes import FakeLauncher, fake_measure, job
 
+from tests.conftest import run_main
 from tuner.config import Job
 from tuner.errors import StorageError
 from tuner.flags import VllmFlags
@@ -131,19 +131,9 @@ EMULATED = {
 
 
 def tune(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str]:
-    """`tuner tune ARGS...` through the real entry point (its one-line errors), the output captured."""
-    from tuner.cli import main
-
-    monkeypatch.setenv("COLUMNS", "400")
-    monkeypatch.setattr(sys, "argv", ["tuner", "tune", *args])
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out + out.err
+    """`tuner tune ARGS...` through run_main: the exit code, and stdout and stderr as one text."""
+    code, out, err = run_main(["tune", *args], capsys, monkeypatch, columns=400)
+    return code, out + err
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ fixed, the same command runs the baseline again and goes on."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import yaml
 from optuna.trial import TrialState
 from study_fakes import FakeLauncher, FakeServer, fake_measure, job
 
+from tests.conftest import run_main
 from tuner.config import Job
 from tuner.flags import VllmFlags
 from tuner.load import LoadResult, RequestRecord
@@ -133,19 +133,9 @@ def test_a_load_refused_for_a_tuned_max_model_len_is_learned_as_today(tmp_path: 
 
 
 def tuner(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str]:
-    """`tuner ARGS...` through the real entry point (its one-line errors), the output captured."""
-    from tuner.cli import main
-
-    monkeypatch.setenv("COLUMNS", "400")
-    monkeypatch.setattr(sys, "argv", ["tuner", *args])
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out + out.err
+    """`tuner ARGS...` through run_main: the exit code, and stdout and stderr as one text."""
+    code, out, err = run_main(args, capsys, monkeypatch, columns=400)
+    return code, out + err
 
 
 def test_the_morning_commands_say_the_study_stopped_on_a_refused_workload(

@@ -3,13 +3,13 @@ baseline and the twin's nearest flag sets measured missing it (tuner.twin.reacha
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from study_fakes import JOB, FakeLauncher, fake_measure, job
 
+from tests.conftest import run_main
 from tuner.config import Job
 from tuner.study import TuningRun
 from tuner.study.run import RunReport
@@ -79,16 +79,10 @@ def test_a_trial_that_meets_the_slo_ends_the_watch(tmp_path: Path) -> None:
 def test_the_dry_run_says_which_slo_and_the_nearest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tuner.cli import main
-
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({**JOB, "slos": IMPOSSIBLE}), encoding="utf-8")
-    monkeypatch.setenv("COLUMNS", "250")
-    monkeypatch.setattr(sys, "argv", ["tuner", "tune", str(path), "--dry-run"])
-    with pytest.raises(SystemExit) as done:
-        main()
-    assert done.value.code in (0, None)
-    out = capsys.readouterr().out
+    code, out, _ = run_main(["tune", path, "--dry-run"], capsys, monkeypatch, columns=250)
+    assert code == 0
     said = next(line for line in out.splitlines() if line.startswith("unreachable:"))
     assert "e2e_p95<=1ms" in said and "the nearest, max_num_seqs=8" in said and "against 1 ms" in said
     assert "the study stops once the baseline" in said
@@ -98,16 +92,9 @@ def test_the_dry_run_says_which_slo_and_the_nearest(
 def test_status_says_which_slo_stopped_the_study(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tuner.cli import main
-
     url = f"sqlite:///{tmp_path / 'study.db'}"
     report, _ = run(job(slos=IMPOSSIBLE, budget={"n_trials": 6}), url)
     assert report.stopped_by == "unreachable"
-    monkeypatch.setenv("COLUMNS", "250")
-    monkeypatch.setattr(sys, "argv", ["tuner", "status", "fake", "--storage", url])
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as done:
-        main()
-    assert done.value.code in (0, None)
-    out = capsys.readouterr().out
+    code, out, _ = run_main(["status", "fake", "--storage", url], capsys, monkeypatch, columns=250)
+    assert code == 0
     assert "unreachable: no flag set is predicted to meet e2e_p95<=1ms" in out and "SLOs: e2e_p95 <= 1ms" in out

@@ -15,7 +15,7 @@ from tests.conftest import run_main
 from tuner.cli.extras import EXTRAS, extra_for_module, installed, need_storage_driver
 from tuner.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "search_spaces" / "emulator-demo.yaml"
 POSTGRES = "postgresql+psycopg://tuner:secret@db.invalid:5432/tuner"
 

@@ -62,18 +62,21 @@ def column_mismatches(declared: Mapping[str, Any], table: sa.Table) -> list[str]
     return out
 
 
-def migration_drift(metadata: sa.MetaData) -> list[str]:
-    """What the migrations, applied to an empty SQLite database, leave different from `metadata`'s tables (a float
-    and a double are one column type to SQLite and PostgreSQL alike)."""
+def migration_drift(metadata: sa.MetaData, url: str = "sqlite://") -> list[str]:
+    """What the migrations, applied to an empty database (SQLite in memory unless `url` names one), leave different
+    from `metadata`'s tables (a float and a double are one column type to SQLite and PostgreSQL alike)."""
 
     def compare_type(context: Any, inspected: Any, meta: Any, inspected_type: Any, meta_type: Any) -> bool | None:
         return False if isinstance(inspected_type, sa.Float) and isinstance(meta_type, sa.Float) else None
 
-    engine = sa.create_engine("sqlite://")
-    upgrade(engine)
-    with engine.connect() as conn:
-        context = MigrationContext.configure(conn, opts={"compare_type": compare_type, "version_table": VERSION_TABLE})
-        return [repr(diff) for diff in compare_metadata(context, metadata)]
+    engine = sa.create_engine(url)
+    try:
+        upgrade(engine)
+        with engine.connect() as conn:
+            opts = {"compare_type": compare_type, "version_table": VERSION_TABLE}
+            return [repr(diff) for diff in compare_metadata(MigrationContext.configure(conn, opts=opts), metadata)]
+    finally:
+        engine.dispose()
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -97,8 +100,8 @@ def test_the_request_row_holds_a_request_record() -> None:
     assert column_mismatches({**REQUEST_KEYS, **fields}, RequestRow.__table__) == []  # type: ignore[arg-type]
 
 
-def test_the_migrations_build_the_tables_the_models_declare() -> None:
-    assert migration_drift(Base.metadata) == []
+def test_the_migrations_build_the_tables_the_models_declare(storage_url: str) -> None:
+    assert migration_drift(Base.metadata, storage_url) == []
 
 
 class _Fields(TypedDict, total=False):

@@ -76,10 +76,9 @@ def roundtrip(url: str) -> None:
         assert store.trial_detail("s", 0) is None and store.request_records("s", 0) == []
 
 
-def test_sqlite_roundtrip_and_idempotent_migrations(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'study.db'}"
-    roundtrip(url)
-    engine = make_engine(url)
+def test_a_trial_round_trips_and_a_second_open_migrates_nothing(storage_url: str) -> None:
+    roundtrip(storage_url)
+    engine = make_engine(storage_url)
     try:
         assert current_revision(engine) == head_revision()
         with engine.connect() as conn:
@@ -88,16 +87,13 @@ def test_sqlite_roundtrip_and_idempotent_migrations(tmp_path: Path) -> None:
         assert "alembic_version" not in tables  # left to Optuna's own migrations
     finally:
         engine.dispose()
-    open_store(url).close()  # a second open migrates nothing and fails nothing
-
-
-@pytest.mark.postgres
-def test_postgres_roundtrip(postgres_url: str) -> None:
-    roundtrip(postgres_url)
+    open_store(storage_url).close()  # a second open migrates nothing and fails nothing
 
 
 @pytest.mark.postgres
 def test_postgres_parallel_first_opens_migrate_once(postgres_url: str) -> None:
+    # PostgreSQL's alone: commands on several machines may open one new database at once, and an advisory lock
+    # serialises their upgrades; a SQLite file's `--parallel` workers start after the process that opened it first.
     errors: list[BaseException] = []
 
     def open_one() -> None:
@@ -128,43 +124,16 @@ def claims(url: str) -> None:
         assert store.claim("s", k, 9) == 9
 
 
-def test_flag_claims_sqlite(tmp_path: Path) -> None:
-    claims(f"sqlite:///{tmp_path / 'c.db'}")
+def test_flag_claims(storage_url: str) -> None:
+    claims(storage_url)
 
 
-@pytest.mark.postgres
-def test_flag_claims_postgres(postgres_url: str) -> None:
-    claims(postgres_url)
-
-
-@pytest.mark.postgres
-def test_exclusive_lock_serialises_workers_on_postgres(postgres_url: str) -> None:
-    store_a, store_b = open_store(postgres_url), open_store(postgres_url)
-    order: list[str] = []
-    try:
-        with store_a.exclusive("s"):
-
-            def b() -> None:
-                with store_b.exclusive("s"):
-                    order.append("b")
-
-            t = threading.Thread(target=b)
-            t.start()
-            time.sleep(0.3)
-            order.append("a")
-        t.join(60)
-        assert order == ["a", "b"]
-    finally:
-        store_a.close()
-        store_b.close()
-
-
-def test_exclusive_lock_on_sqlite_is_a_file_lock_across_processes(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'l.db'}"
+def test_exclusive_lock_serialises_workers_across_processes(storage_url: str, tmp_path: Path) -> None:
+    """Two workers' processes (PostgreSQL: an advisory lock; SQLite: a lock file beside the database)."""
     released = tmp_path / "released"
     code = (
         "import sys; from pathlib import Path; from tuner.store import open_store\n"
-        f"s = open_store({url!r})\n"
+        f"s = open_store({storage_url!r})\n"
         "with s.exclusive('s'):\n"
         "    print('locked', flush=True); sys.stdin.readline()\n"
         f"    Path({str(released)!r}).touch()\n"
@@ -174,7 +143,7 @@ def test_exclusive_lock_on_sqlite_is_a_file_lock_across_processes(tmp_path: Path
     seen: list[bool] = []
 
     def take() -> None:
-        with open_store(url) as store, store.exclusive("s"):
+        with open_store(storage_url) as store, store.exclusive("s"):
             seen.append(released.exists())
 
     try:

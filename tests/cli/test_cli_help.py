@@ -111,7 +111,7 @@ def test_the_dry_run_of_the_demo_job_reads_one_line_per_thing_in_80_columns() ->
     is wrapped by the terminal, so none runs past 80 characters before Rich sees it."""
     from pathlib import Path
 
-    job = Path(__file__).resolve().parents[1] / "search_spaces" / "emulator-demo.yaml"
+    job = Path(__file__).resolve().parents[2] / "search_spaces" / "emulator-demo.yaml"
     text = render(["tune", "--dry-run", str(job)], 200)
     lines = text.splitlines()
     assert "Distribution(" not in text
