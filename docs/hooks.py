@@ -267,13 +267,14 @@ def metrics_page() -> str:
         "## Figures every trial records",
         "",
         "Each is stored in the trial's user attributes as `<name>_s` and is a column of `tuner trials`' CSV and JSON;",
-        "a headline figure is also a column of its table.",
+        "a headline figure is also a column of its table where it fits. A study also records each figure its SLOs",
+        "and `latency_metric` name (`ttft_p90 <= 60s`: `ttft_p90_s`), and its tables show those first.",
         "",
         "| figure | attribute | headline |",
         "| --- | --- | --- |",
     ]
     for figure in FIGURES:
-        lines.append(f"| `{figure.name}` | `{figure.name}_s` | {'yes' if figure.headline else 'no'} |")
+        lines.append(f"| `{figure.name}` | `{figure.attr}` | {'yes' if figure.headline else 'no'} |")
     return "\n".join(lines) + "\n"
 
 

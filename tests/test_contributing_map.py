@@ -1,6 +1,7 @@
 """CONTRIBUTING.md kept true: every module under tuner/ is on its map ("Where things are"), by its path or by name
-in its package's entry, and every file a "how to add or change X" section names exists. Each rule is itself tested
-on a small made-up CONTRIBUTING text where it fails."""
+in its package's entry, every file a "how to add or change X" section names exists, and each "to add X" recipe's
+first steps name the files its registry's newest entry stands in (the last such addition touched them). Each rule is
+itself tested on a small made-up CONTRIBUTING text where it fails."""
 
 from __future__ import annotations
 
@@ -189,4 +190,110 @@ def test_the_how_to_rule_fails_on_a_file_that_is_gone() -> None:
     assert missing_files(FAKE, {"tuner/study/samplers.py"}.__contains__) == [
         "'Adding a sampler (2 files)' names tuner/config/schema.py, which does not exist: name the file that holds "
         "it now"
+    ]
+
+
+# Where each "how to add" recipe's additions are registered, and how an entry reads there (entries are appended, so
+# the last one is the newest addition). The files the recipe's first steps name must each hold that entry's name:
+# a recipe that names a file the last addition did not touch (the registry moved, a step went stale) fails.
+REGISTRIES = {
+    "Adding a metric": ("tuner/scoring.py", r'\bMetric\(\s*"([\w-]+)"'),
+    "Adding a launcher kind": ("tuner/launch/factory.py", r'\bLauncherKind\(\s*"([\w-]+)"'),
+    "Adding a sampler": ("tuner/study/samplers.py", r'@sampler\("([\w-]+)"\)'),
+    "Adding an export format": ("tuner/export.py", r'@export_format\("([\w-]+)"\)'),
+}
+# A step: a line that opens with the file it touches, numbered (`1. \`tuner/x.py\`:`) or not (`\`tuner/x.py\`:`).
+_STEP_FILE = re.compile(r"^(?:\d+\. )?`((?:tuner|tests)/[^`*\s]+\.py)`")
+
+
+def first_steps(section: str) -> list[str]:
+    """The files the first paragraph of steps in a how-to section opens with: what every addition touches (a later
+    paragraph's steps are the ones some additions need, "in addition")."""
+    for paragraph in section.split("\n\n"):
+        files = [m.group(1) for line in paragraph.splitlines() if (m := _STEP_FILE.match(line)) is not None]
+        if files:
+            return files
+    return []
+
+
+def stale_recipes(
+    contributing: str, registries: dict[str, tuple[str, str]], read: Callable[[str], str | None]
+) -> list[str]:
+    """Each file a recipe's first steps name that does not hold the newest entry of its registry (a template such
+    as `tuner/launch/<kind>.py` read with that entry's name), as a line saying which."""
+    sections = {heading.split(" (")[0]: text for heading, text in how_to_sections(contributing).items()}
+    out = []
+    for heading, (registry, entry) in registries.items():
+        if heading not in sections:
+            out.append(f"{heading!r}: no such section in CONTRIBUTING.md")
+            continue
+        names = re.findall(entry, read(registry) or "")
+        if not names:
+            out.append(f"{heading!r}: {registry} registers nothing as {entry!r}")
+            continue
+        newest = names[-1]
+        for path in first_steps(sections[heading]):
+            path = re.sub(r"<\w+>", newest, path)
+            text = read(path)
+            if text is None or re.search(rf"\b{re.escape(newest)}\b", text) is None:
+                out.append(f"{heading!r} names {path}, which the newest addition ({newest!r}) did not touch")
+    return out
+
+
+def _read(path: str) -> str | None:
+    file = REPO / path
+    return file.read_text() if file.is_file() else None
+
+
+def test_each_recipe_names_the_files_its_last_addition_touched() -> None:
+    assert stale_recipes(CONTRIBUTING.read_text(), REGISTRIES, _read) == []
+    # every recipe is checked: its first steps name at least its registry
+    steps = {h.split(" (")[0]: first_steps(t) for h, t in how_to_sections(CONTRIBUTING.read_text()).items()}
+    assert all(registry in steps[h] for h, (registry, _) in REGISTRIES.items()), steps
+
+
+RECIPES = """# Contributing
+
+## Adding a sampler (2 files)
+
+1. `tuner/study/samplers.py`: a factory.
+2. `tuner/config/schema.py`: its name.
+
+`tests/study/test_sampler_contract.py` runs it.
+
+## Adding a launcher kind (2 files)
+
+1. `tuner/launch/<kind>.py`: the launcher.
+2. `tuner/launch/factory.py`: its entry.
+"""
+_FAKE_REGISTRIES = {
+    "Adding a sampler": ("tuner/study/samplers.py", r'@sampler\("([\w-]+)"\)'),
+    "Adding a launcher kind": ("tuner/launch/factory.py", r'\bLauncherKind\(\s*"([\w-]+)"'),
+}
+
+
+def test_the_recipe_rule_fails_on_a_step_the_last_addition_did_not_touch() -> None:
+    files = {
+        "tuner/study/samplers.py": '@sampler("tpe")\n...\n@sampler("twin")\n',
+        "tuner/config/schema.py": 'SamplerName = Literal["tpe", "twin"]\n',
+        "tuner/launch/factory.py": 'LauncherKind(\n    "emulator", ...),\nLauncherKind("docker", ...)\n',
+        "tuner/launch/docker.py": "class DockerLauncher:  # docker run\n",
+    }
+    assert first_steps(how_to_sections(RECIPES)["Adding a sampler (2 files)"]) == [
+        "tuner/study/samplers.py",
+        "tuner/config/schema.py",
+    ]
+    assert stale_recipes(RECIPES, _FAKE_REGISTRIES, files.get) == []
+    # the newest sampler's name is not where the recipe says it goes; the newest kind has no module of its own
+    broken = files | {"tuner/config/schema.py": 'SamplerName = Literal["tpe"]\n'}
+    del broken["tuner/launch/docker.py"]
+    assert stale_recipes(RECIPES, _FAKE_REGISTRIES, broken.get) == [
+        "'Adding a sampler' names tuner/config/schema.py, which the newest addition ('twin') did not touch",
+        "'Adding a launcher kind' names tuner/launch/docker.py, which the newest addition ('docker') did not touch",
+    ]
+    # a registry that registers nothing under the pattern (it moved, or the pattern went stale) is said, not passed
+    assert stale_recipes(RECIPES, _FAKE_REGISTRIES, lambda _: None) == [
+        f"'Adding a sampler': tuner/study/samplers.py registers nothing as {_FAKE_REGISTRIES['Adding a sampler'][1]!r}",
+        "'Adding a launcher kind': tuner/launch/factory.py registers nothing as "
+        f"{_FAKE_REGISTRIES['Adding a launcher kind'][1]!r}",
     ]

@@ -137,7 +137,10 @@ class Provenance:
     output_tok_s: float | None = None
     objective_latency_s: float | None = None  # the latency the study minimised: its `latency_metric`
     latency_metric: str | None = None
-    latencies: Mapping[str, float] = field(default_factory=dict)  # the registry's figures by name, in seconds
+    latencies: Mapping[str, float] = field(default_factory=dict)  # the figures it recorded by name, in seconds
+    # The figures quoted (the study's SLOs' and objective's, then the registry's headline ones: `StudyView
+    # .headline_figures`); () quotes the registry's headline ones.
+    shown_figures: tuple[Figure, ...] = ()
     success_rate: float | None = None
     slos: tuple[str, ...] = ()
     tuner_version: str | None = None
@@ -164,7 +167,7 @@ class Provenance:
             "objective_latency_s": self.objective_latency_s,
             "latency_metric": self.latency_metric,
             "latency_p95_s": self.objective_latency_s,  # its name in tuner 0.1, whatever its statistic
-            **{f.attr: self.latencies.get(f.name) for f in figures()},
+            **{f.attr: self.latencies.get(f.name) for f in (*figures(), *self.shown_figures)},
             "success_rate": self.success_rate,
             "slos": list(self.slos),
             "tuner_version": self.tuner_version,
@@ -206,9 +209,9 @@ class Provenance:
             objective = self.objective_latency_s
             shown = self._figure(f"{self.latency_metric}_s", "s", f"{objective:.3f} s")
             measured.append(f"{self._objective_label()} {shown}")
-        for f in figures():
+        for f in self.shown_figures or tuple(f for f in figures() if f.headline):
             value = self.latencies.get(f.name)
-            if f.headline and value is not None:
+            if value is not None:
                 measured.append(f"{f.label} {self._figure(f.attr, 's', f'{value:.3f} s')}")
         if self.success_rate is not None:
             rate = self.success_rate

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from tuner.scoring import METRICS, Metric, RequestLike, latency_of
+from tuner.scoring import METRICS, Figure, Metric, RequestLike, latency_of
 
 __all__ = [
     "LEVEL",
@@ -179,11 +179,17 @@ def interval_metrics() -> list[Metric]:
 
 
 def run_intervals(
-    records: Sequence[RequestLike], duration_s: float, *, seed: int = 0, level: float = LEVEL
+    records: Sequence[RequestLike],
+    duration_s: float,
+    *,
+    seed: int = 0,
+    level: float = LEVEL,
+    named: Iterable[Figure] = (),
 ) -> dict[str, Interval]:
     """One run's figures with their within-run intervals: output tok/s over the run, the success rate, and the
-    p50/p95/p99 of each per-request latency of the registry (`interval_metrics`) over the successful requests. Keys
-    as the trial record names them: `output_tok_s`, `success_rate`, `ttft_p95_s`, ..."""
+    p50/p95/p99 of each per-request latency of the registry (`interval_metrics`) over the successful requests, and
+    each percentile `named` names of them (the study's SLOs': a `ttft_p90` SLO's). Keys as the trial record names
+    them: `output_tok_s`, `success_rate`, `ttft_p95_s`, ..."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     out: dict[str, Interval] = {}
@@ -192,6 +198,7 @@ def run_intervals(
         n = len(measured)
         out["output_tok_s"] = bootstrap(tokens, lambda rows: rows.mean(axis=1) * n / duration_s, seed=seed, level=level)
     out["success_rate"] = wilson(len(ok), len(measured), level)
+    extra = [(f.metric, round(f.quantile * 100)) for f in named if f.quantile is not None]
     for metric in interval_metrics():
         samples = metric.samples
         assert samples is not None
@@ -199,7 +206,7 @@ def run_intervals(
         values = [v for r in ok for v in samples(r)]
         if not values:
             continue
-        for q in RUN_PERCENTILES:
+        for q in sorted({*RUN_PERCENTILES, *(q for name, q in extra if name == metric.name)}):
             out[f"{metric.name}_p{q}_s"] = bootstrap(values, _percentile(q), seed=seed + q, level=level)
     return out
 
@@ -376,12 +383,13 @@ def separable(a: Pooled, b: Pooled) -> bool:
 
 
 def figure_of(metric: str) -> str | None:
-    """The `run_intervals` key that holds an SLO metric's figure (None: no interval is kept for it). Matched
-    against the registry (`latency_of`), so a metric whose name holds an underscore is read whole."""
+    """The `run_intervals` key that holds an SLO metric's figure (None: no interval is kept for it): a percentile
+    of a per-request latency (the p50/p95/p99 every run keeps, another where the study names it: `named`).
+    Matched against the registry (`latency_of`), so a metric whose name holds an underscore is read whole."""
     latency = latency_of(metric)
     if latency is not None:
         entry, stat = latency
-        kept = entry in interval_metrics() and stat in (f"p{q}" for q in RUN_PERCENTILES)
+        kept = entry in interval_metrics() and Figure(entry.name, stat).quantile is not None
         return f"{metric}_s" if kept else None
     return {"success_rate": "success_rate", "output_throughput": "output_tok_s"}.get(metric)
 

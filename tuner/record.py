@@ -82,8 +82,9 @@ class TrialRecord(BaseModel):
     output_tok_s: float | None = None
     request_rate: float | None = None
     success_rate: float | None = None
-    # The registry's figures (`tuner.scoring.FIGURES`) by name, in seconds: stored flat, one attribute each
-    # (`ttft_p95` as `ttft_p95_s`, the names tuner 0.1.0 wrote); a figure not measured is absent here.
+    # The registry's figures (`tuner.scoring.FIGURES`) and those the study's SLOs and objective name (`ttft_p90`)
+    # by name, in seconds: stored flat, one attribute each (`ttft_p95` as `ttft_p95_s`, the names tuner 0.1.0
+    # wrote); a figure not measured is absent here.
     latencies: dict[str, float] = Field(default_factory=dict)
     goodput: float | None = None  # req/s that succeeded and met every latency SLO on their own (DistServe)
     good_share: float | None = None  # those requests' share of the measured ones
@@ -142,8 +143,7 @@ class TrialRecord(BaseModel):
             value = _READERS[_type_name(info.annotation)](attrs[name])
             if value is not None:
                 values[name] = value
-        figures = ((f.name, _number(attrs.get(f.attr))) for f in scoring.figures())
-        values["latencies"] = {name: value for name, value in figures if value is not None}
+        values["latencies"] = _latencies(attrs)
         return cls.model_validate(values)
 
     def to_attrs(self) -> dict[str, Any]:
@@ -151,6 +151,7 @@ class TrialRecord(BaseModel):
         out = self.model_dump(mode="json")
         del out["latencies"]
         out |= {f.attr: self.latencies.get(f.name) for f in scoring.figures()}
+        out |= {f"{name}_s": value for name, value in self.latencies.items()}
         for name in _ONLY_WHEN_SET:
             if not out.get(name) and out.get(name) != 0:
                 out.pop(name, None)
@@ -181,6 +182,17 @@ def _type_name(annotation: Any) -> str:
 
 def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _latencies(attrs: dict[str, Any]) -> dict[str, float]:
+    """Every figure stored flat (`<metric>_<stat>_s`): the registry's, and any an SLO or the objective named, told
+    by the metric registry (`ttft_p95_first_turn_s` names no statistic, so it is not one)."""
+    out: dict[str, float] = {}
+    for key, raw in attrs.items():
+        value = _number(raw)
+        if value is not None and key.endswith("_s") and scoring.Figure.named(key.removesuffix("_s")) is not None:
+            out[key.removesuffix("_s")] = value
+    return out
 
 
 def _integer(v: Any) -> int | None:

@@ -32,13 +32,17 @@ __all__ = [
     "closest",
     "figures",
     "goodput_bound",
+    "headline_figures",
+    "in_table_order",
     "is_good",
     "latency_metrics",
     "latency_of",
+    "named_figures",
     "objective_latency",
     "parse_slo",
     "percentile",
     "request_value",
+    "study_figures",
     "summarize",
     "total_violation",
 ]
@@ -243,13 +247,51 @@ class Figure:
 
 
 FIGURES: tuple[Figure, ...] = (Figure("ttft", "p95"), Figure("e2e", "p95"), Figure("tpot", "p95", headline=False))
-"""The figures a trial records, in the order tables and CSV columns show them. Another (`Figure("ttft", "p90")`) is
-an entry here: the study records it from then on, and the morning tables, CSV/JSON, rescore and exports show it."""
+"""The figures every trial records, in the order the CSV's columns show them; a study also records the figures its
+SLOs and objective name (`study_figures`: a `ttft_p90` SLO's TTFT P90). Another (`Figure("ttft", "p90")`) is an
+entry here: the study records it from then on, and the morning tables, CSV/JSON, rescore and exports show it."""
 
 
 def figures() -> tuple[Figure, ...]:
     """The registry's figures, read when called (so a test may register one)."""
     return FIGURES
+
+
+def named_figures(names: Iterable[str]) -> tuple[Figure, ...]:
+    """The latency figures SLO and objective metric names hold (`ttft_p90`, `tpot_p95`), in order, each once, each a
+    headline (the figure a verdict was made on is shown); a rate's name or an unknown one holds none."""
+    out: dict[str, Figure] = {}
+    for name in names:
+        figure = Figure.named(name)
+        if figure is not None:
+            out.setdefault(figure.name, figure)
+    return tuple(out.values())
+
+
+def study_figures(names: Iterable[str]) -> tuple[Figure, ...]:
+    """What a study whose SLOs and objective name `names` records and may show: the figures they name, then the
+    registry's (`figures()`) not among them."""
+    named = named_figures(names)
+    taken = {f.name for f in named}
+    return (*named, *(f for f in figures() if f.name not in taken))
+
+
+def in_table_order(shown: Iterable[Figure]) -> list[Figure]:
+    """Figures in the order a table's columns show them: by metric as the registry lists them (TTFT, TPOT, ITL,
+    e2e), then by statistic (P90 before P95), so the columns of one metric stand together."""
+    order = list(METRICS)
+
+    def key(f: Figure) -> tuple[int, int]:
+        return (order.index(f.metric) if f.metric in order else len(order), STATS.index(f.stat))
+
+    return sorted(shown, key=key)
+
+
+def headline_figures(names: Iterable[str]) -> list[Figure]:
+    """The figures `names` (SLO and objective metrics) name, then the registry's headline ones, in table order:
+    what a table with room for them all shows."""
+    shown = {f.name: f for f in (*named_figures(names), *(f for f in figures() if f.headline))}
+    return in_table_order(shown.values())
 
 
 OBJECTIVE_FALLBACK = "e2e_p95"

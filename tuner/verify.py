@@ -40,7 +40,7 @@ from tuner.intervals import (
 )
 from tuner.launch import Launcher, Server
 from tuner.load.contention import Contention
-from tuner.scoring import LoadSummary, Slo
+from tuner.scoring import LoadSummary, Slo, named_figures
 from tuner.study.measure import Measure, measure_load
 
 __all__ = [
@@ -261,7 +261,10 @@ async def _one(
         success_rate=float(summary.success_rate),
         missed=missed,
         diagnosis=m.result.diagnosis if m.result is not None else "",
-        figures=run_intervals(records, summary.duration_s) if records else {},
+        # the SLOs' own percentiles too (a `ttft_p90` SLO's): their verdict is judged by an interval
+        figures=run_intervals(records, summary.duration_s, named=named_figures(s.metric for s in slos))
+        if records
+        else {},
         contention=m.contention,
     )
 

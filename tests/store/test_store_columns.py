@@ -88,11 +88,23 @@ def test_the_trial_row_holds_what_a_study_writes() -> None:
     assert column_mismatches(declared, TrialRow.__table__) == []  # type: ignore[arg-type]
 
 
+def detail_mismatches(detail: Any, fields: type) -> list[str]:
+    """Where a detail view (a dataclass) does not read what `fields` (a TypedDict) declares: its fields must be the
+    key (study, number), every declared field in order with the same type, then the timestamps."""
+    names = [f.name for f in dataclasses.fields(detail)]
+    want = ["study", "number", *_hints(fields), *TIMESTAMPS]
+    out = [f"{detail.__name__}: fields {names}, declared {want}"] if names != want else []
+    hints = _hints(detail)
+    out += [
+        f"{detail.__name__}.{name}: {hints.get(name)} where {fields.__name__} declares {hint}"
+        for name, hint in _hints(fields).items()
+        if name in hints and hints[name] != hint
+    ]
+    return out
+
+
 def test_the_trial_detail_reads_every_field_a_study_writes() -> None:
-    detail = {f.name: f.type for f in dataclasses.fields(TrialDetail)}
-    hints = _hints(TrialDetail)
-    assert list(detail) == ["study", "number", *_hints(TrialFields), *TIMESTAMPS]
-    assert {name: hints[name] for name in _hints(TrialFields)} == _hints(TrialFields)
+    assert detail_mismatches(TrialDetail, TrialFields) == []
 
 
 def test_the_request_row_holds_a_request_record() -> None:
@@ -134,3 +146,20 @@ def test_the_migration_check_fails_on_a_column_no_migration_adds() -> None:
     sa.Table("tuner_trial", meta, sa.Column("new_figure", sa.Float, nullable=True), extend_existing=True)
     drift = migration_drift(meta)
     assert len(drift) == 1 and "add_column" in drift[0] and "new_figure" in drift[0], drift
+
+
+@dataclasses.dataclass
+class _Detail:
+    study: str
+    number: int
+    outcome: int  # declared str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+def test_the_detail_check_fails_on_a_view_out_of_step() -> None:
+    assert detail_mismatches(_Detail, _Fields) == [
+        "_Detail: fields ['study', 'number', 'outcome', 'created_at', 'updated_at'], declared ['study', 'number', "
+        "'outcome', 'note', 'created_at', 'updated_at']",
+        "_Detail.outcome: <class 'int'> where _Fields declares <class 'str'>",
+    ]

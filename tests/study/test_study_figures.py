@@ -27,12 +27,25 @@ def test_a_registered_figure_is_written_flat_and_read_back(monkeypatch: pytest.M
 
 def test_a_record_of_tuner_0_1_reads_its_figures_under_their_old_names() -> None:
     attrs = {"outcome": "measured", "e2e_p95_s": 4.7, "ttft_p95_s": 2.7, "tpot_p95_s": "n/a", "ttft_p90_s": 1.0}
+    attrs |= {"ttft_p95_first_turn_s": 2.0, "queue_p95_s": 3.0}
     record = TrialRecord.from_attrs(attrs)
-    # ttft_p90 is not registered: not read; a value of the wrong type reads as unknown, as every field does.
-    assert record.latencies == {"e2e_p95": 4.7, "ttft_p95": 2.7}
+    # ttft_p90 is a figure (an SLO may have named it): read; a value of the wrong type reads as unknown, as every
+    # field does; a name the registry reads as no figure (`ttft_p95_first_turn`, an unknown metric) is not one.
+    assert record.latencies == {"e2e_p95": 4.7, "ttft_p95": 2.7, "ttft_p90": 1.0}
     written = record.to_attrs()
     assert (written["e2e_p95_s"], written["ttft_p95_s"], written["tpot_p95_s"]) == (4.7, 2.7, None)
-    assert "ttft_p90_s" not in written and "latencies" not in written
+    assert written["ttft_p90_s"] == 1.0 and "latencies" not in written and "queue_p95_s" not in written
+
+
+def test_the_figures_the_slos_name_are_recorded_without_a_registry_entry() -> None:
+    trial = FixedTrial({"max_num_seqs": 16, "gpu_memory_utilization": 0.9})
+    slos = ["ttft_p90 <= 60s", "tpot_p99 <= 2s", "success_rate >= 0.5"]
+    Objective(job(slos=slos), FakeLauncher(), measure=fake_measure())(trial)
+    summary = summarize(records_for(VllmFlags(max_num_seqs=16)), duration_s=10 / 16)
+    attrs = trial.user_attrs
+    assert attrs["ttft_p90_s"] == pytest.approx(summary.ttft.p90)
+    assert attrs["tpot_p99_s"] == pytest.approx(summary.tpot.p99)
+    assert attrs["e2e_p95_s"] == pytest.approx(summary.e2e.p95)  # the registry's, whatever the SLOs
 
 
 def test_a_run_that_served_nothing_records_no_figure() -> None:

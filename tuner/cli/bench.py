@@ -39,7 +39,7 @@ from tuner.load import (
 )
 from tuner.load.prompt_fit import PromptFit, fit_prompts
 from tuner.load.runner import new_client
-from tuner.scoring import LoadSummary, Percentiles, Slo, latency_metrics, parse_slo
+from tuner.scoring import STATS, LoadSummary, Percentiles, Slo, headline_figures, latency_metrics, parse_slo
 
 __all__ = ["BenchOptions", "bench", "bench_plan", "parse_length"]
 
@@ -528,13 +528,13 @@ def _summary_table(s: LoadSummary) -> Table:
 def _latency_table(s: LoadSummary) -> Table:
     t = Table(title="Latency (ms)", title_justify="left")
     t.add_column("metric", style="bold")
-    for name in ("mean", "p50", "p90", "p95", "p99", "max"):
+    for name in STATS:
         t.add_column(name, justify="right")
     labels: list[tuple[str, Percentiles]] = [(m.label.upper(), getattr(s, m.name)) for m in latency_metrics()]
     for label, p in labels:
         t.add_row(
             label,
-            *(f"{p.stat(n) * 1000:,.1f}" if p.count else "–" for n in ("mean", "p50", "p90", "p95", "p99", "max")),
+            *(f"{p.stat(n) * 1000:,.1f}" if p.count else "–" for n in STATS),
         )
     return t
 
@@ -590,13 +590,15 @@ def render_search(found: CapacitySearchResult, slos: list[Slo], out: Console) ->
     if found.probe is not None and found.estimate_rate is not None:
         out.print(f"probe (closed loop): {found.estimate_rate:.2f} req/s saturated throughput", highlight=False)
     t = Table(title="Capacity search", title_justify="left")
-    for col in ("step", "offered req/s", "req/s", "output tok/s", "TTFT p95", "E2E p95", "success", "SLOs"):
+    # the figures the SLOs name (a `ttft_p90` SLO's TTFT P90), then the registry's headline ones
+    shown = headline_figures(slo.metric for slo in slos)
+    for col in ("step", "offered req/s", "req/s", "output tok/s", *(f.label for f in shown), "success", "SLOs"):
         t.add_column(col, justify="right")
     for i, step in enumerate(found.steps, 1):
         s = step.summary
         t.add_row(
             str(i), f"{step.rate:.2f}", f"{s.request_throughput:.2f}", f"{s.output_throughput:,.0f}",
-            _ms(s.ttft.p95), _ms(s.e2e.p95), f"{s.success_rate:.1%}",
+            *(_ms(v) if (v := f.of(s)) is not None else "–" for f in shown), f"{s.success_rate:.1%}",
             "[green]met[/green]" if step.meets_slos else "[red]missed[/red]",
         )  # fmt: skip
     out.print(t)

@@ -191,7 +191,7 @@ def show_front(
         f"{escape(view.name)}: feasible front, {len(front)} of {measured} measured trials "
         f"(latency = {view.latency_metric})"
     )
-    con.print(front_table(front, baseline, title, wide=wide))
+    con.print(front_table(front, baseline, title, wide=wide, named=view.named_figures, objective=view.latency_metric))
     if not wide:
         con.print(front_flags(front, baseline))
     if (line := separability_line(view, front)) is not None:

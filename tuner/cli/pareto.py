@@ -90,7 +90,7 @@ def show_cost_front(
         return
     con = console_for_output()
     title = f"{view.name}: box tok/s vs $ per M output tokens, {len(front)} on the front"
-    con.print(cost_front_table(front, title))
+    con.print(cost_front_table(front, title, view.objective_stat))
     con.print("box: replicas × GPUs each; $ at the box's measured throughput, idle GPUs paid for")
     if plot:
         text = cost_scatter(view, front, width=min(width, con.width), height=height)

@@ -58,7 +58,8 @@ def rescore_cmd(
     need_plot_extras(html, png)
     url, view = open_view(study, storage, job)
     result = rescored(url, view, slos)
-    after = StudyView(name=view.name, attrs=view.attrs, trials=result.view_after)
+    # judged under the new SLOs: the front shows their figures
+    after = StudyView(name=view.name, attrs={**view.attrs, "slos": result.slos}, trials=result.view_after)
     if html is not None:
         write_html(after, result.front, html)
     if png is not None:
@@ -101,8 +102,12 @@ def rescored(url: str, view: StudyView, slos: list[Slo]) -> RescoreResult:
 def print_rescored(view: StudyView, result: RescoreResult, after: StudyView, *, plot: bool) -> None:
     con = console_for_output()
     table = Table(title=f"{escape(view.name)} re-scored under {escape(', '.join(result.slos))}")
-    for col in ("#", "before", "after", "tok/s", "latency P95", "success", "misses"):
-        table.add_column(col, justify="right" if col in ("#", "tok/s", "latency P95", "success") else "left")
+    # the minimised latency, then each figure the new SLOs name (`--slo ttft_p90<=2s`: TTFT P90)
+    named = [f for f in after.named_figures if f.name != view.latency_metric]
+    latency = f"latency {view.objective_stat}"
+    numeric = ("#", "tok/s", latency, *(f.label for f in named), "success")
+    for col in ("#", "before", "after", "tok/s", latency, *(f.label for f in named), "success", "misses"):
+        table.add_column(col, justify="right" if col in numeric else "left")
     for r in result.trials:
         if r.note == "no measurement":
             continue
@@ -113,6 +118,7 @@ def print_rescored(view: StudyView, result: RescoreResult, after: StudyView, *, 
             ("[green]ok[/green]" if a_.feasible else "[red]no[/red]") + (" (changed)" if r.changed else ""),
             fmt(a_.throughput),
             fmt(a_.objective_latency_s, ".3f", " s"),
+            *(fmt(a_.latency(f.name), ".3f", " s") for f in named),
             fmt(a_.success_rate, ".1%"),
             escape(", ".join(a_.violated) or r.note or ""),
         )
@@ -132,6 +138,7 @@ def _rescored_doc(r: RescoredTrial) -> dict[str, Any]:
         "objective_latency_s": r.after.objective_latency_s,
         "latency_p95_s": r.after.objective_latency_s,  # its name in tuner 0.1
         **{f.attr: r.after.latency(f.name) for f in figures()},
+        **{f"{name}_s": value for name, value in r.after.latencies.items()},
         "constraints": list(r.after.constraints),
         "violated": list(r.after.violated),
         "step": r.step,

@@ -28,7 +28,6 @@ from tuner.load.contention import Contention
 from tuner.report import StudyView, TrialView
 from tuner.report.tables import flags_table, fmt, steps_table, summary_table
 from tuner.report.uncertainty import FigureCI, figure_text, trial_intervals
-from tuner.scoring import figures
 
 __all__ = ["facts_table", "show_cmd", "value_text"]
 
@@ -70,7 +69,7 @@ def show_cmd(
     detail, steps = trial_detail(url, view.name, number)
     if as_json:
         d = detail.__dict__ if detail is not None else {}
-        doc = {"trial": t.as_dict(), "detail": dict(d) or None, "request_steps": steps}
+        doc = {"trial": t.as_dict(view.figures), "detail": dict(d) or None, "request_steps": steps}
         doc["intervals"] = [_interval_doc(ci) for ci in _intervals(view, t.number, url, detail)]
         print_json(doc)
         return
@@ -120,8 +119,8 @@ def _print_measurement(con: Console, view: StudyView, t: TrialView, url: str, de
     elif t.measured:
         con.print(
             f"load: {fmt(t.output_tok_s if view.is_cost else t.throughput)} tok/s, "
-            f"latency P95 {fmt(t.objective_latency_s, '.3f', ' s')}, "
-            + "".join(f"{f.label} {fmt(t.latency(f.name), '.3f', ' s')}, " for f in figures() if f.headline)
+            f"latency ({view.latency_metric}) {fmt(t.objective_latency_s, '.3f', ' s')}, "
+            + "".join(f"{f.label} {fmt(t.latency(f.name), '.3f', ' s')}, " for f in view.headline_figures)
             + f"success {fmt(t.success_rate, '.1%')}, "
             + f"goodput {fmt(t.goodput, '.2f', ' req/s')} ({fmt(t.good_share, '.1%')} good)"
         )
@@ -131,7 +130,7 @@ def _print_measurement(con: Console, view: StudyView, t: TrialView, url: str, de
     if t.costed:
         con.print(cost_line(t))
     if d.get("capacity_steps"):
-        con.print(steps_table(d["capacity_steps"], d.get("scored_step")))
+        con.print(steps_table(d["capacity_steps"], d.get("scored_step"), view.named_figures))
 
 
 def _print_server(con: Console, t: TrialView, detail: Any, log_lines: int) -> None:
@@ -221,7 +220,8 @@ def _intervals(view: StudyView, number: int, url: str, detail: Any) -> list[Figu
         duration = float((detail.load_summary or {}).get("duration_s") or 0.0)
         records = request_records(url, view.name, number)
         if records and duration > 0:
-            kept = {k: (ci.value, ci.low, ci.high) for k, ci in run_intervals(records, duration, seed=number).items()}
+            cis = run_intervals(records, duration, seed=number, named=view.named_figures)
+            kept = {k: (ci.value, ci.low, ci.high) for k, ci in cis.items()}
             trials = [replace(x, run_intervals=kept) if x.number == number else x for x in view.trials]
             view = replace(view, trials=trials)
     return trial_intervals(view, number)

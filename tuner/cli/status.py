@@ -78,11 +78,12 @@ def _print_best(con: Any, view: StudyView, st: StudyStatus) -> None:
         first = ratio(r.throughput) + " throughput"
         if st.best.costed:  # a cost study: its cost against the baseline's, < 1 cheaper
             first = ratio(1 / r.throughput if r.throughput else None) + " cost"
-        vs = f"  ({first}, {ratio(r.latency_p95)} P95 vs baseline)" if base else ""
+        vs = f"  ({first}, {ratio(r.latency_p95)} {view.objective_stat} vs baseline)" if base else ""
         figure = f"{st.best.cost_text} per M output tokens" if st.best.costed else f"{fmt(st.best.throughput)} tok/s"
         con.print(
             f"best so far: trial {st.best.number}: {figure}, "
-            f"P95 {fmt(st.best.objective_latency_s, '.3f', ' s')}{vs}  {escape('[' + flags_text(st.best.flags) + ']')}"
+            f"{view.objective_stat} {fmt(st.best.objective_latency_s, '.3f', ' s')}{vs}  "
+            f"{escape('[' + flags_text(st.best.flags) + ']')}"
         )
     else:
         con.print("best so far: no feasible trial yet")

@@ -138,7 +138,7 @@ def pareto_table(study: optuna.Study) -> Table:
     title = f"Feasible Pareto front of {study.study_name} ({first} vs {view.latency_metric})"
     # One Table (the type callers print) holding the table and its flag lines.
     both = Table.grid()
-    both.add_row(front_table(front, view.baseline, title))
+    both.add_row(front_table(front, view.baseline, title, named=view.named_figures, objective=view.latency_metric))
     both.add_row(front_flags(front, view.baseline))
     if (line := separability_line(view, front)) is not None:
         both.add_row(line)

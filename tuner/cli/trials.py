@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -19,9 +19,9 @@ from tuner.errors import ConfigError
 from tuner.record import OUTCOMES
 from tuner.report import StudyView, TrialView
 from tuner.report.overview import counts
-from tuner.report.tables import flag_lines, flags_text, fmt, gpus_text, tok_s_column
+from tuner.report.tables import figures_that_fit, flag_lines, flags_text, fmt, gpus_text, tok_s_column
 from tuner.report.views import first_label
-from tuner.scoring import METRICS, figures
+from tuner.scoring import METRICS, Figure, figures
 
 __all__ = ["trials_cmd"]
 
@@ -44,8 +44,10 @@ def _sort_key(key: str) -> Any:
         "success": lambda t: -(t.success_rate if t.success_rate is not None else -inf),
         "good": lambda t: -(t.good_share if t.good_share is not None else -inf),
     }
+    if key not in keys and Figure.named(key) is not None:
+        return _by_figure(key)  # any recorded figure by its name: `--sort ttft_p90`
     if key not in keys:
-        raise ConfigError(f"unknown --sort {key!r}; allowed: {', '.join(_SORT_KEYS)}")
+        raise ConfigError(f"unknown --sort {key!r}; allowed: {', '.join(_SORT_KEYS)} or a figure (ttft_p90)")
     return keys[key]
 
 
@@ -69,19 +71,22 @@ OutcomeOpt = Annotated[
 CsvOpt = Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")]
 
 
-def csv_fields() -> list[str]:
+def csv_fields(study: Sequence[Figure] = ()) -> list[str]:
     """The CSV's columns (the registry's figures as it is now); scripts read tuner 0.1's by place, so later ones
-    are appended, never inserted."""
+    are appended, never inserted: the figures the study's SLOs and objective name (`study`, `StudyView.figures`)
+    beyond the registry's come last."""
+    fixed = figures()
     return [
         *("number", "state", "baseline", "outcome", "verdict", "feasible", "throughput"),
         *("objective_latency_s", "latency_p95_s", "output_tok_s", "request_rate"),
-        *(f.attr for f in figures()),
+        *(f.attr for f in fixed),
         "success_rate",
         *("goodput", "good_share", "diagnosis", "reason", "server_seconds", "flags"),
         *("output_tok_s_ci", "starts", "repeat_of"),
         *("replicas", "box_gpus", "box_request_rate", "tok_s_per_gpu", "usd_per_m_tokens"),
         "gpu_hours_per_m_requests",
         *("cost_load_rate", "cost_usd_per_hour", "cost_usd_per_m_tokens", "cost_gpu_hours_per_m_tokens"),
+        *(f.attr for f in study if all(f.name != r.name for r in fixed)),
     ]
 
 
@@ -99,7 +104,8 @@ def trials_cmd(
     as_csv: CsvOpt = False,
     wide: WideOpt = False,
 ) -> None:
-    """One row a trial: flags, throughput with its 95% interval, P95 TTFT and e2e, success rate, the share of good
+    """One row a trial: flags, throughput with its 95% interval, the latency figures the study's SLOs and
+    objective name (a ttft_p90 SLO: TTFT P90), then TTFT and e2e P95 where they fit, success rate, the share of good
     requests (each met every latency SLO on its own: DistServe's goodput), verdict or reason, bottleneck. A flag set
     the confirmation started again is one row, its throughput pooled over its starts; --json and --csv list every
     start, a confirmation start with the trial it repeats (`repeat_of`).
@@ -122,19 +128,19 @@ def trials_cmd(
     if limit is not None:
         rows = rows[: max(limit, 0)]
     if as_json:
-        print_json([t.as_dict() for t in rows])
+        print_json([t.as_dict(view.figures) for t in rows])
     elif as_csv:
-        typer.echo(trials_csv(rows), nl=False)
+        typer.echo(trials_csv(rows, view.figures), nl=False)
     else:
         print_trials(view, rows, wide=wide)
 
 
-def trials_csv(rows: list[TrialView]) -> str:
+def trials_csv(rows: list[TrialView], study: Sequence[Figure] = ()) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=csv_fields(), extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=csv_fields(study), extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for t in rows:
-        d = t.as_dict()
+        d = t.as_dict(study)
         d["flags"] = json.dumps(t.flags, sort_keys=True)
         d["output_tok_s_ci"] = json.dumps(list(t.throughput_ci)) if t.throughput_ci else None
         w.writerow(d)
@@ -144,7 +150,11 @@ def trials_csv(rows: list[TrialView]) -> str:
 def print_trials(view: StudyView, rows: list[TrialView], *, wide: bool) -> None:
     """The table, the flags a line each (narrow), and the notes on its marks."""
     con = console_for_output()
-    con.print(_trials_table(view, rows, wide=wide))
+
+    def table_of(shown: list[Figure]) -> Table:
+        return _trials_table(view, rows, shown, wide=wide)
+
+    con.print(table_of(figures_that_fit(view.named_figures, table_of, wide=wide)))
     if not wide:
         con.print(flag_lines([(_trial_key(t), flags_text(t.flags)) for t in rows]))
     con.print(f"counted: {counts(view).text()}")
@@ -163,10 +173,9 @@ def _trial_key(t: TrialView) -> str:
     return f"#{t.number}{'ᵇ' if t.baseline else ''}"
 
 
-def _trials_table(view: StudyView, rows: list[TrialView], *, wide: bool) -> Table:
+def _trials_table(view: StudyView, rows: list[TrialView], shown: list[Figure], *, wide: bool) -> Table:
     """Narrow (the default) fits 80 columns, the flags printed after it a line each; --wide: flags and bottleneck
-    in the table."""
-    shown = [f for f in figures() if f.headline]
+    in the table. `shown`: the figure columns (`figures_that_fit`)."""
     labels = tuple(f.label for f in shown)
     # A cost study's first column is its cost per million output tokens at the job's load, then the GPUs it needs.
     first: tuple[str, ...] = (first_label(view.trials), "GPUs") if view.is_cost else ("tok/s",)

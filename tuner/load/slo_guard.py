@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tuner.load.results import RequestRecord
-from tuner.scoring import METRICS, Slo, is_good, request_value
+from tuner.scoring import METRICS, Slo, is_good, latency_of, request_value
 
 __all__ = ["SloGuard"]
 
@@ -47,9 +47,9 @@ class SloGuard:
         self._bounds = list(slos if bounds is None else bounds)
         self._latency: list[_Latency] = []
         for s in slos:
-            base, _, stat = s.metric.partition("_")
-            if base in _BOUNDED and s.op in ("<=", "<"):
-                self._latency.append(_Latency(s, base, stat))
+            latency = latency_of(s.metric)  # the registry's reading: a metric's name may hold an underscore
+            if latency is not None and latency[0].name in _BOUNDED and s.op in ("<=", "<"):
+                self._latency.append(_Latency(s, latency[0].name, latency[1]))
 
     @property
     def active(self) -> bool:

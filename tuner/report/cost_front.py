@@ -60,10 +60,11 @@ def _usd(t: TrialView) -> float:
     return t.usd_per_m_tokens
 
 
-def cost_front_table(front: Sequence[TrialView], title: str) -> Table:
-    """The front in 80 columns: the trial, its box (replicas x GPUs each), tok/s, per GPU, $ per million, P95."""
+def cost_front_table(front: Sequence[TrialView], title: str, stat: str = "P95") -> Table:
+    """The front in 80 columns: the trial, its box (replicas x GPUs each), tok/s, per GPU, $ per million, the
+    minimised latency (`stat`: its statistic, `StudyView.objective_stat`)."""
     table = Table(title=title)
-    for col in ("#", "box", "box tok/s", "tok/s/GPU", "$/M tok", "P95"):
+    for col in ("#", "box", "box tok/s", "tok/s/GPU", "$/M tok", stat):
         table.add_column(col, justify="right", no_wrap=True)
     for t in front:
         each = (t.box_gpus or 1) // max(1, t.replicas or 1)

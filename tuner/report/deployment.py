@@ -60,6 +60,7 @@ def provenance(view: StudyView, t: TrialView) -> Provenance:
         objective_latency_s=t.objective_latency_s,
         latency_metric=view.latency_metric,
         latencies=dict(t.latencies),
+        shown_figures=tuple(view.headline_figures),
         success_rate=t.success_rate,
         slos=tuple(view.slos),
         tuner_version=__version__,

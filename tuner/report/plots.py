@@ -25,7 +25,7 @@ def _x_label(view: StudyView) -> str:
 
 
 def _title(view: StudyView) -> str:
-    return f"{view.name}: {'cost' if view.is_cost else 'throughput'} vs latency P95"
+    return f"{view.name}: {'cost' if view.is_cost else 'throughput'} vs latency {view.objective_stat}"
 
 
 def _y_label(view: StudyView) -> str:

@@ -82,6 +82,7 @@ def _write(storage: RDBStorage, trial_id: int, r: RescoredTrial, names: list[str
         "goodput": a.goodput,
         "good_share": a.good_share,
         **{f.attr: a.latencies.get(f.name) for f in figures()},
+        **{f"{name}_s": value for name, value in a.latencies.items()},  # the SLOs' own figures too
     }
     if a.costed:
         attrs |= {

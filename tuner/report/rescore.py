@@ -21,7 +21,16 @@ from tuner.flags import VllmFlags
 from tuner.load.results import RequestRecord
 from tuner.report.front import pareto_front
 from tuner.report.views import StudyView, TrialView, pooled_over_starts
-from tuner.scoring import LoadSummary, Slo, closest, figures, goodput_bound, objective_latency, summarize
+from tuner.scoring import (
+    Figure,
+    LoadSummary,
+    Slo,
+    closest,
+    goodput_bound,
+    objective_latency,
+    study_figures,
+    summarize,
+)
 
 __all__ = ["RecordSource", "RescoreResult", "RescoredTrial", "rejudged", "rescore"]
 
@@ -140,6 +149,10 @@ class _Rescorer:
     worst_latency: float
     cost_load: JobLoad | None = None  # a cost study's load: its trials are costed again at their new capacity
 
+    @property
+    def _figures(self) -> tuple[Figure, ...]:
+        return study_figures([*(s.metric for s in self.slos), self.latency_metric])
+
     def trial(self, t: TrialView) -> RescoredTrial:
         if not t.measured:
             return RescoredTrial(t, t, None, note="no measurement")
@@ -165,7 +178,8 @@ class _Rescorer:
             output_tok_s=float(s.output_throughput),
             request_rate=run.rate if run.rate is not None else float(s.request_throughput),
             success_rate=float(s.success_rate),
-            latencies={f.name: value for f in figures() if (value := f.of(s)) is not None},
+            # the figures the new SLOs and the objective name too (a `ttft_p90` SLO's TTFT P90), beside the registry's
+            latencies={f.name: value for f in self._figures if (value := f.of(s)) is not None},
             goodput=float(s.goodput),
             good_share=float(s.good_share),
             feasible=run.meets,

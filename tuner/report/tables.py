@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -16,10 +19,12 @@ from tuner.intervals import format_with_ci
 from tuner.record import StudyRecord
 from tuner.report.front import BEST_CHOICES, choose, ratios
 from tuner.report.views import StudyView, TrialView, first_label
-from tuner.scoring import STATS, Figure, figures, latency_metrics
+from tuner.scoring import OBJECTIVE_FALLBACK, STATS, Figure, figures, in_table_order, latency_metrics
 
 __all__ = [
     "FLAG_LABELS",
+    "NARROW",
+    "figures_that_fit",
     "flag_label",
     "flag_lines",
     "flags_table",
@@ -55,6 +60,38 @@ def flag_label(flag: str) -> str:
     return FLAG_LABELS.get(flag, flag)
 
 
+NARROW = 80
+"""The columns the default (narrow) tables fit: an SSH terminal's."""
+
+
+def figures_that_fit(
+    named: Sequence[Figure],
+    table_of: Callable[[list[Figure]], Table],
+    *,
+    wide: bool = False,
+    keep_named: bool = True,
+) -> list[Figure]:
+    """The figure columns a table shows: the ones the study's SLOs and objective name (what its verdicts were made
+    on), then each of the registry's headline figures while the table still fits `NARROW` columns uncut (`table_of`
+    builds it with the figures given); wide: all of them. In table order (`in_table_order`). `keep_named=False`:
+    the named ones too only while they fit, before the registry's (a table whose rows all met the SLOs)."""
+    shown = list(named) if keep_named or wide else []
+    for extra in (*named, *(f for f in figures() if f.headline)):
+        if any(f.name == extra.name for f in shown):
+            continue
+        if wide or _fits(table_of(in_table_order([*shown, extra]))):
+            shown.append(extra)
+    return in_table_order(shown)
+
+
+def _fits(table: Table) -> bool:
+    """`table` printed in `NARROW` columns cuts nothing: its text may wrap between words, but no cell is cut (Rich
+    marks a cut with …)."""
+    out = io.StringIO()
+    Console(width=NARROW, file=out, color_system=None).print(table)
+    return "…" not in out.getvalue()
+
+
 def fmt(v: float | None, spec: str = ",.1f", suffix: str = "") -> str:
     return "—" if v is None else f"{v:{spec}}{suffix}"
 
@@ -88,15 +125,37 @@ def _picks(front: list[TrialView]) -> dict[str, int]:
     return {how: choose(front, how).number for how in BEST_CHOICES} if front else {}
 
 
-def front_table(front: list[TrialView], baseline: TrialView | None, title: str, *, wide: bool = False) -> Table:
+def front_table(
+    front: list[TrialView],
+    baseline: TrialView | None,
+    title: str,
+    *,
+    wide: bool = False,
+    named: Sequence[Figure] = (),
+    objective: str = OBJECTIVE_FALLBACK,
+) -> Table:
     """The front with its ratios to the baseline. Narrow (the default) fits 80 columns: the figures a pick is made
-    on, the flags left to `front_flags`; wide adds the registry's headline figures (TTFT and e2e P95) and the flags in
-    the table."""
-    shown = [f for f in figures() if f.headline] if wide else []
+    on (throughput and the `objective` latency, its column named by its statistic), the ones the study's SLOs name
+    (`named`, `StudyView.named_figures`), then the registry's headline figures while they fit (`figures_that_fit`),
+    the flags left to `front_flags`; wide: every headline figure and the flags in the table."""
+    figure = Figure.named(objective)
+    stat = figure.stat.upper() if figure is not None else "latency"
+    others = [f for f in named if f.name != objective]
+
+    def table_of(shown: list[Figure]) -> Table:
+        return _front_table(front, baseline, title, [f for f in shown if wide or f.name != objective], stat, wide)
+
+    # every point met the SLOs: their figures come first, but only while they fit (the pick's figures are not cut)
+    return table_of(figures_that_fit(others, table_of, wide=wide, keep_named=False))
+
+
+def _front_table(
+    front: list[TrialView], baseline: TrialView | None, title: str, shown: list[Figure], stat: str, wide: bool
+) -> Table:
     first = first_label(front)
-    cols = ("pick", "#", first, "latency P95" if wide else "P95", *(f.label for f in shown), "success")
+    cols = ("pick", "#", first, f"latency {stat}" if wide else stat, *(f.label for f in shown), "success")
     table = Table(title=title)
-    for col in (*cols, _ratio_label(first), "× P95", *(("flags",) if wide else ())):
+    for col in (*cols, _ratio_label(first), f"× {stat}", *(("flags",) if wide else ())):
         left = col in ("pick", "flags")
         table.add_column(col, justify="left" if left else "right", no_wrap=not (wide or left))
     picks = _picks(front)
@@ -259,9 +318,12 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
-def steps_table(steps: list[Any], scored: int | None) -> Table:
+def steps_table(steps: list[Any], scored: int | None, shown: Sequence[Figure] = ()) -> Table:
+    """A capacity search's steps; `shown`: the latency figures to show of each (what its steps are judged on:
+    `StudyView.named_figures`; (): the registry's headline ones), read from the step's stored summary."""
+    shown = list(shown) or [f for f in figures() if f.headline]
     table = Table(title="capacity search (request rate steps)")
-    for col in ("step", "rate req/s", "tok/s", "e2e P95", "success", "good", "meets SLOs"):
+    for col in ("step", "rate req/s", "tok/s", *(f.label for f in shown), "success", "good", "meets SLOs"):
         table.add_column(col, justify="right")
     for i, step in enumerate(steps):
         if not isinstance(step, dict):
@@ -271,7 +333,7 @@ def steps_table(steps: list[Any], scored: int | None) -> Table:
             f"{i}{' ←' if i == scored else ''}",
             fmt(step.get("rate"), ".2f"),
             fmt(s.get("output_throughput")),
-            fmt((s.get("e2e") or {}).get("p95"), ".3f", " s"),
+            *(fmt((s.get(f.metric) or {}).get(f.stat), ".3f", " s") for f in shown),
             fmt(s.get("success_rate"), ".1%"),
             fmt(s.get("good_share"), ".1%"),  # what a goodput search judges a step by; — where not stored
             "yes" if step.get("meets_slos") else "no",

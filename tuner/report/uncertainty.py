@@ -13,18 +13,20 @@ from dataclasses import dataclass
 
 from tuner.intervals import RUN_PERCENTILES, Interval, Noise, format_with_ci, interval_metrics, learn_noise, pool
 from tuner.report.views import StudyView, TrialView
+from tuner.scoring import Figure
 
 __all__ = ["FigureCI", "figure_text", "interval_figures", "trial_intervals"]
 
 
-def interval_figures() -> tuple[tuple[str, str, str], ...]:
+def interval_figures(named: Sequence[Figure] = ()) -> tuple[tuple[str, str, str], ...]:
     """(record name, label, unit) of each figure a run keeps an interval of, in the order they are shown: the
-    metric registry's, read when called (`tuner.intervals.interval_metrics`), so a latency added there is shown."""
-    return (
-        ("output_tok_s", "output tok/s", "tok/s"),
-        ("success_rate", "success rate", "fraction"),
-        *((f"{m.name}_p{q}_s", f"{m.label} P{q}", m.unit) for m in interval_metrics() for q in RUN_PERCENTILES),
-    )
+    metric registry's, read when called (`tuner.intervals.interval_metrics`), so a latency added there is shown,
+    each at p50/p95/p99 and at the percentiles `named` names of it (the study's SLOs': a `ttft_p90` SLO's P90)."""
+    latencies = []
+    for m in interval_metrics():
+        extra = {round(f.quantile * 100) for f in named if f.metric == m.name and f.quantile is not None}
+        latencies += [(f"{m.name}_p{q}_s", f"{m.label} P{q}", m.unit) for q in sorted({*RUN_PERCENTILES, *extra})]
+    return (("output_tok_s", "output tok/s", "tok/s"), ("success_rate", "success rate", "fraction"), *latencies)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def trial_intervals(view: StudyView, number: int) -> list[FigureCI]:
     first = t.repeat_of if t.repeat_of is not None else t.number
     mine = groups.get(first, [])
     out = []
-    for name, label, unit in interval_figures():
+    for name, label, unit in interval_figures(view.named_figures):
         run = _run_figure(t, name)
         per_group = [[f for s in g if (f := _run_figure(s, name)) is not None] for g in groups.values()]
         noise = learn_noise([[f.value for f in g] for g in per_group])

@@ -18,7 +18,17 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.errors import ConfigError
 from tuner.intervals import Interval, format_with_ci, learn_noise, pool, scaled
 from tuner.record import MEASURED, StoredJob, StudyRecord, TrialRecord
-from tuner.scoring import OBJECTIVE_FALLBACK, Slo, figures, parse_slo
+from tuner.scoring import (
+    OBJECTIVE_FALLBACK,
+    Figure,
+    Slo,
+    figures,
+    headline_figures,
+    in_table_order,
+    named_figures,
+    parse_slo,
+    study_figures,
+)
 
 __all__ = ["StudyView", "TrialView", "first_label", "pooled_over_starts", "study_view", "trial_view"]
 
@@ -138,12 +148,15 @@ class TrialView:
         }.get(self.outcome or "", (self.outcome or self.state).lower())
         return f"{label}: {self.reason}" if self.reason and self.reason != self.outcome else label
 
-    def as_dict(self) -> dict[str, Any]:
-        """The trial as the CSV/JSON write it: flat, each figure under its stored name (`ttft_p95_s`)."""
+    def as_dict(self, shown: Sequence[Figure] = ()) -> dict[str, Any]:
+        """The trial as the CSV/JSON write it: flat, each figure under its stored name (`ttft_p95_s`): the
+        registry's and `shown` (its study's, `StudyView.figures`; null where not measured), and any other it
+        recorded."""
         d: dict[str, Any] = {}
         for k in self.__dataclass_fields__:
             if k == "latencies":
-                d |= {f.attr: self.latency(f.name) for f in figures()}
+                d |= {f.attr: self.latency(f.name) for f in (*figures(), *shown)}
+                d |= {f"{name}_s": value for name, value in self.latencies.items()}
                 continue
             d[k] = getattr(self, k)
             if k == "objective_latency_s":
@@ -214,6 +227,32 @@ class StudyView:
             if slo is not None and slo.is_latency:
                 return slo.metric
         return OBJECTIVE_FALLBACK
+
+    @property
+    def objective_stat(self) -> str:
+        """The minimised latency's statistic as a column names it: `P95` for e2e_p95, `P90` for a ttft_p90."""
+        figure = Figure.named(self.latency_metric)
+        return figure.stat.upper() if figure is not None else "latency"
+
+    @property
+    def named_figures(self) -> list[Figure]:
+        """The figures the study's SLOs and objective name (`ttft_p90<=60s`: TTFT P90), in table order: the ones its
+        verdicts were made on, so every table shows them."""
+        return in_table_order(named_figures(self._figure_names))
+
+    @property
+    def headline_figures(self) -> list[Figure]:
+        """The named figures and the registry's headline ones, in table order: what a wide table or a line shows."""
+        return headline_figures(self._figure_names)
+
+    @property
+    def figures(self) -> list[Figure]:
+        """Every figure the study records, the named ones first, then the registry's: the CSV/JSON's."""
+        return list(study_figures(self._figure_names))
+
+    @property
+    def _figure_names(self) -> list[str]:
+        return [*(slo.metric for text in self.slos if (slo := _parsed(text)) is not None), self.latency_metric]
 
     @property
     def stopped(self) -> str | None:

@@ -46,8 +46,7 @@ from tuner.intervals import (
 )
 from tuner.load import RequestRecord
 from tuner.record import MEASURED, TrialRecord
-from tuner.scoring import Slo
-from tuner.scoring import figures as figures_recorded
+from tuner.scoring import Figure, Slo
 from tuner.store import flag_key
 from tuner.study.objective import Objective
 from tuner.study.trial import TrialLike
@@ -97,9 +96,11 @@ class RepeatingObjective(Objective):
         return super()._duplicate(trial, key)
 
 
-def ci_run_attr(records: Sequence[RequestRecord], duration_s: float, *, seed: int = 0) -> dict[str, Any]:
-    """The `ci_run` attribute of a measured trial."""
-    cis = run_intervals(records, duration_s, seed=seed)
+def ci_run_attr(
+    records: Sequence[RequestRecord], duration_s: float, *, seed: int = 0, named: Sequence[Figure] = ()
+) -> dict[str, Any]:
+    """The `ci_run` attribute of a measured trial (`named`: the figures its study's SLOs name, `run_intervals`)."""
+    cis = run_intervals(records, duration_s, seed=seed, named=named)
     return {"level": 0.95, **{name: [ci.value, ci.low, ci.high] for name, ci in cis.items()}}
 
 
@@ -154,9 +155,10 @@ def _start(t: FrozenTrial, record: TrialRecord) -> Start:
         for name, v in raw.items():
             if isinstance(v, list) and len(v) == 3:
                 figures[name] = Interval(float(v[0]), float(v[1]), float(v[2]))
-    # A trial from before the intervals: its recorded figures (the registry's, `tuner.scoring.figures`) as points
+    # A trial from before the intervals: its recorded figures (the registry's and its SLOs', `TrialRecord.latencies`)
+    # as points
     recorded = {"output_tok_s": record.output_tok_s, "success_rate": record.success_rate}
-    recorded |= {f.attr: record.latencies.get(f.name) for f in figures_recorded()}
+    recorded |= {f"{name}_s": value for name, value in record.latencies.items()}
     for name, value in recorded.items():
         if name not in figures and value is not None:
             figures[name] = Interval(float(value), float(value), float(value))

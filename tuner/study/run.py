@@ -21,6 +21,7 @@ from tuner.errors import ENGINE_GONE, GPU_LOST, ConfigError, EngineGone, GpuLost
 from tuner.intervals import Prior, platform_prior
 from tuner.launch import Launcher
 from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, StudyRecord, TrialRecord
+from tuner.scoring import named_figures
 from tuner.store import flag_key, open_store, safe_url
 from tuner.store.waiting import StorageGone, StorageWait
 from tuner.study.confirm import (
@@ -479,7 +480,10 @@ class TuningRun:
         duration = float((detail.load_summary or {}).get("duration_s") or 0.0) if detail is not None else 0.0
         records = self.store.request_records(name, trial.number)
         if records:
-            trial.set_user_attr(CI_RUN_ATTR, ci_run_attr(records, duration, seed=trial.number))
+            # the SLOs' own percentiles too (a `ttft_p90` SLO's), so the confirmation judges them by an interval
+            names = [*(s.metric for s in self.job.parsed_slos()), self.job.primary_latency()]
+            kept = ci_run_attr(records, duration, seed=trial.number, named=named_figures(names))
+            trial.set_user_attr(CI_RUN_ATTR, kept)
 
     # -- the confirmation: flag sets started again before the study ends (tuner.study.confirm) ------------------
 

@@ -18,7 +18,7 @@ from tuner.cost import CostFigures, JobLoad, cost_figures, scored_tok_s, tokens_
 from tuner.flags import resolve
 from tuner.load.results import LoadResult
 from tuner.record import MEASURED, RECORD_VERSION, TrialRecord
-from tuner.scoring import LoadSummary, Slo, closest, figures, objective_latency
+from tuner.scoring import LoadSummary, Slo, closest, objective_latency, study_figures
 from tuner.study.trial import TrialResult
 
 __all__ = ["DIRECTIONS", "STARTUP_CONSTRAINT", "Scorer"]
@@ -144,7 +144,7 @@ class Scorer:
         if m is not None and m.contention is not None:
             verdict["contention"] = m.contention.model_dump(mode="json")
         if result.outcome == MEASURED and summary is not None:
-            verdict.update(_figures(summary))
+            verdict.update(_figures(summary, self))
             verdict["request_rate"] = m.rate if m is not None else None
             verdict["slo_stop"] = loaded.slo_stop if loaded is not None else None
             if loaded is not None:
@@ -209,8 +209,11 @@ def _reuse_figures(loaded: LoadResult) -> dict[str, Any]:
     }
 
 
-def _figures(summary: LoadSummary) -> dict[str, Any]:
-    latencies = {f.name: f.of(summary) for f in figures()}
+def _figures(summary: LoadSummary, scorer: Scorer) -> dict[str, Any]:
+    # The figures the job's SLOs and objective name (a `ttft_p90` SLO's TTFT P90), beside the registry's: the
+    # figure a verdict was made on is in the record, its tables and its CSV.
+    names = [*(s.metric for s in scorer.slos), scorer.latency_metric]
+    latencies = {f.name: f.of(summary) for f in study_figures(names)}
     return {
         "output_tok_s": float(summary.output_throughput),
         "success_rate": float(summary.success_rate),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from tuner.scoring import NO_DATA_VIOLATION, LoadSummary, Slo
+from tuner.scoring import NO_DATA_VIOLATION, LoadSummary, Slo, latency_of
 
 __all__ = [
     "THROUGHPUT",
@@ -33,7 +33,8 @@ def figures_of(summary: LoadSummary, slos: Sequence[Slo], scale: float = 1.0) ->
     it, a rate shrinks; the success rate does not move)."""
     out = {THROUGHPUT: float(summary.output_throughput) / scale}
     for slo in slos:
-        if slo.is_latency and getattr(summary, slo.metric.partition("_")[0]).count == 0:
+        latency = latency_of(slo.metric)  # the registry's reading: a metric's name may hold an underscore
+        if latency is not None and getattr(summary, latency[0].name).count == 0:
             continue  # nothing measured: no figure (the verdict counts it as a miss)
         out[slo.metric] = slo_value(slo, slo.value(summary), scale)
     return out
