@@ -1,11 +1,16 @@
 """`tuner verify` re-tests a trial against the baseline in pairs of fresh servers, started alternately, on a machine
 that drifts (each server started later reads 10% less than the one before, whatever its flags): two calls in a row
-give the same verdict, where a comparison against the stored record flips with the machine."""
+give the same verdict, where a comparison against the stored record flips with the machine; and on a machine that
+does not change but whose starts scatter as widely as the CPU prior says, two calls in a row give the same verdict
+class too (not separable for equal flag sets, reproduced for a real gain)."""
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass, field
 
+import pytest
 from study_fakes import FakeLauncher, FakeServer, job
 
 from tuner.config import Job
@@ -149,3 +154,47 @@ def test_two_the_study_could_not_separate_hold_when_the_re_test_cannot_either() 
     )  # fmt: skip
     assert r.ranking == SEPARATED and not r.held
     assert "could not separate the trial from the baseline; re-tested below it by -4" in r.verdict()  # 2x, drifting
+
+
+@dataclass
+class NoisyMachine:
+    """An unchanged machine whose starts scatter: each start's throughput its flags' true tok/s x a log-normal draw
+    as wide as the CPU build's stated prior (14% between starts), from a seeded generator."""
+
+    true_tok_s: dict[int | None, float]
+    seed: int
+    launcher: FakeLauncher = field(default_factory=FakeLauncher)
+
+    def __post_init__(self) -> None:
+        self.draw = random.Random(self.seed)
+
+    async def measure(self, server: FakeServer, j: Job, flags: VllmFlags) -> Measurement:
+        spread = math.sqrt(PRIORS["cpu"].noise.log_var)
+        tok_s = self.true_tok_s[flags.max_num_seqs] * math.exp(self.draw.gauss(0.0, spread))
+        records = [
+            RequestRecord(
+                index=i, start_s=i * 0.01, ttft_s=0.05, itl_s=[0.01] * 31, e2e_s=0.5, prompt_tokens=64,
+                completion_tokens=32, ok=True,
+            )
+            for i in range(40)
+        ]  # fmt: skip
+        summary = summarize(records, duration_s=40 * 32 / tok_s, slos=j.parsed_slos())
+        return Measurement(LoadResult(summary=summary, records=records))
+
+
+def noisy_retest(machine: NoisyMachine) -> str:
+    r = retest_against_baseline(
+        job(), machine.launcher, TRIAL, BASELINE, pairs=3, claimed_above=True, latency_metric="e2e_p95",
+        measure=machine.measure, prior=PRIORS["cpu"].noise,
+    )  # fmt: skip
+    return r.ranking
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_noisy_unchanged_machine_gives_the_same_verdict_twice_in_a_row(seed: int) -> None:
+    # Equal flag sets scatter 14% a start: within the noise both times, never a winner by chance of one call.
+    equal = NoisyMachine({64: 1000.0, None: 1000.0}, seed)
+    assert [noisy_retest(equal), noisy_retest(equal)] == [NOT_SEPARABLE, NOT_SEPARABLE]
+    # A real doubling through the same scatter: reproduced both times.
+    better = NoisyMachine({64: 2000.0, None: 1000.0}, seed)
+    assert [noisy_retest(better), noisy_retest(better)] == [REPRODUCED, REPRODUCED]

@@ -1,6 +1,7 @@
 """The emulator's lag: an engine slowed on purpose (a clock that jumps past every step's deadline) counts the
-virtual time it lost; one on time counts none; `/emulator/stats` serves it, and the load phase's watch marks a run
-on the slowed engine lagged and measures it again. No timing bound: fake clocks."""
+virtual time it lost; one on time counts none; an HTTP front slowed on purpose (its clock reading later than the
+engine's, so every answer goes out late) counts its late answers; `/emulator/stats` serves both, and the load phase's
+watch marks a run on either lagged and measures it again. No timing bound: fake clocks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tuner.catalog import get_gpu, load_model
 from tuner.clock import Clock
 from tuner.emulator import Emulator
 from tuner.emulator.engine import Engine, EngineRequest
+from tuner.emulator.front_lag import FrontLag
 from tuner.emulator.kv_pool import KvBlockPool
 from tuner.emulator.logs import VllmLog
 from tuner.emulator.metrics import EmulatorMetrics
@@ -45,6 +47,17 @@ class _SteppingClock(Clock):
     def now(self) -> float:
         self.t[0] += self.step
         return self.t[0]
+
+
+@dataclass(frozen=True)
+class _LateClock(Clock):
+    """`base` read `late_s` emulated seconds on: a front that gets to every answer that long after it was due."""
+
+    base: Clock = field(default_factory=Clock)
+    late_s: float = 0.0
+
+    def now(self) -> float:
+        return self.base.now() + self.late_s
 
 
 class _Sink:
@@ -105,32 +118,72 @@ async def test_a_server_that_is_not_the_emulator_has_no_lag() -> None:
     assert await read_emulator_lag("http://127.0.0.1:9") is None
 
 
-async def _watched_run(clock: Clock) -> Contention | None:
-    """Two requests through the emulator's HTTP API, its engine on `clock`, under the study's lag watch."""
+async def _watched_run(
+    clock: Clock, front: Clock | None = None, *, stream: bool = False
+) -> tuple[Contention | None, dict[str, float]]:
+    """Two requests through the emulator's HTTP API, its engine on `clock` (the front reads it too, unless given a
+    clock of its own), under the study's lag watch: the run's contention and the emulator's stats after it."""
     emu = Emulator.from_args(["--model", "llama-3.1-8b", "--gpu", "h100-80gb"], log_stream=io.StringIO())
-    emu.engine.clock = clock  # the seam: the engine's clock alone, the HTTP side's as it is
+    emu.engine.clock = clock  # the seam: the engine's clock
+    emu.api.front.clock = front  # and the HTTP front's, apart from it
     async with emu.serve_http(host="127.0.0.1", port=0) as base:
 
         async def run() -> Measurement:
             async with httpx.AsyncClient(base_url=base, timeout=30) as client:
                 for i in range(2):
-                    body = {"model": "llama-3.1-8b", "prompt": [i, *range(1, 64)], "max_tokens": 4}
-                    assert (await client.post("/v1/completions", json=body)).status_code == 200
+                    body = {"model": "llama-3.1-8b", "prompt": [i, *range(1, 64)], "max_tokens": 4, "stream": stream}
+                    response = await client.post("/v1/completions", json=body)
+                    assert response.status_code == 200 and (not stream or response.text.endswith("[DONE]\n\n"))
             return Measurement(None)
 
         measured = await measure_watched(run, base, emu.time_scale)
-    return measured.contention
+        async with httpx.AsyncClient() as client:
+            stats = (await client.get(f"{base}/emulator/stats")).json()
+    return measured.contention, stats
 
 
 async def test_an_emulator_slowed_on_purpose_has_its_run_marked_lagged_and_measured_again() -> None:
-    c = await _watched_run(_SteppingClock(step=100.0))
+    c, stats = await _watched_run(_SteppingClock(step=100.0))
     assert c is not None and c.lagged and c.measured_again == REMEASURES
-    assert c.emulator_lag_s is not None and c.emulator_lag_s >= 100.0
+    assert c.emulator_lag_s is not None and c.emulator_lag_s >= 100.0 and stats["engine_behind_s"] >= 100.0
 
 
-async def test_an_emulator_on_time_is_measured_once() -> None:
-    c = await _watched_run(_SteppingClock(step=1e-9))
-    assert c is not None and not c.lagged and c.measured_again == 0 and c.emulator_lag_s == 0.0
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_emulator_on_time_is_measured_once(stream: bool) -> None:
+    c, stats = await _watched_run(_SteppingClock(step=1e-9), stream=stream)
+    assert c is not None and not c.lagged and c.measured_again == 0
+    # the fake clock moves 1e-9 s a reading: an answer is a few readings after its token, inside the allowance
+    assert c.emulator_lag_s == 0.0 and stats["late_answers"] == 0 and stats["answered"] == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_http_front_slowed_on_purpose_has_its_run_marked_lagged_and_measured_again(stream: bool) -> None:
+    # The engine on time; the front gets to every answer 100 emulated seconds after the engine emitted it (as at an
+    # extreme time_scale, where the client would time out): no engine lag, yet the run is lagged, not failed.
+    engine = _SteppingClock(step=1e-9)
+    c, stats = await _watched_run(engine, _LateClock(base=engine, late_s=100.0), stream=stream)
+    assert c is not None and c.lagged and c.measured_again == REMEASURES
+    assert c.emulator_lag_s is not None and c.emulator_lag_s >= 99.0
+    assert stats["engine_behind_s"] == pytest.approx(0.0, abs=1e-6) and stats["front_behind_s"] >= 99.0
+    assert stats["late_answers"] == stats["answered"] == 2 * (REMEASURES + 1)
+
+
+def test_requests_late_together_lose_the_run_their_lateness_once() -> None:
+    # Ten requests open at once, each answered a second late: the run lost one second, not ten (no allowance here).
+    t = [0.0]
+
+    @dataclass(frozen=True)
+    class Manual(Clock):
+        def now(self) -> float:
+            return t[0]
+
+    front = FrontLag(lambda: Manual(), allowance_wall_s=0.0)
+    opened = [front.opened(0.0) for _ in range(10)]
+    t[0] = 10.0
+    for o in opened:
+        front.closed(o, 1.0)
+    assert front.behind_s == pytest.approx(1.0) and front.late_s == pytest.approx(10.0)
+    assert front.answered == 10 and front.late_answers == 10 and front.open == 0
 
 
 def test_a_reset_forgets_the_free_blocks_prefixes_and_keeps_those_in_use() -> None:

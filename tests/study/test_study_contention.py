@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import optuna
 import pytest
 from study_fakes import FakeLauncher, FakeServer, fake_measure, job
@@ -14,13 +15,15 @@ from study_fakes import FakeLauncher, FakeServer, fake_measure, job
 from tests.conftest import run_main
 from tuner.config import Job
 from tuner.flags import VllmFlags
+from tuner.launch import Server, StartupFacts
+from tuner.launch.redact import Redactor
 from tuner.load.contention import Contention
 from tuner.load.host_contention import HostReading
 from tuner.record import TrialRecord
 from tuner.study import Measurement, TuningRun
 from tuner.study.contention import compared_under
 from tuner.study.lag import TimeScaleNotHeld
-from tuner.study.measure import REMEASURES, measure_watched
+from tuner.study.measure import REMEASURES, measure_watched, watch_server
 
 
 @pytest.fixture(autouse=True)
@@ -228,3 +231,66 @@ def test_the_closing_lines_say_when_the_baseline_ran_beside_busy_processes(tmp_p
 
 async def _vllm(_url: str) -> float | None:
     return None
+
+
+class _Handle:
+    """A running server's handle for a Server built by hand (nothing runs behind it)."""
+
+    stopped_by_us = False
+
+    def exit_code(self) -> int | None:
+        return None
+
+    def logs(self) -> str:
+        return ""
+
+    def logs_since_ready(self) -> str:
+        return ""
+
+    def mark_ready(self) -> None:
+        return None
+
+
+def _server_of(launcher: str, trial: int) -> Server:
+    return Server(
+        base_url=f"http://127.0.0.1:{8000 + trial}", model="m", facts=StartupFacts(), time_scale=1.0,
+        handle=_Handle(), redactor=Redactor(), launcher=launcher,
+    )  # fmt: skip
+
+
+async def test_a_real_vllm_is_never_asked_for_the_emulators_lag() -> None:
+    # A study's trials on real vLLM, each a fresh server, through the process and the Docker launcher: vLLM has no
+    # /emulator/ routes and would log a 404 for each question, so none is asked.
+    asked: list[str] = []
+
+    def vllm(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    run, calls = _runs()
+    for trial in range(4):
+        for launcher in ("process", "docker"):
+            m = await watch_server(_server_of(launcher, trial), run, transport=httpx.MockTransport(vllm))
+            assert m.contention is not None and m.contention.emulator_lag_s is None and not m.contention.lagged
+    assert asked == [] and len(calls) == 8
+
+
+async def test_the_emulator_is_asked_before_and_after_each_run() -> None:
+    asked: list[str] = []
+    behind = iter([1.25, 1.25])  # on time through the run: read once before it and once after
+
+    def emulator(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return httpx.Response(200, json={"behind_s": next(behind)})
+
+    run, _ = _runs()
+    m = await watch_server(_server_of("emulator", 0), run, transport=httpx.MockTransport(emulator))
+    assert asked == ["/emulator/stats", "/emulator/stats"]
+    assert m.contention is not None and m.contention.emulator_lag_s == 0.0 and not m.contention.lagged
+
+
+def test_the_docker_launcher_marks_the_emulator_image_alone() -> None:
+    from tuner.launch.docker import DockerLauncher
+
+    assert DockerLauncher.for_emulator("tuner-emulator:dev").emulator
+    assert not DockerLauncher("vllm/vllm-openai:v0.32.0", "meta-llama/Llama-3.1-8B-Instruct").emulator

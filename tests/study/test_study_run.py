@@ -16,7 +16,7 @@ from tuner.report.overview import status
 from tuner.report.views import study_view
 from tuner.store import flag_key, open_store
 from tuner.study import TuningRun
-from tuner.study.run import REPEAT_CAP
+from tuner.study.run import REPEAT_CAP, seed_offset
 
 STUDY_ATTRS = {
     "tuner_version",
@@ -253,5 +253,42 @@ def test_a_sampler_that_only_repeats_ends_the_run_at_the_cap(tmp_path: Path) -> 
         tuning.close()
     assert report.stopped_by == "repeats" and report.distinct == 3 == len(launcher.launches)
     assert len(tuning.study.trials) == REPEAT_CAP * 5
-    assert any("the space may hold no other" in e for e in events)
+    assert "the sampler proposed flag sets already tried 7 times (2x the budget in all): all 2 points of the space " \
+        "are tried; widen it (more choices, a wider range) to measure more; stopping at 3 distinct flag sets tried " \
+        "of the budget's 5" in events  # fmt: skip
     assert status(study_view(tuning.study)).state == "stopped"  # 3 distinct flag sets of 5, though 10 trials ran
+
+
+def test_workers_started_together_never_share_a_seed() -> None:
+    # The CI failure's pair: two workers' pids p and p + 1, the later one opening the study before the baseline was
+    # queued (0 trials held), the earlier after it (1 held). A sum of the two gave both one seed: their random
+    # samplers drew the same flag sets in the same order and the repeats reached the cap one flag set short.
+    p = 41_000
+    assert seed_offset(p + 1, 0) != seed_offset(p, 1)
+    offsets = {seed_offset(identity, held) for identity in range(p, p + 8) for held in range(200)}
+    assert len(offsets) == 8 * 200
+    assert [seed_offset(0, held) for held in range(3)] == [0, 1, 2]  # one SQLite worker resumes as it always did
+
+
+def test_a_run_at_the_repeat_cap_with_points_left_says_how_many_the_sampler_tried() -> None:
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import create_trial
+
+    from tuner.study.claims import repeats_stop_line
+
+    space = job(space={"max_num_seqs": {"choices": [4, 8, 12, 16]}, "max_model_len": 4096}).search_space()
+    dist = {"max_num_seqs": CategoricalDistribution([4, 8, 12, 16])}
+
+    def trial(n: int, seqs: int, owner: int | None) -> FrozenTrial:
+        attrs = {"flags": {"max_num_seqs": seqs}, "duplicate_of": owner}
+        t = create_trial(params={"max_num_seqs": seqs}, distributions=dist, values=[1.0, 1.0], user_attrs=attrs)
+        t.number = n
+        return t
+
+    finished = [trial(0, 4, None), trial(1, 8, None), trial(2, 4, 0), trial(3, 8, 1)]
+    line = repeats_stop_line(finished, space, 2, 2)
+    assert line == (
+        "the sampler proposed flag sets already tried 2 times (2x the budget in all): 2 of the space's 4 points tried, "
+        "the sampler drawing tried ones again; a larger budget or another sampler (twin, tpe) reaches the rest; "
+        "stopping at 2 distinct flag sets tried of the budget's 2"
+    )

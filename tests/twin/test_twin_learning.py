@@ -49,7 +49,7 @@ def test_a_flag_set_the_twin_simulates_as_one_measured_is_answered_from_it_not_l
         j, launcher, storage_url=f"sqlite:///{tmp_path / 't.db'}", measure=served_alike, on_event=log.append
     )
     try:
-        tuning.run()
+        report = tuning.run()
         trials = tuning.study.trials
     finally:
         tuning.close()
@@ -60,6 +60,15 @@ def test_a_flag_set_the_twin_simulates_as_one_measured_is_answered_from_it_not_l
     assert all(t.values == trials[0].values for t in answered)
     assert "trial 1: the twin simulates these flags as trial 0's (the same batch, the same steps); its result is " \
         "reused, nothing launched" in log  # fmt: skip
+    # The run ends at the repeat cap saying what happened: the twin's answers, not a sampler repeating itself, and
+    # what would tell the flag sets apart.
+    (end,) = [line for line in log if "stopping at" in line]
+    assert end.startswith(f"the twin simulates {len(answered)} proposed flag sets as behaving like trial #0 (the same ")
+    assert "they differ from it only in " in end and "max_num_seqs" in end
+    assert "stopping at 1 distinct flag set tried of the budget's 3" in end and "widen the space" in end
+    assert "already tried" not in end and "may hold no other" not in end
+    said = f"0 sampler repeats answered from their first trial, {len(answered)} flag sets the twin answered from a "
+    assert report.repeats_said() == said + "measured trial alike"
 
 
 def alike_above_32(job_: Any, flags: VllmFlags, c: Coefficients) -> SimPoint:

@@ -407,8 +407,8 @@ def run(
         took = time.monotonic() - started
         say(
             f"finished ({report.stopped_by}) after {took:.0f}s; {report.trials_run} trials run by this worker; "
-            f"{report.distinct} distinct flag sets tried ({report.measured} measured), {report.repeats} sampler "
-            "repeats answered from their first trial (not counted in the budget); "
+            f"{report.distinct} distinct flag sets tried ({report.measured} measured), {report.repeats_said()} "
+            "(not counted in the budget); "
             f"{report.confirmation_starts} confirmation starts (budget.confirm)"
         )
         console.print(pareto_table(tuning.study))

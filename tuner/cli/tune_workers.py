@@ -141,8 +141,8 @@ def run_workers(
         whole = RunReport(parent.study, report.trials_run, ",".join(sorted(set(report.stopped_by))) or "budget")
         say(
             f"finished ({whole.stopped_by}) after {took:.0f}s; {report.trials_run} trials run by {workers} workers; "
-            f"{whole.distinct} distinct flag sets tried ({whole.measured} measured), {whole.repeats} sampler repeats "
-            "answered from their first trial (not counted in the budget)"
+            f"{whole.distinct} distinct flag sets tried ({whole.measured} measured), {whole.repeats_said()} "
+            "(not counted in the budget)"
         )
         console.print(pareto_table(parent.study))
         for line in closing_once(parent.closing()):  # how sure the result is, from every worker's starts

@@ -26,6 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from tuner.emulator.engine import Engine, EngineRequest, output_length
+from tuner.emulator.front_lag import FrontLag
 from tuner.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
 from tuner.emulator.tokens import OUTPUT_WORDS, chat_token_ids, text_token_ids, token_strs
 from tuner.vllm_pin import PINNED_VLLM
@@ -70,10 +71,12 @@ class _Sink:
         "cut",
         "disconnected",
         "done",
+        "due",
         "finals",
         "finish_reason",
         "first",
         "head",
+        "req",
         "tail",
         "waiter",
         "word0",
@@ -92,6 +95,8 @@ class _Sink:
         self.disconnected = False
         self.finish_reason: str | None = None
         self.count = 0
+        self.req: EngineRequest | None = None  # its engine request, whose `last_token` is when a token was due
+        self.due: float | None = None  # when the oldest token not yet taken for sending was due (emulated)
 
     def _wake(self) -> None:
         w = self.waiter
@@ -101,6 +106,8 @@ class _Sink:
                 w.set_result(None)
 
     def on_token(self, index: int, finish_reason: str | None) -> None:
+        if self.due is None and self.req is not None:
+            self.due = self.req.last_token  # the engine sets it to the step's time before it calls here
         word = _WORDS[(self.word0 + index) % _NWORDS]
         if self.head:
             if index == 0 and self.first:
@@ -155,7 +162,11 @@ class _StreamResponse(Response):
         children: list[tuple[EngineRequest, _Sink]],
         usage: Callable[[int], bytes] | None,
         fingerprint: str,
+        front: FrontLag,
+        started: float,
     ) -> None:
+        self.front = front
+        self.started = started  # when the handler took the request (the front's clock)
         self.engine = engine
         self.children = children
         self.sinks = [sink for _, sink in children]
@@ -179,6 +190,13 @@ class _StreamResponse(Response):
                     sink._wake()
                 return
 
+    def _due(self) -> float | None:
+        """When the oldest token taken for sending now was due; the sinks start counting afresh."""
+        dues = [s.due for s in self.sinks if s.due is not None]
+        for s in self.sinks:
+            s.due = None
+        return min(dues) if dues else None
+
     def _fingerprinted(self, data: bytes) -> bytes:
         # Every chunk ends in `}\n\n`: the last one gets the field before its closing brace.
         return data[:-3] + self.fingerprint_tail
@@ -187,11 +205,14 @@ class _StreamResponse(Response):
         sinks = self.sinks
         engine = self.engine
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        front = self.front
+        opened = front.opened(self.started)
         for req, _ in self.children:
             engine.submit(req)
         watcher = asyncio.ensure_future(self._watch(receive))
         loop = asyncio.get_running_loop()
         one = sinks[0] if len(sinks) == 1 else None
+        late = 0.0
         try:
             while True:
                 if one is not None:
@@ -199,10 +220,12 @@ class _StreamResponse(Response):
                     data: bytes = (buf[0] if len(buf) == 1 else b"".join(buf)) if buf else b""
                     buf.clear()
                     done = one.done
+                    one.due = None
                 else:
                     data = b"".join(b"".join(s.buf) for s in sinks)
                     for s in sinks:
                         s.buf.clear()
+                        s.due = None
                     done = all(s.done for s in sinks)
                 if data:
                     if done:
@@ -211,6 +234,8 @@ class _StreamResponse(Response):
                         else:
                             data = self._fingerprinted(data)
                         await send({"type": "http.response.body", "body": data + _DONE, "more_body": False})
+                        # the answer complete: how long after its last token was due
+                        late = front.now() - max(req.last_token for req, _ in self.children)
                         return
                     await send({"type": "http.response.body", "body": data, "more_body": True})
                     continue
@@ -223,6 +248,8 @@ class _StreamResponse(Response):
         finally:
             watcher.cancel()
             self._abort()
+            overdue = self._due()  # tokens emitted and never sent: the client went away waiting for them
+            front.closed(opened, front.now() - overdue if overdue is not None else late)
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -253,6 +280,8 @@ class OpenAiApp:
         self.api_key = api_key
         self.is_dead = is_dead
         self.ensure_engine = ensure_engine
+        # How late the HTTP front answers against the engine's clock (read anew: a test slows the engine by it).
+        self.front = FrontLag(lambda: engine.clock)
         self.created = int(time.time())
         self._counter = 0
         self._id_base = os.urandom(12).hex()
@@ -296,7 +325,12 @@ class OpenAiApp:
             dataclasses.asdict(stats)
             | {
                 "timing_error": stats.timing_error,
-                "behind_s": stats.behind_s,
+                # the engine's slips and the front's late answers: all the time the time_scale promised and lost
+                "behind_s": stats.behind_s + self.front.behind_s,
+                "engine_behind_s": stats.behind_s,
+                "front_behind_s": self.front.behind_s,
+                "late_answers": self.front.late_answers,
+                "answered": self.front.answered,
                 "running": len(self.engine.running),
                 "waiting": len(self.engine.waiting),
             }
@@ -527,6 +561,7 @@ class OpenAiApp:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
+        started = self.front.now()
         if (denied := self._check_auth(request)) is not None:
             return denied
         self.ensure_engine()
@@ -563,11 +598,12 @@ class OpenAiApp:
             )
             engine_id = rid if n == 1 else f"{i}_{rid}"
             req = EngineRequest(engine_id, ids, target, reason, sink, self.engine.block_size, self.engine.caching)
+            sink.req = req
             children.append((req, sink))
         if stream:
             usage = _usage_chunk(rid, chat, created, model, prompt_len) if include_usage else None
-            return _StreamResponse(self.engine, children, usage, self.fingerprint)
-        return await self._wait_full(children, rid, created, model, chat, prompt_len)
+            return _StreamResponse(self.engine, children, usage, self.fingerprint, self.front, started)
+        return await self._wait_full(children, rid, created, model, chat, prompt_len, started)
 
     @staticmethod
     def _chat_prompt(body: dict[str, Any]) -> list[int]:
@@ -615,9 +651,10 @@ class OpenAiApp:
 
     async def _wait_full(
         self, children: list[tuple[EngineRequest, _Sink]], rid: str, created: int, model: str, chat: bool,
-        prompt_len: int,
+        prompt_len: int, started: float,
     ) -> Response:  # fmt: skip
         loop = asyncio.get_running_loop()
+        opened = self.front.opened(started)
         for req, _ in children:
             self.engine.submit(req)
         sinks = [sink for _, sink in children]
@@ -631,6 +668,9 @@ class OpenAiApp:
             for req, sink in children:
                 if not sink.done:
                     self.engine.abort(req)
+            # the answer is due when its last token was (one the engine has not finished is not the front's lateness)
+            done = all(s.done for s in sinks)
+            self.front.closed(opened, self.front.now() - max(r.last_token for r, _ in children) if done else 0.0)
         if any(s.cut for s in sinks):
             return error_response(500, _ENGINE_DEAD, "InternalServerError")
         generated = sum(s.count for s in sinks)

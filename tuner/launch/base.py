@@ -73,6 +73,9 @@ class Server:
         self.devices: tuple[str, ...] = ()
         # The cores its processes were put on, and the load client keeps to (vLLM's CPU build); None: not placed.
         self.cpu_plan: CpuPlan | None = None
+        # The tuner's emulator, which answers its own routes (/emulator/stats): the load phase asks it how far it fell
+        # behind its clock. Known from the launcher, so a real vLLM is never asked (it would log each 404).
+        self.emulator = launcher == "emulator"
         self._handle = handle
         self._redactor = redactor
 

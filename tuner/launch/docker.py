@@ -219,6 +219,7 @@ class DockerLauncher:
     """
 
     name = "docker"
+    emulator = False  # the image is the tuner's emulator (`for_emulator`): its servers are marked so
 
     def __init__(
         self,
@@ -283,7 +284,9 @@ class DockerLauncher:
         kwargs.setdefault("stop_grace_s", 5.0)
         kwargs.setdefault("gpu_idle", GpuIdleWaiter(probe=lambda: None))
         args = [*emulator_args(gpu, time_scale, memory_in_use_gib), *extra_args]
-        return cls(image, model, extra_args=args, time_scale=time_scale, **kwargs)
+        launcher = cls(image, model, extra_args=args, time_scale=time_scale, **kwargs)
+        launcher.emulator = True
+        return launcher
 
     def client(self) -> Any:
         if self._client is None:
@@ -531,11 +534,13 @@ class DockerLauncher:
                     logs += "\n[tuner] the kernel OOM killer stopped the container: host memory ran out\n"
                 return logs
 
-            yield await ready_server(
+            server = await ready_server(
                 handle, base_url, exit_code=exit_code, timeout_s=self.startup_timeout_s, what=what, redact=redact,
                 launcher=self.name, time_scale=self.time_scale, default_model=self.served_model_name or self.model,
                 exit_logs=exit_logs,
             )  # fmt: skip
+            server.emulator = self.emulator
+            yield server
         finally:
             await handle.stop(self.stop_grace_s)
             self._settle(handle)

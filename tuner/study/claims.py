@@ -15,13 +15,14 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.errors import StorageError
+from tuner.errors import ConfigError, StorageError
 from tuner.record import MEASURED, RECORD_VERSION, TrialRecord
+from tuner.space import SearchSpace
 from tuner.store import Store
 from tuner.study.trial import TrialLike
 from tuner.twin.sampler import SAME_AS_ATTR
 
-__all__ = ["Claims"]
+__all__ = ["Claims", "repeats_stop_line"]
 
 Values = tuple[float, float]
 
@@ -138,3 +139,86 @@ def _trial_by_number(study: optuna.Study, number: int) -> FrozenTrial | None:
         if t.number == number:
             return t
     return None
+
+
+def repeats_stop_line(finished: list[FrozenTrial], space: SearchSpace, cap: int, budget: int) -> str:
+    """Why a run ended at the repeat cap short of its budget, from its finished search trials: the twin answered its
+    proposals from a measured trial it simulates them as (SAME_AS_ATTR: every proposal alike at this load), or the
+    sampler kept proposing flag sets already tried (a small space, every point seen, or a sampler drawing tried
+    ones). Each says what happened, then what would let the run measure more."""
+    answered = [t for t in finished if t.user_attrs.get("duplicate_of") is not None]
+    done = len(finished) - len(answered)
+    by_owner: dict[int, list[FrozenTrial]] = {}
+    for t in answered:
+        owner = t.user_attrs.get(SAME_AS_ATTR)
+        if isinstance(owner, int) and not isinstance(owner, bool):
+            by_owner.setdefault(owner, []).append(t)
+    simulated = sum(len(ts) for ts in by_owner.values())
+    repeats = len(answered) - simulated
+    stop = f"stopping at {done} distinct flag set{'s' if done != 1 else ''} tried of the budget's {budget}"
+    if not simulated:
+        return (
+            f"the sampler proposed flag sets already tried {repeats} times ({cap}x the budget in all): "
+            f"{_space_seen(finished, space)}; {stop}"
+        )
+    owners = {t.number: t for t in finished if t.number in by_owner}
+    alike = " and ".join(f"#{n}" + (f" ({len(ts)})" if len(by_owner) > 1 else "") for n, ts in sorted(by_owner.items()))
+    twins = [t for ts in by_owner.values() for t in ts]
+    differ = _differing([owners[n] if n in owners else ts[0] for n, ts in by_owner.items()] + twins)
+    how = f"they differ from it only in {_flag_ranges(differ)}, which change nothing at this load" if differ else ""
+    also = f"; the sampler also proposed flag sets already tried {repeats} times" if repeats else ""
+    kinds = len({repr(sorted((t.user_attrs.get("flags") or {}).items())) for t in twins})
+    proposed = f"{kinds} proposed flag set{'s' if kinds != 1 else ''}" + (
+        f" ({simulated} proposals)" if kinds != simulated else ""
+    )
+    source = "it" if len(by_owner) == 1 else "them"
+    return (
+        f"the twin simulates {proposed} as behaving like trial {alike} (the same fullest batch, the same steps"
+        f"{': ' + how if how else ''}) and answered them from {source} without a launch{also}; {stop}: for flag sets "
+        "that tell apart, widen the space where the batch or the steps change (e.g. a max_num_seqs below the load's "
+        "concurrency, a gpu_memory_utilization that holds fewer requests' KV) or raise the load (arrival)"
+    )
+
+
+def _space_seen(finished: list[FrozenTrial], space: SearchSpace) -> str:
+    """How much of a finite space the trials tried ('all 4 points of the space tried'); for a continuous one, that it
+    may hold no other flag set the sampler would propose."""
+    try:
+        grid = space.grid()
+    except ConfigError:
+        return "the space may hold no other flag set the sampler would propose"
+    names = sorted(grid)
+    points = 1
+    for values in grid.values():
+        points *= len(values)
+    seen = {
+        tuple(repr(t.params[n]) for n in names)
+        for t in finished
+        if all(n in t.params and t.params[n] in grid[n] for n in names)
+    }
+    if len(seen) >= points:
+        return f"all {points} points of the space are tried; widen it (more choices, a wider range) to measure more"
+    return (
+        f"{len(seen)} of the space's {points} points tried, the sampler drawing tried ones again; a larger budget "
+        "or another sampler (twin, tpe) reaches the rest"
+    )
+
+
+def _differing(trials: list[FrozenTrial]) -> dict[str, list[Any]]:
+    """The flags whose values differ among `trials` (their stored flags), each with the values seen."""
+    values: dict[str, list[Any]] = {}
+    flags = [t.user_attrs.get("flags") or {} for t in trials]
+    for name in sorted({n for f in flags for n in f}):
+        seen = [f.get(name) for f in flags]
+        if any(v != seen[0] for v in seen):
+            values[name] = seen
+    return values
+
+
+def _flag_ranges(differ: dict[str, list[Any]]) -> str:
+    """'max_num_seqs 8..64 and gpu_memory_utilization 0.85..0.95': each differing flag with the span of its values."""
+    parts = []
+    for name, seen in differ.items():
+        known = sorted({v for v in seen if isinstance(v, int | float) and not isinstance(v, bool)})
+        parts.append(f"{name} {known[0]:g}..{known[-1]:g}" if len(known) > 1 else name)
+    return " and ".join(parts) if len(parts) < 3 else ", ".join(parts[:-1]) + " and " + parts[-1]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import httpx
+
 from tuner.box import replica_arrival, replicas
 from tuner.clock import Clock
 from tuner.config import Job
@@ -17,7 +19,7 @@ from tuner.load.contention import Contention, lag_share, lag_share_limit
 from tuner.load.emulator_lag import read_emulator_lag, reset_emulator_prefix_cache
 from tuner.load.host_contention import HostSampler, between
 
-__all__ = ["REMEASURES", "Measure", "Measurement", "measure_load", "measure_watched"]
+__all__ = ["REMEASURES", "Measure", "Measurement", "measure_load", "measure_watched", "watch_server"]
 
 REMEASURES = 2
 """Runs of the load phase again, on the same server, when the emulator lagged behind its clock in the last one."""
@@ -51,12 +53,42 @@ async def measure_load(server: Server, job: Job, flags: VllmFlags) -> Measuremen
         with keep_to(server.cpu_plan.cores("client")):
             return await _measure(server, job, flags)
 
-    # A container's processes are the server's, though not the tuner's children (a test's fake server has none).
-    roots = server.root_pids() if hasattr(server, "root_pids") else ()
-    return await measure_watched(once, server.base_url, server.time_scale, sampler=HostSampler(also=roots))
+    return await watch_server(server, once)
 
 
 LagRead = Callable[[str], Awaitable[float | None]]
+
+
+async def watch_server(
+    server: Server, run: Callable[[], Awaitable[Measurement]], *, transport: httpx.AsyncBaseTransport | None = None
+) -> Measurement:
+    """`run` under `measure_watched`, the emulator's own routes asked only of a server its launcher knows to be the
+    emulator (`Server.emulator`): a real vLLM answers them 404 and logs each one. `transport`: the probes' client's
+    (a test's httpx.MockTransport)."""
+    # A container's processes are the server's, though not the tuner's children (a test's fake server has none).
+    roots = server.root_pids() if hasattr(server, "root_pids") else ()
+    if not getattr(server, "emulator", False):
+        return await measure_watched(
+            run, server.base_url, server.time_scale, sampler=HostSampler(also=roots), read_lag=_no_lag, reset=_no_reset
+        )
+
+    async def read_lag(base_url: str) -> float | None:
+        return await read_emulator_lag(base_url, transport=transport)
+
+    async def reset(base_url: str) -> None:
+        await reset_emulator_prefix_cache(base_url, transport=transport)
+
+    return await measure_watched(
+        run, server.base_url, server.time_scale, sampler=HostSampler(also=roots), read_lag=read_lag, reset=reset
+    )
+
+
+async def _no_lag(base_url: str) -> float | None:
+    return None
+
+
+async def _no_reset(base_url: str) -> None:
+    return None
 
 
 async def measure_watched(

@@ -24,6 +24,7 @@ from tuner.record import INTERRUPTED, MEASURED, WORKLOAD_INVALID, StudyRecord, T
 from tuner.scoring import named_figures
 from tuner.store import flag_key, open_store, safe_url
 from tuner.store.waiting import StorageGone, StorageWait
+from tuner.study.claims import repeats_stop_line
 from tuner.study.confirm import (
     CI_RUN_ATTR,
     CONFIRM_ATTR,
@@ -50,7 +51,7 @@ from tuner.study.storage import make_storage, study_attrs
 from tuner.study.surroundings import disk_full, full_disk_error, wait_until
 from tuner.study.unreachable import UnreachableWatch
 from tuner.study.verdict import DIRECTIONS
-from tuner.twin.sampler import TwinSampler
+from tuner.twin.sampler import SAME_AS_ATTR, TwinSampler
 
 __all__ = ["REPEAT_CAP", "STOPPED_ATTR", "GpuLostStop", "RunReport", "TuningRun", "feasible_front", "retry_trial"]
 
@@ -97,9 +98,35 @@ class RunReport:
         return len(_finished(self.study)) - self.distinct
 
     @property
+    def twin_answers(self) -> int:
+        """Of the repeats, flag sets of their own the twin simulates as a measured trial (answered from it)."""
+        answered = [t for t in _finished(self.study) if t.user_attrs.get("duplicate_of") is not None]
+        return sum(isinstance(t.user_attrs.get(SAME_AS_ATTR), int) for t in answered)
+
+    def repeats_said(self) -> str:
+        """The finished line's count of trials answered without a launch: the sampler's repeats, and apart from them
+        the flag sets the twin answered from the trial it simulates them as."""
+        twin = self.twin_answers
+        said = f"{self.repeats - twin} sampler repeats answered from their first trial"
+        return said + (f", {twin} flag sets the twin answered from a measured trial alike" if twin else "")
+
+    @property
     def confirmation_starts(self) -> int:
         """Finished trials that started a flag set again to confirm it (`budget.confirm` counts these)."""
         return sum(is_repeat(t) for t in _finished(self.study, confirmations=True))
+
+
+SEED_STRIDE = 10_007
+"""Seeds a worker's identity apart (its `--parallel` index or pid): more than any study's count of resumed trials."""
+
+
+def seed_offset(identity: int, resumed: int) -> int:
+    """A worker's seed offset: its identity, then the trials the study held when it opened (a resumed run goes on).
+
+    Not their sum: two workers started together, the later pid opening the study before the baseline was queued
+    (0 held) and the earlier after it (1 held), summed to one offset; their random samplers then drew the same flag
+    sets in the same order, each proposal made twice, and the repeats reached REPEAT_CAP short of the budget."""
+    return identity * SEED_STRIDE + resumed
 
 
 def _finished(study: optuna.Study, *, repeats: bool = True, confirmations: bool = False) -> list[FrozenTrial]:
@@ -214,7 +241,8 @@ class TuningRun:
         job = self.job
         distributed = not self.url.startswith("sqlite")
         # Workers of one study must not share a seed, or their first random proposals coincide.
-        offset = (worker if worker is not None else (os.getpid() % 100_000) if distributed else 0) + resumed
+        identity = worker if worker is not None else (os.getpid() % 100_000) if distributed else 0
+        offset = seed_offset(identity, resumed)
         seeded = job
         if sampler_name(job) == "grid":
             # Except the grid: its seed shuffles the grid's order and a trial holds a grid *id*, so workers
@@ -323,10 +351,7 @@ class TuningRun:
                 return None
             if len(finished) >= REPEAT_CAP * self.job.budget.n_trials:
                 self._only_repeats = True
-                self.on_event(
-                    f"the sampler proposed flag sets already tried {len(finished) - done} times ({REPEAT_CAP}x the "
-                    f"budget in all): the space may hold no other; stopping at {done} distinct flag sets"
-                )
+                self.on_event(repeats_stop_line(finished, self.space, REPEAT_CAP, self.job.budget.n_trials))
                 return None
             if done + running >= self.job.budget.n_trials:
                 return False
