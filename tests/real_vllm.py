@@ -1,4 +1,6 @@
-"""Real vLLM (the pinned CPU build, `scripts/real-vllm`) serving the tiny local model.
+"""Real vLLM (the pinned CPU build, `scripts/real-vllm`) serving the tiny local model: the fixtures of the real
+tier, a plugin of the whole suite (tests/conftest.py), whose tests sit beside the fast ones of the package they test
+(`tests/<package>/test_*_real.py`, marked `real_vllm`).
 
 A started server for each flag set the tests need, shared for the session: `real_vllm` (vLLM's own command line, what
 the tests that only talk to a server use), `launched_vllm` (through the process launcher on a CPU plan: a good
@@ -221,7 +223,7 @@ class LaunchedVllm:
 
 
 # The flag set of `launched_vllm`: room for the tests' requests, and two sequences at a time so that a request sent
-# to a frozen engine waits (test_real_launch.py's crash under load).
+# to a frozen engine waits (test_launch_real.py's crash under load).
 LAUNCHED_FLAGS = VllmFlags(max_model_len=1024, max_num_seqs=2)
 
 
@@ -272,15 +274,13 @@ def real_vllm(shared_vllms: SharedVllms) -> RealVllm:
 @pytest.fixture(scope="session")
 def launched_vllm(shared_vllms: SharedVllms) -> LaunchedVllm:
     """One real vLLM started through the process launcher on a CPU plan, vLLM's default (compiled) start: the facts
-    of a good start, the plan's placement (test_real_cpu_plan.py) and, last of its users, a crash under load
-    (test_real_launch.py kills its engine core) are read from this one start."""
+    of a good start, the plan's placement (test_launch_cpu_plan_real.py) and, last of its users, a crash under load
+    (test_launch_real.py kills its engine core) are read from this one start."""
     return shared_vllms.launched
 
 
 @contextlib.contextmanager
-def _launched(
-    vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LaunchedVllm]:
+def _launched(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedVllm]:
     usable = usable_cpus()
     plan = plan_cpus(usable) if len(usable) >= 2 else None
     folder = tmp_path_factory.mktemp("launched")

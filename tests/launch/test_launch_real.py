@@ -1,5 +1,5 @@
 """The process launcher on real vLLM (the pinned CPU build): the facts of a good start, each refused start and a
-crash under load, classified as the study needs them, read from the session's shared starts (tests/real/conftest.py):
+crash under load, classified as the study needs them, read from the session's shared starts (tests/real_vllm.py):
 the good one, and the refused ones started side by side.
 
 The logs these produce are kept in tests/launch/fixtures/, where fast tests read them.
@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.real.conftest import KV_BYTES_FLAGS, LaunchedVllm, Refusals
+from tests.real_vllm import KV_BYTES_FLAGS, LaunchedVllm, Refusals
 from tuner.errors import LaunchError
 from tuner.launch.failures import (
     CRASHED_UNDER_LOAD,
@@ -81,7 +81,7 @@ def test_a_good_starts_facts(launched_vllm: LaunchedVllm) -> None:
     assert server.model == "tiny" and server.failure() is None
 
 
-# tests/real/conftest.py runs it after every other test of `launched_vllm`: it kills that server's engine core.
+# tests/real_vllm.py runs it after every other test of `launched_vllm`: it kills that server's engine core.
 async def test_the_engine_core_killed_under_load(launched_vllm: LaunchedVllm) -> None:
     """A crash under load read by Server.failure()."""
     server = launched_vllm.server
