@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.real.conftest import START_LIMIT_S, process_target, serve_command, vllm_env
+from tests.real_vllm import START_LIMIT_S, process_target, serve_command, vllm_env
 from tests.servers import free_port, wait_healthy
 
 pytestmark = pytest.mark.real_vllm
@@ -60,7 +60,7 @@ def _job(vllm_python: Path, tiny_model: Path, *, model_id: str | None = None) ->
             "num_gpu_blocks_override": {"choices": [16, 64]},
         },
         # The chat API of a model with a chat template, and max_model_len room for 200 + 100 tokens: the jobs
-        # test_real_preflight.py sees refused, fixed, pass the preflight in the baseline's own server.
+        # test_preflight_real.py sees refused, fixed, pass the preflight in the baseline's own server.
         "workload": {"input_len": 200, "output_len": 100, "api": "chat", "seed": 3},
         "arrival": {"concurrency": 4, "requests": 16, "warmup_requests": 2},
         "slos": ["e2e_p95 <= 120s", "success_rate >= 0.99"],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real.conftest import RealVllm
+from tests.real_vllm import RealVllm
 from tuner.cli import main
 from tuner.config import parse_job
 from tuner.emulator import Emulator

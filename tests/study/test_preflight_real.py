@@ -10,7 +10,7 @@ non-zero exit and no measurement recorded:
   lengths that cannot fit are refused by the job check before any start).
 
 The jobs fixed (a model with a chat template, max_model_len room for the lengths) pass the preflight in the
-baseline's own server: test_real_tune.py's study is such a job, and says so in its log.
+baseline's own server: test_tune_real.py's study is such a job, and says so in its log.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.real.conftest import START_LIMIT_S, process_target, vllm_env
+from tests.real_vllm import START_LIMIT_S, process_target, vllm_env
 
 pytestmark = pytest.mark.real_vllm
 

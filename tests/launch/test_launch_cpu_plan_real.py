@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.real.conftest import LaunchedVllm
+from tests.real_vllm import LaunchedVllm
 from tuner.launch.affinity import parse_cpu_list
 from tuner.launch.pinning import group_members, usable_cpus
 
@@ -38,7 +38,7 @@ async def test_the_worker_and_the_other_processes_run_where_the_plan_says(launch
     assert server.cpu_plan == plan, server.logs()[-3000:]
     async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as client:
         # placed and answering: the API server and engine core serve from their cores (a completion through the
-        # worker is what the real study's trials run, placed the same way: test_real_tune.py; here, in CI, the
+        # worker is what the real study's trials run, placed the same way: test_tune_real.py; here, in CI, the
         # engine core once lost its worker on the first completion, "RuntimeError: cancelled", not understood)
         response = await client.get("/v1/models")
         assert response.status_code == 200, f"{response.text}\n{server.logs()[-4000:]}"

@@ -1,5 +1,6 @@
 """The process launcher on real vLLM (the pinned CPU build): the facts of a good start, each refused start and a
-crash under load, classified as the study needs them. Each test starts its own server (10-90 s each on 2 cores).
+crash under load, classified as the study needs them, read from the session's shared starts (tests/real_vllm.py):
+the good one, and the refused ones started side by side.
 
 The logs these produce are kept in tests/launch/fixtures/, where fast tests read them.
 """
@@ -17,10 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.real.conftest import SERVE, LaunchedVllm
+from tests.real_vllm import KV_BYTES_FLAGS, LaunchedVllm, Refusals
 from tuner.errors import LaunchError
-from tuner.flags import VllmFlags
-from tuner.launch import ProcessLauncher
 from tuner.launch.failures import (
     CRASHED_UNDER_LOAD,
     INVALID_FLAGS,
@@ -31,43 +30,19 @@ from tuner.launch.failures import (
 
 pytestmark = pytest.mark.real_vllm
 
-START_LIMIT_S = 900.0  # a bound for a busy machine, not an assertion on speed
 EXIT_LIMIT_S = 120.0
 
-
-def launcher(vllm_python: Path, model: str, tmp_path: Path, *, eager: bool = False) -> ProcessLauncher:
-    return ProcessLauncher(
-        [str(vllm_python), *SERVE],
-        model,
-        served_model_name="tiny",
-        # Eager skips the torch.compile pass a refused start would sit through; a good start keeps vLLM's default.
-        extra_args=("--enforce-eager",) if eager else (),
-        # 1 GiB of KV space; no usage report leaves the machine.
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"},
-        startup_timeout_s=START_LIMIT_S,
-        stop_grace_s=30.0,
-        state_dir=tmp_path / "state",
-    )
+Recorded = Callable[[str], tuple[str, int | None]]
 
 
-async def refused(launcher: ProcessLauncher, flags: VllmFlags) -> LaunchError:
-    with pytest.raises(LaunchError) as raised:
-        async with launcher.start(flags):
-            pytest.fail("the server started")
-    return raised.value
-
-
-Refusals = Callable[[str], tuple[str, int | None]]
-
-
-def read_refusal(refused_starts: Refusals, name: str) -> LaunchError:
+def read_refusal(refused_starts: Recorded, name: str) -> LaunchError:
     """The launchers' reading of real vLLM's refused start (the conformance recorder's, started once a session)."""
     log, code = refused_starts(name)
     assert code is not None and code != 0, log[-2000:]
     return classify_startup_exit(log, code)
 
 
-def test_kv_cache_too_small_carries_vllms_estimate(refused_starts: Refusals) -> None:
+def test_kv_cache_too_small_carries_vllms_estimate(refused_starts: Recorded) -> None:
     """16 CPU blocks of 128 tokens cannot hold one 4,096-token request; vLLM says 1,920 would fit."""
     error = read_refusal(refused_starts, "kv_cache_too_small")
     assert error.reason == KV_CACHE_TOO_SMALL
@@ -75,24 +50,23 @@ def test_kv_cache_too_small_carries_vllms_estimate(refused_starts: Refusals) -> 
     assert "To serve at least one request with the model's max seq len (4096)" in str(error)
 
 
-def test_flag_combination_vllm_rejects(refused_starts: Refusals) -> None:
+def test_flag_combination_vllm_rejects(refused_starts: Recorded) -> None:
     error = read_refusal(refused_starts, "invalid_flags")  # max_num_seqs 64 with max_num_batched_tokens 32
     assert error.reason == INVALID_FLAGS
     assert str(error).endswith(": max_num_batched_tokens (32) must be greater than or equal to max_num_seqs (64).")
 
 
-def test_unknown_flag(refused_starts: Refusals) -> None:
+def test_unknown_flag(refused_starts: Recorded) -> None:
     error = read_refusal(refused_starts, "unknown_flag")
     assert error.reason == INVALID_FLAGS
     assert str(error).endswith("error: unrecognized arguments: --no-such-flag")
 
 
-async def test_missing_model_is_model_not_found(vllm_python: Path, tmp_path: Path) -> None:
+def test_missing_model_is_model_not_found(refusals: Refusals) -> None:
     """Through the launcher whole: the process started, its exit seen, its log read and classified."""
-    missing = tmp_path / "no-such-model"
-    error = await refused(launcher(vllm_python, str(missing), tmp_path), VllmFlags(max_model_len=1024))
+    error = refusals.model_not_found
     assert error.reason == MODEL_NOT_FOUND
-    assert str(error).count(str(missing)) == 1
+    assert str(error).count(str(refusals.missing_model)) == 1
 
 
 def test_a_good_starts_facts(launched_vllm: LaunchedVllm) -> None:
@@ -107,7 +81,7 @@ def test_a_good_starts_facts(launched_vllm: LaunchedVllm) -> None:
     assert server.model == "tiny" and server.failure() is None
 
 
-# tests/real/conftest.py runs it after every other test of `launched_vllm`: it kills that server's engine core.
+# tests/real_vllm.py runs it after every other test of `launched_vllm`: it kills that server's engine core.
 async def test_the_engine_core_killed_under_load(launched_vllm: LaunchedVllm) -> None:
     """A crash under load read by Server.failure()."""
     server = launched_vllm.server
@@ -180,24 +154,19 @@ def _engine_core(pgid: int) -> int:
     pytest.fail(f"no VLLM::EngineCore process in group {pgid}")
 
 
-async def test_kv_cache_memory_bytes_and_the_null_block_as_the_arithmetic_predicts(
-    vllm_python: Path, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_kv_cache_memory_bytes_and_the_null_block_as_the_arithmetic_predicts(
+    refusals: Refusals, tiny_model: Path
 ) -> None:
-    """8 MiB given outright (no VLLM_CPU_KVCACHE_SPACE, which would override it) is 32 blocks of 128 tokens of
-    2 KiB; one is the null block, so real vLLM estimates 31 x 128 = 3,968 for a 4,096-token request, and the
-    shared arithmetic predicts the same refusal and estimate before any start."""
+    """8 MiB given outright (KV_BYTES_FLAGS, through the launcher whole) is 32 blocks of 128 tokens of 2 KiB; one is
+    the null block, so real vLLM estimates 31 x 128 = 3,968 for a 4,096-token request, and the shared arithmetic
+    predicts the same refusal and estimate before any start."""
     from tuner.capacity import plan_startup
     from tuner.catalog import cpu_profile, load_model
     from tuner.flags import resolve
 
-    flags = VllmFlags(max_model_len=4096, kv_cache_memory_bytes=8 * 2**20)
     model, cpu = load_model(str(tiny_model)), cpu_profile({})
-    predicted = plan_startup(model, cpu, resolve(flags, cpu, model))
+    predicted = plan_startup(model, cpu, resolve(KV_BYTES_FLAGS, cpu, model))
     assert predicted.reason == KV_CACHE_TOO_SMALL and predicted.estimated_max_model_len == 31 * 128
-    real = launcher(vllm_python, str(tiny_model), tmp_path, eager=True)
-    # unset, not empty: the CPU worker int()s an empty value and dies
-    real.env.pop("VLLM_CPU_KVCACHE_SPACE")
-    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    error = await refused(real, flags)
+    error = refusals.kv_bytes
     assert error.reason == KV_CACHE_TOO_SMALL, str(error)
     assert error.estimated_max_model_len == predicted.estimated_max_model_len

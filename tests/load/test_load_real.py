@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import run_main
-from tests.real.conftest import RealVllm
+from tests.real_vllm import RealVllm
 from tuner.load import Arrival, UniformLength, Workload, run_load
 from tuner.load.prompt_fit import PromptFit, fit_prompts
 

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from tests.real.conftest import RealVllm
+from tests.real_vllm import RealVllm
 from tuner.clock import REAL_TIME
 from tuner.load.server_metrics import MetricsScraper, parse_metrics, scrape_metrics
 

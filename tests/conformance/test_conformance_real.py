@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real.conftest import MAX_MODEL_LEN, SERVED_NAME, RealVllm
+from tests.real_vllm import MAX_MODEL_LEN, SERVED_NAME, RealVllm
 from tuner.conformance.compare import compare_http, compare_metrics, compare_startup
 from tuner.conformance.fixtures import fixture_dir, read_fixture, write_fixture
 from tuner.conformance.record import FAILURES, failure_record, record_server

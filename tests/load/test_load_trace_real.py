@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real.conftest import RealVllm
+from tests.real_vllm import RealVllm
 from tuner.clock import Clock
 from tuner.load import Arrival, Workload, run_load
 from tuner.load.trace_replay import reusable_tokens
