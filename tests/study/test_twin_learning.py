@@ -24,7 +24,7 @@ from tuner.scoring import summarize
 from tuner.store import flag_key
 from tuner.study import Measurement, TuningRun
 from tuner.twin.crashes import crash_risk, unbounding
-from tuner.twin.explore import explore, leader_bound
+from tuner.twin.explore import expected_gain, explore, leader_bound
 from tuner.twin.model import Candidate, Observation, Predicted, Twin, candidates
 from tuner.twin.residual import GLOBAL, STEP_NEAR, along_one, flags_alike, kernels_for
 from tuner.twin.sampler import SAME_AS_ATTR
@@ -337,3 +337,14 @@ def test_a_throughput_error_a_step_along_one_flag_explains_does_not_hand_over() 
         tell(study, j, lambda f: (fake_tok_s(f) * (0.5 if f.gpu_memory_utilization == 0.95 else 1.0), fake_e2e(f)))
     assert sampler.twin is not None and sampler.twin.choice.kernel is not GLOBAL
     assert not sampler.fell_back, [x for x in log if "falling back" in x]
+
+
+def test_once_a_trial_met_the_slos_the_twin_exploits_what_can_beat_it_not_what_repeats_it() -> None:
+    # A leader measured at 344 tok/s: a sure flag set predicted at 342 adds next to nothing, one predicted at 372
+    # that meets the SLOs two times in three adds most of its margin.
+    leader = 344.0
+    repeat = predicted("repeat", 342.0, 0.99, 0.03)
+    above = predicted("above", 372.0, 0.66, 0.03)
+    assert expected_gain(above, above.box_tok_s, leader) > 5 * expected_gain(repeat, repeat.box_tok_s, leader)
+    assert repeat.expected_tok_s > above.expected_tok_s  # the feasible throughput alone would repeat the leader
+    assert expected_gain(repeat, 200.0, 0.0) == 0.0

@@ -40,7 +40,7 @@ from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED, TrialRecord
 from tuner.scoring import Slo
 from tuner.space import SearchSpace
 from tuner.store import flag_key
-from tuner.twin.explore import explore
+from tuner.twin.explore import expected_gain, explore
 from tuner.twin.figures import THROUGHPUT, describe_miss, describe_surprise, measured_slo_values, violation_of
 from tuner.twin.model import RERANK, Candidate, Observation, Predicted, Simulate, Twin, candidates, distance
 from tuner.twin.residual import GLOBAL
@@ -421,30 +421,36 @@ class TwinSampler(BaseSampler):
         measured = _measured_keys(done)
         untried = [key for key in untried if twin.known_answer(key, measured) is None] or untried
         self._proposals += 1
-        best = self._exploit(twin, untried, study)
+        best = self._exploit(twin, untried, study, self._leader(twin, done))
         if self._proposals % self.explore_every == 0:
             explored = self._explore(twin, untried, best, done)
             if explored is not None:
                 return twin.pool[explored]
         return twin.pool[best]
 
-    def _exploit(self, twin: Twin, untried: list[str], study: Study) -> str:
-        """The best untried candidate under the refit twin, its leaders simulated again under the fit."""
+    def _exploit(self, twin: Twin, untried: list[str], study: Study, leader: float | None = None) -> str:
+        """The best untried candidate under the refit twin, its leaders simulated again under the fit: the most
+        feasible value expected, or once a trial met the SLOs the most expected over the leader's
+        (tuner.twin.explore.expected_gain)."""
+
+        def rank(p: Predicted) -> tuple[float, ...]:
+            return _rank(p, self._worth(p, leader))
+
         for _ in range(RERANK):
-            ranked = sorted((twin.predict(k) for k in untried), key=self._rank)
+            ranked = sorted((twin.predict(k) for k in untried), key=rank)
             leaders = [p.key for p in ranked[:3]]
             if all(twin.predict(k).exact for k in leaders):
                 break
             twin.rerank(leaders)
-        ranked = sorted((twin.predict(k) for k in untried), key=self._rank)
+        ranked = sorted((twin.predict(k) for k in untried), key=rank)
         top = ranked[0]
-        if self._rank(top)[0] != 0:
+        if rank(top)[0] != 0:
             # none likely to meet the SLOs: of those the twin cannot tell apart, the one differing most from the
             # trials (a flag the twin treats as inert is then varied, not kept)
-            equals = [p.key for p in ranked[:8] if self._rank(p) == self._rank(top)]
+            equals = [p.key for p in ranked[:8] if rank(p) == rank(top)]
         else:
-            bar = (1 - NEAR_BEST) * self._expected(top)
-            equals = [p.key for p in ranked[:3] if self._rank(p)[0] == 0 and self._expected(p) >= bar]
+            bar = (1 - NEAR_BEST) * self._worth(top, leader)
+            equals = [p.key for p in ranked[:3] if rank(p)[0] == 0 and self._worth(p, leader) >= bar]
         tried = self._tried_params(study)
         return max(equals, key=lambda k: (self._distance(twin.pool[k].params, tried), -equals.index(k)))
 
@@ -496,6 +502,11 @@ class TwinSampler(BaseSampler):
 
     def _rank(self, p: Predicted) -> tuple[float, ...]:
         return _rank(p, self._expected(p))
+
+    def _worth(self, p: Predicted, leader: float | None) -> float:
+        """What a trial of `p` is expected to add: its feasible value before any trial met the SLOs, after that
+        its expected gain over the leader."""
+        return self._expected(p) if leader is None else expected_gain(p, self._optimistic(p), leader)
 
     def _tried_params(self, study: Study) -> list[dict[str, Any]]:
         return [t.params for t in study.get_trials(deepcopy=False) if t.params]
