@@ -1,7 +1,8 @@
 """Where a real server died under load that the twin did not foresee: a learned region of risk around it.
 
-A crash the twin's simulation did not predict (its memory arithmetic holds there) says that something outside its
-model kills the server near that flag set: a kernel that fails at some batch shape, a driver limit, a region of the
+A crash the twin's memory arithmetic cannot explain (its simulation foresaw none, and a start with no more memory to
+spare held its load, or there is no fullest batch to judge; a crash the refit's runtime headroom explains is the
+headroom's) says that something outside its model kills the server near that flag set: a kernel that fails at some batch shape, a driver limit, a region of the
 space. Until more trials say where the region ends, flag sets near the crashed one share its fate, by a halo in the
 flags' places along their ranges (tuner.twin.residual.flag_positions). Per flag: the same value is inside; along an
 ordered flag a value further toward more load (a higher value: more sequences, more tokens a step, more memory held)

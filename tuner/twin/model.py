@@ -391,7 +391,7 @@ class Twin:
         for o in observations:
             self.known.setdefault(o.key, o.flags)
         self._vouch(observations)
-        self.crashed_at = [o.key for o in observations if o.crashed and not self.point(o.key).crashed]
+        self.crashed_at = self._unexplained_crashes(observations)
         self.held_at = [o.key for o in observations if o.started and not o.crashed]
         ratios = [
             o.kv_tokens / raw
@@ -466,11 +466,9 @@ class Twin:
         upper: float | None = None
         lower = -math.inf
         for o in observations:
-            p = self.point(o.key)
-            if not (o.started and p.started and p.peak_running):
+            margin = self._margin(o)
+            if margin is None:
                 continue
-            r = resolve(self._flags(o.key), self.job.gpu_profile(), self.job.model_profile())
-            margin = (p.headroom_bytes - runtime_need_bytes(self.job.model_profile(), r, p.peak_running)) / GIB
             if o.crashed:
                 upper = -margin if upper is None else min(upper, -margin)
             else:
@@ -480,6 +478,29 @@ class Twin:
         if lower >= upper:
             return upper - 0.01
         return (max(lower, upper - 1.0) + upper) / 2
+
+    def _margin(self, o: Observation) -> float | None:
+        """The memory (GiB) the twin leaves a started flag set beyond its fullest batch's transient need; None where
+        it has no fullest batch to judge."""
+        p = self.point(o.key)
+        if not (o.started and p.started and p.peak_running):
+            return None
+        r = resolve(self._flags(o.key), self.job.gpu_profile(), self.job.model_profile())
+        return (p.headroom_bytes - runtime_need_bytes(self.job.model_profile(), r, p.peak_running)) / GIB
+
+    def _unexplained_crashes(self, observations: list[Observation]) -> list[str]:
+        """The real crashes the twin's memory arithmetic cannot explain: its simulation foresaw no crash and either
+        it has no fullest batch to judge or a start with no more memory to spare held its load (a crash region,
+        not the runtime headroom the refit moves: tuner.twin.crashes)."""
+        spare = [m for o in observations if o.started and not o.crashed and (m := self._margin(o)) is not None]
+        out = []
+        for o in observations:
+            if not o.crashed or self.point(o.key).crashed:
+                continue
+            margin = self._margin(o)
+            if margin is None or any(m <= margin for m in spare):
+                out.append(o.key)
+        return out
 
     def rerank(self, keys: Iterable[str]) -> None:
         """Simulate `keys` again under the current fit (their predictions become exact)."""
