@@ -4,12 +4,13 @@ A crash the twin's memory arithmetic cannot explain (its simulation foresaw none
 spare held its load, or there is no fullest batch to judge; a crash the refit's runtime headroom explains is the
 headroom's) says that something outside its model kills the server near that flag set: a kernel that fails at
 some batch shape, a driver limit, a region of the space. Until more trials say where the region ends, flag sets
-near the crashed one share its fate, by a halo in the flags' places along their ranges (tuner.twin.residual.flag_positions). Per flag: the same value is inside; along an
-ordered flag a value further toward more load (a higher value: more sequences, more tokens a step, more memory held)
-stays inside for longer (HALO_UP) than one toward less (HALO_DOWN); and whatever the distance, a flag may not bound
-the region at all (FREE: a region is a box along one or two flags, not a ball). A flag set's halo is the product
-over its flags, its risk the largest halo of any crash. Two crashes that differ in one flag only show that flag does
-not bound the region: it is left out of every halo.
+near the crashed one share its fate, by a halo in the flags' places along their ranges
+(tuner.twin.residual.flag_positions). Per flag: the same value is inside; along an ordered flag a value further
+toward more load (a higher value: more sequences, more tokens a step, more memory held) stays inside for longer
+(HALO_UP) than one toward less (HALO_DOWN); and whatever the distance, a flag may not bound the region at all (FREE:
+a region is a box along one or two flags, not a ball). A flag set's halo is the product over its flags, its risk
+the largest halo of any crash. Two crashes that differ in one flag only show that flag does not bound the region:
+it is left out of every halo.
 
 A start that held its load shelters the flag sets near it (within HALO_DOWN either way: a crash region need not
 start at the top of a range): the risk is shrunk by the strongest shelter, so a survivor beside a crash bounds the
