@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from tuner.twin.figures import THROUGHPUT
 from tuner.twin.model import SPREAD_FLOOR, Predicted
 
-__all__ = ["beat_chance", "explore", "leader_bound"]
+__all__ = ["beat_chance", "expected_gain", "explore", "leader_bound"]
 
 MIN_BEAT = 0.02  # below this chance of beating the leader a trial is not worth exploring
 
@@ -52,3 +52,20 @@ def explore(
         if chance >= MIN_BEAT and (best is None or key > best[:2]):
             best = (key[0], key[1], p, chance)
     return None if best is None else (best[2], best[3])
+
+
+def expected_gain(p: Predicted, value: float, leader: float) -> float:
+    """What a trial of `p` (its value `value` to the study) is expected to add over the leader's measured value:
+    its chance of meeting the SLOs times the expected excess of its value over the leader's, the value log-normal
+    around the prediction with its figure's spread. A flag set predicted at the leader's level adds little however
+    likely it meets the SLOs: the study has that figure already."""
+    if not p.started or p.crashed or value <= 0 or leader <= 0:
+        return 0.0
+    s = max(p.spread.get(THROUGHPUT, 0.0), SPREAD_FLOOR)
+    d = math.log(value / leader) / s
+    excess = value * math.exp(s * s / 2) * _normal(d + s) - leader * _normal(d)
+    return p.chance * max(excess, 0.0)
+
+
+def _normal(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))

@@ -29,8 +29,19 @@ from tuner.flags import VllmFlags, resolve
 from tuner.scoring import LoadSummary
 from tuner.space import SearchSpace
 from tuner.store import flag_key
+from tuner.twin.crashes import crash_risk
 from tuner.twin.figures import chance_of_meeting, figures_of, violation_of
-from tuner.twin.residual import GLOBAL, Choice, Covariance, Kernel, Position, Residual, choose_kernel, flag_positions
+from tuner.twin.residual import (
+    GLOBAL,
+    Choice,
+    Covariance,
+    Kernel,
+    Position,
+    Residual,
+    choose_kernel,
+    flag_positions,
+    kernels_for,
+)
 from tuner.twin.simulate import GIB, Coefficients, SimPoint, simulate
 from tuner.twin.terms import STEP, TERMS, Anchor, fit_terms, slopes_of, term_logs, with_terms
 
@@ -92,6 +103,8 @@ class Predicted:
     chance: float = 0.0  # of meeting every SLO, under the twin's spread per figure
     replicas: int = 1  # of this shape on the job's box (tuner.box): the figures above are one replica's
     spread: dict[str, float] = field(default_factory=dict)  # each figure's spread (logs) the chance was taken under
+    # of dying under load near a crash the twin did not foresee (tuner.twin.crashes): `chance` is already shrunk by it
+    crash_risk: float = 0.0
 
     @property
     def box_tok_s(self) -> float:
@@ -189,6 +202,9 @@ class Twin:
         self.wrong: set[str] = set()
         self.disproved: set[str] = set()
         self.inert: set[str] = set()
+        # real starts that died under load where the twin foresaw none, and starts that held their load
+        self.crashed_at: list[str] = []
+        self.held_at: list[str] = []
 
     def sweep(self) -> None:
         for key, c in self.pool.items():
@@ -226,9 +242,12 @@ class Twin:
         nearness = self._nearness(key)
         spread = {k: _near(self._spread(k, exact), nearness) for k in figures}
         violation = max((violation_of(slo, figures) for slo in self.slos), default=0.0)
-        chance = chance_of_meeting(self.slos, figures, spread)
+        risk = self.crash_risk(key)
+        chance = chance_of_meeting(self.slos, figures, spread) * (1.0 - risk)
         n = replicas(self.job.box_gpus(), self._flags(key).world_size)
-        return Predicted(key, True, False, figures["output_tok_s"], violation, exact, figures, chance, n, spread)
+        return Predicted(
+            key, True, False, figures["output_tok_s"], violation, exact, figures, chance, n, spread, crash_risk=risk
+        )
 
     def _correction(self, key: str) -> dict[str, float]:
         """Factors per figure: the residual process's mean at this flag set (tuner.twin.residual). At a measured
@@ -315,6 +334,14 @@ class Twin:
         logs = self.choice.predictions.get(key)
         return None if logs is None else {f: math.exp(v) for f, v in logs.items()}
 
+    def crash_risk(self, key: str) -> float:
+        """The chance a start of `key` dies under load, learnt from the real crashes the twin did not foresee
+        (tuner.twin.crashes); 0 before one."""
+        if not self.crashed_at:
+            return 0.0
+        crashed = [self.positions(k) for k in self.crashed_at]
+        return crash_risk(self.positions(key), crashed, [self.positions(k) for k in self.held_at])
+
     def _nearness(self, key: str) -> float:
         """1 at a flag set a real trial measured (or one the twin simulates alike), fading to 0 away from them."""
         return max((self._likeness(key, other) for other in self.residuals), default=0.0)
@@ -364,6 +391,8 @@ class Twin:
         for o in observations:
             self.known.setdefault(o.key, o.flags)
         self._vouch(observations)
+        self.crashed_at = self._unexplained_crashes(observations)
+        self.held_at = [o.key for o in observations if o.started and not o.crashed]
         ratios = [
             o.kv_tokens / raw
             for o in observations
@@ -404,7 +433,7 @@ class Twin:
         at = term_logs(base)
         keys = list(dict.fromkeys(keys))
         anchors = [self.anchors[k].moved(at, self._figures_at(k, base)) for k in keys]
-        self.choice = choose_kernel(keys, anchors, self.covariance)
+        self.choice = choose_kernel(keys, anchors, self.covariance, kernels_for(list(self._distributions())))
         kernel = self.choice.kernel
         gram = self.covariance(kernel).gram(keys) if kernel.in_fit else None
         fitted = with_terms(base, fit_terms(anchors, gram))
@@ -437,11 +466,9 @@ class Twin:
         upper: float | None = None
         lower = -math.inf
         for o in observations:
-            p = self.point(o.key)
-            if not (o.started and p.started and p.peak_running):
+            margin = self._margin(o)
+            if margin is None:
                 continue
-            r = resolve(self._flags(o.key), self.job.gpu_profile(), self.job.model_profile())
-            margin = (p.headroom_bytes - runtime_need_bytes(self.job.model_profile(), r, p.peak_running)) / GIB
             if o.crashed:
                 upper = -margin if upper is None else min(upper, -margin)
             else:
@@ -451,6 +478,29 @@ class Twin:
         if lower >= upper:
             return upper - 0.01
         return (max(lower, upper - 1.0) + upper) / 2
+
+    def _margin(self, o: Observation) -> float | None:
+        """The memory (GiB) the twin leaves a started flag set beyond its fullest batch's transient need; None where
+        it has no fullest batch to judge."""
+        p = self.point(o.key)
+        if not (o.started and p.started and p.peak_running):
+            return None
+        r = resolve(self._flags(o.key), self.job.gpu_profile(), self.job.model_profile())
+        return (p.headroom_bytes - runtime_need_bytes(self.job.model_profile(), r, p.peak_running)) / GIB
+
+    def _unexplained_crashes(self, observations: list[Observation]) -> list[str]:
+        """The real crashes the twin's memory arithmetic cannot explain: its simulation foresaw no crash and either
+        it has no fullest batch to judge or a start with no more memory to spare held its load (a crash region,
+        not the runtime headroom the refit moves: tuner.twin.crashes)."""
+        spare = [m for o in observations if o.started and not o.crashed and (m := self._margin(o)) is not None]
+        out = []
+        for o in observations:
+            if not o.crashed or self.point(o.key).crashed:
+                continue
+            margin = self._margin(o)
+            if margin is None or any(m <= margin for m in spare):
+                out.append(o.key)
+        return out
 
     def rerank(self, keys: Iterable[str]) -> None:
         """Simulate `keys` again under the current fit (their predictions become exact)."""

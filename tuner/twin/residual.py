@@ -8,11 +8,14 @@ covariance between two flag sets is the sum of
 - along the flags: one term per flag, so flag sets with the same value of a flag (or a near one, along an ordered
   flag) share an error: "flag sets with max_num_batched_tokens 512 are slower than simulated".
 
-Which of two kernels holds is decided by leave-one-out error on the trials so far: `GLOBAL` (the terms take a miss
-first; what they leave is shared by likeness and the bias, the twin before the residual along flags) or `ALONG` (the
-flags' terms too, and the terms' fit sees the trials correlated by the kernel, so a miss the flags explain better
-does not drag the global terms). Each trial is predicted from the others under both (the terms fitted to the others,
-their residuals carried to it), and the kernel with the smaller error wins; below MIN_TRIALS the terms go first.
+Which kernel holds is decided by leave-one-out error on the trials so far: `GLOBAL` (the terms take a miss first;
+what they leave is shared by likeness and the bias, the twin before the residual along flags), `ALONG` (the flags'
+terms too, and the terms' fit sees the trials correlated by the kernel, so a miss the flags explain better does not
+drag the global terms) or a step along one flag (`along_one`: flag sets with the same value of that flag share an
+error in full, its neighbours half of it along an ordered flag: a piecewise effect, a cliff at one value). Each
+trial is predicted from the others under every kernel (the terms fitted to the others, their residuals carried to
+it), and the kernel with the smallest error wins (one other than the global terms only by a margin); below
+MIN_TRIALS the terms go first.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ __all__ = [
     "KERNELS",
     "Kernel",
     "Residual",
+    "along_one",
     "choose_kernel",
     "flag_positions",
     "flags_alike",
+    "kernels_for",
     "leave_one_out",
 ]
 
@@ -49,22 +54,38 @@ Position = float | str  # a flag's place along its range (0..1), or its value wh
 
 @dataclass(frozen=True)
 class Kernel:
-    """The residual's prior: its amplitudes (logs) and whether the terms' fit sees trials correlated by it."""
+    """The residual's prior: its amplitudes (logs), whether the terms' fit sees trials correlated by it, and (`only`)
+    the one flag its term along the flags runs along, as a step (None: every flag, smoothly)."""
 
     name: str
     bias: float
     like: float
     flag: float
     in_fit: bool
+    only: str | None = None
 
 
 # GLOBAL nearly reproduces a measured flag set's figures (95% of its residual) and carries three quarters of a
 # residual to every flag set as a bias, as the twin did before residuals along flags. ALONG gives each flag an error
 # of its own larger than the terms' prior on one term (x0.64..x1.57 at one sigma) and almost no bias, so a miss
-# that lives along a flag is that flag's, not every flag set's.
+# that lives along a flag is that flag's, not every flag set's. A step along one flag (`along_one`) gives that flag
+# all of it: the piecewise levels a real server shows along one flag (x1.15..x1.6 a piece) are within its amplitude.
 GLOBAL = Kernel("the global terms", bias=0.19, like=0.09, flag=0.0, in_fit=False)
 ALONG = Kernel("along the flags", bias=0.19, like=0.09, flag=0.45, in_fit=True)
 KERNELS = (GLOBAL, ALONG)
+STEP_AMPLITUDE = 0.7  # logs: a step along one flag of x0.5..x2 at one sigma
+STEP_NEAR = 0.5  # along an ordered flag, the share of a step's error a neighbouring value has (by FLAG_LENGTH)
+
+
+def along_one(flag: str) -> Kernel:
+    """A step along `flag`: flag sets with its value share an error in full, near values (ordered) half of it."""
+    return Kernel(f"a step along {flag}", bias=0.19, like=0.09, flag=STEP_AMPLITUDE, in_fit=True, only=flag)
+
+
+def kernels_for(flags: Sequence[str]) -> tuple[Kernel, ...]:
+    """The kernels leave-one-out chooses among for a space varying `flags`."""
+    return (*KERNELS, *(along_one(name) for name in flags))
+
 
 Likeness = Callable[[str, str], float]
 
@@ -101,7 +122,9 @@ def _span(dist: BaseDistribution) -> tuple[float, float, bool] | None:
     return (math.log(low), math.log(high), True) if log else (low, high, False)
 
 
-def _along(a: Mapping[str, Position], b: Mapping[str, Position]) -> float:
+def _along(a: Mapping[str, Position], b: Mapping[str, Position], only: str | None = None) -> float:
+    if only is not None:
+        return _step(a.get(only), b.get(only))
     total = 0.0
     for name, x in a.items():
         y = b.get(name)
@@ -112,9 +135,22 @@ def _along(a: Mapping[str, Position], b: Mapping[str, Position]) -> float:
     return total
 
 
-def flags_alike(a: Mapping[str, Position], b: Mapping[str, Position], flag: str) -> float:
-    """The share of an error along `flag` two flag sets have in common (1: the same value)."""
-    return _along({flag: a[flag]}, {flag: b[flag]}) if flag in a and flag in b else 0.0
+def _step(x: Position | None, y: Position | None) -> float:
+    """The share of a step's error two values of one flag have: 1 the same value, a part of it near (ordered)."""
+    if x is None or y is None:
+        return 0.0
+    if x == y:
+        return 1.0
+    if isinstance(x, float) and isinstance(y, float):
+        return STEP_NEAR * math.exp(-0.5 * ((x - y) / FLAG_LENGTH) ** 2)
+    return 0.0
+
+
+def flags_alike(a: Mapping[str, Position], b: Mapping[str, Position], flag: str, step: bool = False) -> float:
+    """The share of an error along `flag` two flag sets have in common (1: the same value); `step`: as a step."""
+    if flag not in a or flag not in b:
+        return 0.0
+    return _step(a[flag], b[flag]) if step else _along({flag: a[flag]}, {flag: b[flag]})
 
 
 @dataclass(frozen=True)
@@ -131,7 +167,7 @@ class Covariance:
         if k.like:
             value += k.like**2 * self.likeness(a, b)
         if k.flag:
-            value += k.flag**2 * _along(self.positions(a), self.positions(b))
+            value += k.flag**2 * _along(self.positions(a), self.positions(b), k.only)
         return value
 
     def gram(self, keys: Sequence[str]) -> np.ndarray:
@@ -161,11 +197,12 @@ class Residual:
     def along(self, flag: str, key: str, figure: str) -> float:
         """The part of `figure`'s residual at `key` that its value of `flag` carries (logs)."""
         fit = self._fits.get(figure)
-        if fit is None or not self.kernel.flag:
+        only = self.kernel.only
+        if fit is None or not self.kernel.flag or only not in (None, flag):
             return 0.0
         keys, alpha = fit
         at = self.covariance.positions(key)
-        shares = [flags_alike(at, self.covariance.positions(k), flag) for k in keys]
+        shares = [flags_alike(at, self.covariance.positions(k), flag, only is not None) for k in keys]
         return float(self.kernel.flag**2 * np.array(shares) @ alpha)
 
 
@@ -204,19 +241,27 @@ class Choice:
     predictions: dict[str, dict[str, float]]  # trial key -> its figures (logs) predicted from the other trials
 
 
-def choose_kernel(keys: Sequence[str], anchors: Sequence[Anchor], covariance: Callable[[Kernel], Covariance]) -> Choice:
-    """The kernel whose leave-one-out error on the trials is the smaller (the flags' by a margin), and each trial's
-    figures as the chosen kernel predicts them from the others (what a verdict the residual explains is read from)."""
+def choose_kernel(
+    keys: Sequence[str],
+    anchors: Sequence[Anchor],
+    covariance: Callable[[Kernel], Covariance],
+    kernels: Sequence[Kernel] = KERNELS,
+) -> Choice:
+    """The kernel whose leave-one-out error on the trials is the smallest (one other than the global terms' by a
+    margin), and each trial's figures as the chosen kernel predicts them from the others (what a verdict the
+    residual explains is read from)."""
     if len(anchors) < 2:
         return Choice(GLOBAL, {}, {})
-    results = {}
-    for kernel in KERNELS:
+    results: dict[str, tuple[Kernel, float, list[dict[str, float]]]] = {}
+    for kernel in kernels:
         gram = covariance(kernel).gram(keys)
-        results[kernel.name] = leave_one_out(anchors, gram, kernel.in_fit)
+        results[kernel.name] = (kernel, *leave_one_out(anchors, gram, kernel.in_fit))
     chosen = GLOBAL
-    g, a = results[GLOBAL.name][0], results[ALONG.name][0]
-    if len(anchors) >= MIN_TRIALS and a < ALONG_MARGIN * g:
-        chosen = ALONG
-    errors = {name: math.sqrt(e) for name, (e, _) in results.items()} if len(anchors) >= MIN_TRIALS else {}
-    predictions = dict(zip(keys, results[chosen.name][1], strict=True))
+    g = results[GLOBAL.name][1]
+    if len(anchors) >= MIN_TRIALS:
+        kernel, error, _ = min((r for r in results.values() if r[0] is not GLOBAL), key=lambda r: r[1])
+        if error < ALONG_MARGIN * g:
+            chosen = kernel
+    errors = {name: math.sqrt(e) for name, (_, e, _) in results.items()} if len(anchors) >= MIN_TRIALS else {}
+    predictions = dict(zip(keys, results[chosen.name][2], strict=True))
     return Choice(chosen, errors, predictions)

@@ -40,10 +40,10 @@ from tuner.record import CRASHED, LAUNCH_FAILED, MEASURED, TrialRecord
 from tuner.scoring import Slo
 from tuner.space import SearchSpace
 from tuner.store import flag_key
-from tuner.twin.explore import explore
+from tuner.twin.explore import expected_gain, explore
 from tuner.twin.figures import THROUGHPUT, describe_miss, describe_surprise, measured_slo_values, violation_of
 from tuner.twin.model import RERANK, Candidate, Observation, Predicted, Simulate, Twin, candidates, distance
-from tuner.twin.residual import ALONG
+from tuner.twin.residual import GLOBAL
 from tuner.twin.simulate import simulate
 
 __all__ = [
@@ -301,10 +301,10 @@ class TwinSampler(BaseSampler):
     def _failing(self, twin: Twin, study: Study, done: list[FrozenTrial]) -> bool:
         """Is the twin still wrong? From VERDICT_AFTER real trials: its SLO verdict wrong in most of the latest
         VERDICT_AFTER and its residual, fitted to the other trials, wrong there too (it cannot explain them). After
-        `check_after`: its throughput error (the median of the latest trials measured in full) above the bound, the
-        latest `check_after` trials all not as it foresaw (a start, a crash), its SLO verdict wrong in most of them
-        and in the latest (each given after what the trials before it taught), or its ranking of the trials
-        measured mostly reversed."""
+        `check_after`: its throughput error (the median of the latest trials measured in full) above the bound where a
+        residual along the flags does not explain it, the latest `check_after` trials all not as it foresaw (a start,
+        a crash), its SLO verdict wrong in most of them and in the latest (each given after what the trials before it
+        taught), or its ranking of the trials measured mostly reversed."""
         if self.fell_back or len(done) < min(self.check_after, VERDICT_AFTER):
             return False
         errors = [self.errors[t.number] for t in done if t.number in self.errors]
@@ -321,9 +321,9 @@ class TwinSampler(BaseSampler):
             )
         elif len(done) < self.check_after:
             return False
-        elif recent and statistics.median(recent) > self.error_bound:
+        elif recent and min(statistics.median(recent), self._explained_error(twin, latest)) > self.error_bound:
             why = f"its throughput error stayed above {self.error_bound:.0%} (median of the last {len(recent)}: "
-            why += f"{statistics.median(recent):.0%})"
+            why += f"{statistics.median(recent):.0%}) and its residual, fitted to the other trials, cannot explain it"
         elif all(missed):
             why = f"the last {len(missed)} real trials did not start or crash as it predicted"
         elif 2 * wrong > len(latest) and self.verdicts.get(latest[-1].number, False):
@@ -340,6 +340,23 @@ class TwinSampler(BaseSampler):
             "measured"
         )
         return True
+
+    def _explained_error(self, twin: Twin, trials: list[FrozenTrial]) -> float:
+        """The median throughput error of `trials` (those measured in full) as the twin predicts each from the other
+        trials (its terms and residual fitted without it), where a residual along the flags won leave-one-out (a miss
+        it explains along a flag is learnt, not a reason to hand over); infinite where none did or it cannot say."""
+        if twin.choice.kernel is GLOBAL:
+            return math.inf
+        errors: list[float] = []
+        for t in trials:
+            r = TrialRecord.from_attrs(t.user_attrs)
+            if t.number not in self.errors or not r.flags or not r.output_tok_s:
+                continue
+            again = twin.explained(flag_key(r.flags))
+            if again is None or THROUGHPUT not in again:
+                return math.inf
+            errors.append(abs(again[THROUGHPUT] - r.output_tok_s) / r.output_tok_s)
+        return statistics.median(errors) if errors else math.inf
 
     def _unexplained(self, twin: Twin, trials: list[FrozenTrial]) -> int:
         """Of `trials`, those whose SLO verdict the twin got wrong before they ran and still gets wrong from the
@@ -404,30 +421,36 @@ class TwinSampler(BaseSampler):
         measured = _measured_keys(done)
         untried = [key for key in untried if twin.known_answer(key, measured) is None] or untried
         self._proposals += 1
-        best = self._exploit(twin, untried, study)
+        best = self._exploit(twin, untried, study, self._leader(twin, done))
         if self._proposals % self.explore_every == 0:
             explored = self._explore(twin, untried, best, done)
             if explored is not None:
                 return twin.pool[explored]
         return twin.pool[best]
 
-    def _exploit(self, twin: Twin, untried: list[str], study: Study) -> str:
-        """The best untried candidate under the refit twin, its leaders simulated again under the fit."""
+    def _exploit(self, twin: Twin, untried: list[str], study: Study, leader: float | None = None) -> str:
+        """The best untried candidate under the refit twin, its leaders simulated again under the fit: the most
+        feasible value expected, or once a trial met the SLOs the most expected over the leader's
+        (tuner.twin.explore.expected_gain)."""
+
+        def rank(p: Predicted) -> tuple[float, ...]:
+            return _rank(p, self._worth(p, leader))
+
         for _ in range(RERANK):
-            ranked = sorted((twin.predict(k) for k in untried), key=self._rank)
+            ranked = sorted((twin.predict(k) for k in untried), key=rank)
             leaders = [p.key for p in ranked[:3]]
             if all(twin.predict(k).exact for k in leaders):
                 break
             twin.rerank(leaders)
-        ranked = sorted((twin.predict(k) for k in untried), key=self._rank)
+        ranked = sorted((twin.predict(k) for k in untried), key=rank)
         top = ranked[0]
-        if self._rank(top)[0] != 0:
+        if rank(top)[0] != 0:
             # none likely to meet the SLOs: of those the twin cannot tell apart, the one differing most from the
             # trials (a flag the twin treats as inert is then varied, not kept)
-            equals = [p.key for p in ranked[:8] if self._rank(p) == self._rank(top)]
+            equals = [p.key for p in ranked[:8] if rank(p) == rank(top)]
         else:
-            bar = (1 - NEAR_BEST) * self._expected(top)
-            equals = [p.key for p in ranked[:3] if self._rank(p)[0] == 0 and self._expected(p) >= bar]
+            bar = (1 - NEAR_BEST) * self._worth(top, leader)
+            equals = [p.key for p in ranked[:3] if rank(p)[0] == 0 and self._worth(p, leader) >= bar]
         tried = self._tried_params(study)
         return max(equals, key=lambda k: (self._distance(twin.pool[k].params, tried), -equals.index(k)))
 
@@ -479,6 +502,11 @@ class TwinSampler(BaseSampler):
 
     def _rank(self, p: Predicted) -> tuple[float, ...]:
         return _rank(p, self._expected(p))
+
+    def _worth(self, p: Predicted, leader: float | None) -> float:
+        """What a trial of `p` is expected to add: its feasible value before any trial met the SLOs, after that
+        its expected gain over the leader."""
+        return self._expected(p) if leader is None else expected_gain(p, self._optimistic(p), leader)
 
     def _tried_params(self, study: Study) -> list[dict[str, Any]]:
         return [t.params for t in study.get_trials(deepcopy=False) if t.params]
@@ -535,15 +563,15 @@ def _measured_keys(done: list[FrozenTrial]) -> dict[str, int]:
 
 
 def _residual_story(twin: Twin) -> str:
-    """What the residual says, for the refit's line: the kernel leave-one-out chose (with both errors) and, along
-    the flags, the flag value that carries the largest throughput error."""
+    """What the residual says, for the refit's line: the kernel leave-one-out chose (its error against the global
+    terms') and, along the flags, the flag value that carries the largest throughput error."""
     errors = twin.choice.errors
     if not errors:
         return ""
     kernel = twin.choice.kernel
-    shown = ", ".join(f"{name} {e:.0%}" for name, e in errors.items())
+    shown = ", ".join(f"{name} {e:.0%}" for name, e in errors.items() if name in (kernel.name, GLOBAL.name))
     story = f"; residual {kernel.name} (leave-one-out error: {shown})"
-    if kernel is ALONG and twin.residual is not None:
+    if kernel.flag and twin.residual is not None:
         effects = []
         for key in twin.residuals:
             for flag, value in twin.flag_values(key).items():
@@ -633,11 +661,15 @@ def _shown(p: Predicted) -> float:
     return round(p.output_tok_s, 1) if p.started and not p.crashed else 0.0
 
 
+CRASH_FORESEEN = 0.5  # a crash risk from which the twin counts a crash as foreseen (and a held load as not)
+
+
 def _foreseen(p: Predicted) -> str:
-    """The outcome the twin predicts: a failed start, a crash under load, or a measured load."""
+    """The outcome the twin predicts: a failed start, a crash under load (simulated, or likelier than not near a
+    crash it learnt: tuner.twin.crashes), or a measured load."""
     if not p.started:
         return LAUNCH_FAILED
-    return CRASHED if p.crashed else MEASURED
+    return CRASHED if p.crashed or p.crash_risk >= CRASH_FORESEEN else MEASURED
 
 
 def _error(p: Predicted, r: TrialRecord) -> tuple[bool, float | None]:
@@ -662,7 +694,8 @@ def _describe(p: Predicted) -> str:
         slo = f"meets the SLOs, uncertain ({p.chance:.0%} chance)"
     else:
         slo = "meets the SLOs"
-    return f"predicted {p.output_tok_s:,.0f} tok/s{_on_the_box(p)}, {slo}"
+    risk = f", a {p.crash_risk:.0%} risk of a crash (near one it did not foresee)" if p.crash_risk >= 0.05 else ""
+    return f"predicted {p.output_tok_s:,.0f} tok/s{_on_the_box(p)}, {slo}{risk}"
 
 
 def _on_the_box(p: Predicted) -> str:
