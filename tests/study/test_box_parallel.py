@@ -25,16 +25,18 @@ from tuner.record import TrialRecord
 
 GPUS = 8
 MODEL, L4 = load_model("llama-3.1-8b"), get_gpu("l4")
-USERS = 8
+USERS = 16
 BOX_JOB: dict[str, Any] = {
     **JOB,
     "target": {**JOB["target"], "gpus": GPUS},
     "space": {
         "tensor_parallel_size": {"choices": [1, 2, 4]},
-        "max_num_seqs": {"choices": [16, 32]},
+        # Below the users a replica gets (2 to 8): both choices shape its batch, so the twin does not answer one from
+        # the other's measurement (a known answer is not a launch) and the space holds the budget's 6 launches.
+        "max_num_seqs": {"choices": [1, 2]},
         "max_model_len": 2048,
     },
-    "arrival": {"concurrency": USERS, "requests": 8},
+    "arrival": {"concurrency": USERS, "requests": USERS},
     "budget": {"n_trials": 6, "confirm": 0},
 }
 

@@ -270,6 +270,18 @@ def test_workers_started_together_never_share_a_seed() -> None:
     assert [seed_offset(0, held) for held in range(3)] == [0, 1, 2]  # one SQLite worker resumes as it always did
 
 
+def test_workers_with_seeds_of_their_own_never_draw_alike() -> None:
+    # Threads of one process share a pid: two given seeds 0 and 1, opening the study 1 and 0 trials apart, summed to
+    # one seed (test_two_workers_share_one_budget_and_never_launch_the_same_flags's 5 of 6 in CI).
+    from tuner.study.samplers import mixed_seed
+
+    p = 41_000
+    assert mixed_seed(0, seed_offset(p, 1)) != mixed_seed(1, seed_offset(p, 0))
+    seeds = {mixed_seed(seed, seed_offset(p, held)) for seed in range(8) for held in range(1, 200)}
+    assert len(seeds) == 8 * 199
+    assert [mixed_seed(seed, 0) for seed in (0, 7, 42)] == [0, 7, 42]  # one worker on a fresh study: the job's seed
+
+
 def test_a_run_at_the_repeat_cap_with_points_left_says_how_many_the_sampler_tried() -> None:
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import create_trial

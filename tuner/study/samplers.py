@@ -17,6 +17,7 @@ a share of the job's budget unless the job names it (`startup_trials`), so a bud
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import warnings
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "AskTellGridSampler",
     "SamplerFactory",
     "make_sampler",
+    "mixed_seed",
     "population_size",
     "sampler",
     "sampler_name",
@@ -92,13 +94,23 @@ def population_size(s: SamplerSection, n_trials: int) -> int:
     return max(2, min(8, n_trials // 4))
 
 
+def mixed_seed(seed: int, offset: int) -> int:
+    """The job's seed for a worker at `offset`: the seed itself at 0 (one worker, a fresh study: the job's own
+    draws), else both hashed together. Not their sum: workers given their own seeds (0, 1) whose offsets differ by
+    one would sum to one seed, and two samplers drawing alike propose every flag set twice."""
+    if offset == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}/{offset}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big")
+
+
 def make_sampler(
     job: Job, space: SearchSpace, *, seed_offset: int = 0, on_event: Callable[[str], None] | None = None
 ) -> optuna.samplers.BaseSampler:
     """The job's sampler, seeded (a worker's `seed_offset` keeps workers of one study from proposing alike)."""
     s = job.sampler
     name = sampler_name(job)
-    seed = None if s.seed is None else s.seed + seed_offset
+    seed = None if s.seed is None else mixed_seed(s.seed, seed_offset)
     factory = SAMPLERS.get(name)
     if factory is None:
         raise ConfigError(f"sampler.name: unknown sampler {name!r}; use {', '.join(SAMPLERS)}")
