@@ -85,8 +85,12 @@ def test_the_twin_does_not_propose_a_known_answer_while_another_can_teach() -> N
     j, sampler, _ = twin(simulate_fn=alike_above_32)
     study = study_of(sampler)
     seen = []
+
+    def as_simulated(f: VllmFlags) -> tuple[float, float]:  # a server that admits no more than its 32 users either
+        return fake_tok_s(f.model_copy(update={"max_num_seqs": min(f.max_num_seqs or 0, 32)})), 1.0
+
     for _ in range(5):
-        trial = tell(study, j, lambda f: (fake_tok_s(f), 1.0))
+        trial = tell(study, j, as_simulated)
         seen.append((trial.user_attrs["flags"]["max_num_seqs"], trial.user_attrs["flags"]["gpu_memory_utilization"]))
         assert SAME_AS_ATTR not in trial.user_attrs
     for util in (0.85, 0.9, 0.95):
@@ -357,3 +361,32 @@ def test_once_a_trial_met_the_slos_the_twin_exploits_what_can_beat_it_not_what_r
     assert expected_gain(above, above.box_tok_s, leader) > 5 * expected_gain(repeat, repeat.box_tok_s, leader)
     assert repeat.expected_tok_s > above.expected_tok_s  # the feasible throughput alone would repeat the leader
     assert expected_gain(repeat, 200.0, 0.0) == 0.0
+
+
+def test_a_flag_the_residual_learnt_to_matter_parts_flag_sets_the_simulation_holds_alike() -> None:
+    # The simulation holds 64 sequences alike to 32 (32 users); the server runs 64 at half speed. Once the trials
+    # teach that, 64 sequences are no known answer from 32's measurement; where the server is as simulated, they are.
+    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
+    pool = candidates(j.search_space(), 400, 1)
+    at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
+
+    def learnt(slow_at_64: float) -> Twin:
+        t = Twin(j, pool, alike_above_32)
+        t.sweep()
+
+        def observe(c: Candidate) -> Observation:
+            f = slow_at_64 if c.flags.max_num_seqs == 64 else 1.0
+            as_simulated = c.flags.model_copy(update={"max_num_seqs": min(c.flags.max_num_seqs or 0, 32)})
+            tok = fake_tok_s(as_simulated) * f
+            figures = {"output_tok_s": tok, "e2e_p95": 0.5 / f, "success_rate": 1.0}
+            return Observation(c.key, c.flags, True, False, tok, KV, figures, predicted={**figures, "e2e_p95": 0.5})
+
+        t.refit([observe(at[k]) for k in ((32, 0.9), (64, 0.9), (16, 0.9), (64, 0.95))])
+        return t
+
+    stepped = learnt(0.5)
+    assert stepped.choice.kernel.flag > 0  # a residual along the flags won leave-one-out
+    assert stepped.alike(at[64, 0.85].key, at[32, 0.85].key)  # the simulation cannot tell them apart...
+    assert stepped.known_answer(at[64, 0.85].key, [at[32, 0.85].key]) is None  # ...what the trials taught can
+    as_simulated = learnt(1.0)
+    assert as_simulated.known_answer(at[64, 0.85].key, [at[32, 0.85].key]) == at[32, 0.85].key

@@ -266,7 +266,9 @@ class Twin:
         twin's likeness is to be trusted; None when it would teach something. Where the twin got a trial's verdict
         wrong its simulation missed something, perhaps in a flag it treats as inert: a flag set alike to it is a known
         answer only where they differ in flags two alike flag sets already showed inert (measured the same)."""
-        alike = [other for other in measured if other != key and self.alike(key, other)]
+        alike = [
+            other for other in measured if other != key and self.alike(key, other) and not self._parted(key, other)
+        ]
         if not alike or any(other in self.disproved for other in alike):
             return None
         if any(other in self.wrong for other in alike) and not all(
@@ -274,6 +276,19 @@ class Twin:
         ):
             return None
         return alike[0]
+
+    def _parted(self, a: str, b: str) -> bool:
+        """The residual along the flags tells them apart beyond a start's noise: a flag the simulation holds inert
+        (the same batch, the same steps) that the trials showed to matter, such as a step learnt along it, parts
+        two flag sets the physics cannot."""
+        if self.residual is None or not self.residual.kernel.flag:
+            return False
+        figures = {f for r in self.residuals.values() for f in r}
+        return any(
+            abs(self.residual.along(flag, a, figure) - self.residual.along(flag, b, figure)) > SPREAD_FLOOR
+            for flag in self._differing(a, b)
+            for figure in figures
+        )
 
     def _differing(self, a: str, b: str) -> set[str]:
         va, vb = self.flag_values(a), self.flag_values(b)
