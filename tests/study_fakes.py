@@ -124,3 +124,22 @@ def fake_measure(failures: int = 0) -> Callable[..., Any]:
         return Measurement(result, rate=summary.request_throughput)
 
     return measure
+
+
+class IdleHandle:
+    """A running server's handle where nothing runs behind it (a Server built by hand, the in-process emulator):
+    nothing to stop, no log to read."""
+
+    stopped_by_us = False
+
+    def exit_code(self) -> int | None:
+        return None
+
+    def logs(self) -> str:
+        return ""
+
+    def logs_since_ready(self) -> str:
+        return ""
+
+    def mark_ready(self) -> None:
+        return None

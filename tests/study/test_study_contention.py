@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import optuna
 import pytest
-from study_fakes import FakeLauncher, FakeServer, fake_measure, job
+from study_fakes import FakeLauncher, FakeServer, IdleHandle, fake_measure, job
 
 from tests.conftest import run_main
 from tuner.config import Job
@@ -233,28 +233,10 @@ async def _vllm(_url: str) -> float | None:
     return None
 
 
-class _Handle:
-    """A running server's handle for a Server built by hand (nothing runs behind it)."""
-
-    stopped_by_us = False
-
-    def exit_code(self) -> int | None:
-        return None
-
-    def logs(self) -> str:
-        return ""
-
-    def logs_since_ready(self) -> str:
-        return ""
-
-    def mark_ready(self) -> None:
-        return None
-
-
 def _server_of(launcher: str, trial: int) -> Server:
     return Server(
         base_url=f"http://127.0.0.1:{8000 + trial}", model="m", facts=StartupFacts(), time_scale=1.0,
-        handle=_Handle(), redactor=Redactor(), launcher=launcher,
+        handle=IdleHandle(), redactor=Redactor(), launcher=launcher,
     )  # fmt: skip
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 
+from study_fakes import IdleHandle
+
 from tuner.config import parse_job
 from tuner.emulator import Emulator
 from tuner.flags import VllmFlags
@@ -28,24 +30,6 @@ JOB = {
 }
 
 
-class _Running:
-    """The in-process emulator stands for a started server: nothing to stop, no log to read."""
-
-    stopped_by_us = False
-
-    def exit_code(self) -> int | None:
-        return None
-
-    def logs(self) -> str:
-        return ""
-
-    def logs_since_ready(self) -> str:
-        return ""
-
-    def mark_ready(self) -> None:
-        return None
-
-
 async def test_goodput_search_finds_a_rate_whose_good_share_holds_and_a_higher_one_that_did_not() -> None:
     job = parse_job(JOB)
     bound = job.goodput_slo()
@@ -55,7 +39,7 @@ async def test_goodput_search_finds_a_rate_whose_good_share_holds_and_a_higher_o
     emulator = Emulator.from_args([*args, "--time-scale", "1"], log_stream=io.StringIO())
     async with emulator.serve_http(host="127.0.0.1", port=0) as url:
         server = Server(
-            base_url=url, model="llama-3.1-8b", facts=StartupFacts(), time_scale=1.0, handle=_Running(),
+            base_url=url, model="llama-3.1-8b", facts=StartupFacts(), time_scale=1.0, handle=IdleHandle(),
             redactor=Redactor(), launcher="emulator",
         )  # fmt: skip
         found = await measure_load(server, job, VllmFlags(max_num_seqs=SEQS, max_model_len=4096))
