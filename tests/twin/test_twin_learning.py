@@ -97,11 +97,12 @@ def test_the_twin_does_not_propose_a_known_answer_while_another_can_teach() -> N
         assert not {(32, util), (64, util)} <= set(seen)  # never both of a pair the twin cannot tell apart
 
 
-def slow_at(util: float, factor: float = 0.7) -> Any:
-    """A real server whose flag sets at this utilization are `factor` as fast as simulated (E2E 1 / factor)."""
+def slow_at(util: float, factor: float = 0.7, flag: str = "gpu_memory_utilization") -> Any:
+    """A real server whose flag sets with this value of `flag` (utilization by default) are `factor` as fast as
+    simulated (E2E 1 / factor)."""
 
     def observe(c: Candidate) -> Observation:
-        f = factor if c.flags.gpu_memory_utilization == util else 1.0
+        f = factor if getattr(c.flags, flag) == util else 1.0
         tok = fake_tok_s(c.flags) * f
         figures = {"output_tok_s": tok, "e2e_p95": (c.flags.max_num_seqs or 0) / 32 / f}
         return Observation(c.key, c.flags, True, False, tok, KV, figures)
@@ -238,18 +239,6 @@ def test_beside_a_wrong_verdict_a_flag_set_alike_is_measured_until_its_flags_are
     assert t.disproved == {a.key, b.key}  # alike in the twin, not on the server
 
 
-def slow_with(seqs: int, factor: float) -> Any:
-    """A real server with a cliff at one value of an ordered flag: `seqs` sequences are `factor` as fast."""
-
-    def observe(c: Candidate) -> Observation:
-        f = factor if c.flags.max_num_seqs == seqs else 1.0
-        tok = fake_tok_s(c.flags) * f
-        figures = {"output_tok_s": tok, "e2e_p95": (c.flags.max_num_seqs or 0) / 32 / f}
-        return Observation(c.key, c.flags, True, False, tok, KV, figures)
-
-    return observe
-
-
 def test_a_step_at_one_value_of_an_ordered_flag_moves_the_flag_sets_with_that_value_and_not_the_others() -> None:
     # 32 sequences run at 40% of the simulated speed, 16 and 64 as simulated: a step no smooth curve along the flag
     # and no global term holds. Three trials teach it (a step along max_num_seqs wins leave-one-out); the untried
@@ -259,7 +248,7 @@ def test_a_step_at_one_value_of_an_ordered_flag_moves_the_flag_sets_with_that_va
     at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
     t = Twin(j, pool, fake_simulate)
     t.sweep()
-    observe = slow_with(32, 0.4)
+    observe = slow_at(32, 0.4, "max_num_seqs")  # a cliff at one value of an ordered flag
     trials = [observe(at[32, 0.85]), observe(at[32, 0.95]), observe(at[16, 0.95])]
     for n in range(1, 4):
         t.refit(trials[:n])
