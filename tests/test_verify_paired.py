@@ -15,11 +15,19 @@ from study_fakes import FakeLauncher, FakeServer, job
 
 from tuner.config import Job
 from tuner.flags import VllmFlags
-from tuner.intervals import PRIORS
+from tuner.intervals import PRIORS, Noise
 from tuner.load import LoadResult, RequestRecord
 from tuner.scoring import summarize
 from tuner.study import Measurement
-from tuner.verify import NOT_REPRODUCED, NOT_SEPARABLE, REPRODUCED, SEPARATED, retest_against_baseline, verify_flags
+from tuner.verify import (
+    NOT_REPRODUCED,
+    NOT_SEPARABLE,
+    REPRODUCED,
+    SEPARATED,
+    Retest,
+    retest_against_baseline,
+    verify_flags,
+)
 
 TRIAL = VllmFlags(max_num_seqs=64, gpu_memory_utilization=0.9)
 BASELINE = VllmFlags()
@@ -46,20 +54,23 @@ class DriftingMachine:
         return Measurement(LoadResult(summary=summary, records=records))
 
 
-def retest(machine: DriftingMachine, *, claimed_above: bool = True, pairs: int = 3) -> str:
-    r = retest_against_baseline(
+def retested(
+    machine: DriftingMachine | NoisyMachine, *, claimed_above: bool | None = True, pairs: int = 3,
+    prior: Noise = PRIORS["gpu"].noise,
+) -> Retest:  # fmt: skip
+    return retest_against_baseline(
         job(), machine.launcher, TRIAL, BASELINE, pairs=pairs, claimed_above=claimed_above,
-        latency_metric="e2e_p95", measure=machine.measure, prior=PRIORS["gpu"].noise,
+        latency_metric="e2e_p95", measure=machine.measure, prior=prior,
     )  # fmt: skip
-    return r.ranking
+
+
+def retest(machine: DriftingMachine, *, claimed_above: bool = True, pairs: int = 3) -> str:
+    return retested(machine, claimed_above=claimed_above, pairs=pairs).ranking
 
 
 def test_the_pairs_alternate_on_fresh_servers() -> None:
     machine = DriftingMachine({64: 1000.0, None: 1000.0})
-    r = retest_against_baseline(
-        job(), machine.launcher, TRIAL, BASELINE, pairs=3, claimed_above=True, latency_metric="e2e_p95",
-        measure=machine.measure,
-    )  # fmt: skip
+    r = retested(machine, prior=Noise())
     seqs = [launch["flags"].get("max_num_seqs") for launch in machine.launcher.launches]
     assert seqs == [64, None, None, 64, 64, None]  # T B, B T, T B: one server a run
     assert len(r.pairs) == 3
@@ -89,10 +100,7 @@ def test_a_real_gain_is_reproduced_twice_in_a_row_and_a_reversed_claim_is_not() 
 
 def test_one_pair_without_a_prior_is_not_separable_and_says_why() -> None:
     machine = DriftingMachine({64: 1600.0, None: 1000.0})
-    r = retest_against_baseline(
-        job(), machine.launcher, TRIAL, BASELINE, pairs=1, claimed_above=True, latency_metric="e2e_p95",
-        measure=machine.measure,
-    )  # fmt: skip
+    r = retested(machine, pairs=1, prior=Noise())
     assert r.ranking == NOT_SEPARABLE and r.verdict() == "not separable: no interval from 1 pair of starts"
 
 
@@ -103,10 +111,7 @@ def test_the_pairs_table_fits_80_columns_and_the_json_names_each_pair() -> None:
     from tuner.report.views import StudyView, TrialView
 
     machine = DriftingMachine({64: 1600.0, None: 1000.0})
-    r = retest_against_baseline(
-        job(), machine.launcher, TRIAL, BASELINE, pairs=2, claimed_above=True, latency_metric="e2e_p95",
-        measure=machine.measure, prior=PRIORS["gpu"].noise,
-    )  # fmt: skip
+    r = retested(machine, pairs=2)
 
     def trial(n: int, tok_s: float) -> TrialView:
         return TrialView(
@@ -142,16 +147,10 @@ def test_the_study_s_claim_is_its_confirmation_not_its_point_figures() -> None:
 
 def test_two_the_study_could_not_separate_hold_when_the_re_test_cannot_either() -> None:
     same = DriftingMachine({64: 1000.0, None: 1000.0})
-    r = retest_against_baseline(
-        job(), same.launcher, TRIAL, BASELINE, pairs=3, claimed_above=None, latency_metric="e2e_p95",
-        measure=same.measure, prior=PRIORS["cpu"].noise,
-    )  # fmt: skip
+    r = retested(same, claimed_above=None, prior=PRIORS["cpu"].noise)
     assert r.ranking == NOT_SEPARABLE and r.held and r.verdict().endswith("within the noise, as the study said")
     apart = DriftingMachine({64: 1000.0, None: 2000.0})
-    r = retest_against_baseline(
-        job(), apart.launcher, TRIAL, BASELINE, pairs=3, claimed_above=None, latency_metric="e2e_p95",
-        measure=apart.measure, prior=PRIORS["cpu"].noise,
-    )  # fmt: skip
+    r = retested(apart, claimed_above=None, prior=PRIORS["cpu"].noise)
     assert r.ranking == SEPARATED and not r.held
     assert "could not separate the trial from the baseline; re-tested below it by -4" in r.verdict()  # 2x, drifting
 
@@ -183,11 +182,7 @@ class NoisyMachine:
 
 
 def noisy_retest(machine: NoisyMachine) -> str:
-    r = retest_against_baseline(
-        job(), machine.launcher, TRIAL, BASELINE, pairs=3, claimed_above=True, latency_metric="e2e_p95",
-        measure=machine.measure, prior=PRIORS["cpu"].noise,
-    )  # fmt: skip
-    return r.ranking
+    return retested(machine, prior=PRIORS["cpu"].noise).ranking
 
 
 @pytest.mark.parametrize("seed", range(5))
