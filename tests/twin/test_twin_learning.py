@@ -97,6 +97,15 @@ def test_the_twin_does_not_propose_a_known_answer_while_another_can_teach() -> N
         assert not {(32, util), (64, util)} <= set(seen)  # never both of a pair the twin cannot tell apart
 
 
+def swept(simulate_fn: Any) -> tuple[Twin, dict[tuple[int | None, float | None], Candidate]]:
+    """The twin over the fake job's space, swept with `simulate_fn`, and its candidates by (sequences, utilization)."""
+    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
+    pool = candidates(j.search_space(), 400, 1)
+    t = Twin(j, pool, simulate_fn)
+    t.sweep()
+    return t, {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
+
+
 def slow_at(util: float, factor: float = 0.7, flag: str = "gpu_memory_utilization") -> Any:
     """A real server whose flag sets with this value of `flag` (utilization by default) are `factor` as fast as
     simulated (E2E 1 / factor)."""
@@ -111,11 +120,7 @@ def slow_at(util: float, factor: float = 0.7, flag: str = "gpu_memory_utilizatio
 
 
 def test_a_residual_along_one_flag_is_learnt_from_three_trials_and_moves_only_flag_sets_with_that_value() -> None:
-    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
-    pool = candidates(j.search_space(), 400, 1)
-    at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
-    t = Twin(j, pool, fake_simulate)
-    t.sweep()
+    t, at = swept(fake_simulate)
     observe = slow_at(0.85)
     trials = [observe(at[64, 0.85]), observe(at[32, 0.85]), observe(at[32, 0.95])]
     for n in range(1, 4):
@@ -135,11 +140,7 @@ def test_a_residual_along_one_flag_is_learnt_from_three_trials_and_moves_only_fl
 
 def test_a_miss_the_global_terms_explain_better_stays_with_them() -> None:
     # Every flag set 30% slower: the terms (the whole step's scale) take it, nothing is learnt along a flag.
-    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
-    pool = candidates(j.search_space(), 400, 1)
-    at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
-    t = Twin(j, pool, fake_simulate)
-    t.sweep()
+    t, at = swept(fake_simulate)
     everywhere = slow_at(0.85, 0.7)
     trials = [everywhere(at[64, 0.85]), everywhere(at[32, 0.85]), everywhere(at[16, 0.85])]
     trials = [Observation(o.key, o.flags, True, False, o.output_tok_s, KV, o.figures) for o in trials]
@@ -220,11 +221,7 @@ def test_a_miss_along_a_flag_the_residual_learns_does_not_hand_over() -> None:
 
 
 def test_beside_a_wrong_verdict_a_flag_set_alike_is_measured_until_its_flags_are_shown_inert() -> None:
-    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
-    pool = candidates(j.search_space(), 400, 1)
-    at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
-    t = Twin(j, pool, alike_above_32)
-    t.sweep()
+    t, at = swept(alike_above_32)
     a, b = at[32, 0.9], at[64, 0.9]
     met = {"output_tok_s": 288.0, "e2e_p95": 1.0, "success_rate": 1.0}
     missed = {"output_tok_s": 288.0, "e2e_p95": 3.0, "success_rate": 1.0}
@@ -243,11 +240,7 @@ def test_a_step_at_one_value_of_an_ordered_flag_moves_the_flag_sets_with_that_va
     # 32 sequences run at 40% of the simulated speed, 16 and 64 as simulated: a step no smooth curve along the flag
     # and no global term holds. Three trials teach it (a step along max_num_seqs wins leave-one-out); the untried
     # flag sets with 32 sequences drop below those with 16, and those with 8 or 16 keep the physics' order.
-    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
-    pool = candidates(j.search_space(), 400, 1)
-    at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
-    t = Twin(j, pool, fake_simulate)
-    t.sweep()
+    t, at = swept(fake_simulate)
     observe = slow_at(32, 0.4, "max_num_seqs")  # a cliff at one value of an ordered flag
     trials = [observe(at[32, 0.85]), observe(at[32, 0.95]), observe(at[16, 0.95])]
     for n in range(1, 4):
@@ -355,13 +348,8 @@ def test_once_a_trial_met_the_slos_the_twin_exploits_what_can_beat_it_not_what_r
 def test_a_flag_the_residual_learnt_to_matter_parts_flag_sets_the_simulation_holds_alike() -> None:
     # The simulation holds 64 sequences alike to 32 (32 users); the server runs 64 at half speed. Once the trials
     # teach that, 64 sequences are no known answer from 32's measurement; where the server is as simulated, they are.
-    j = job(slos=SLOS, sampler={"name": "twin", "seed": 1})
-    pool = candidates(j.search_space(), 400, 1)
-    at = {(c.flags.max_num_seqs, c.flags.gpu_memory_utilization): c for c in pool}
-
-    def learnt(slow_at_64: float) -> Twin:
-        t = Twin(j, pool, alike_above_32)
-        t.sweep()
+    def learnt(slow_at_64: float) -> tuple[Twin, dict[tuple[int | None, float | None], Candidate]]:
+        t, at = swept(alike_above_32)
 
         def observe(c: Candidate) -> Observation:
             f = slow_at_64 if c.flags.max_num_seqs == 64 else 1.0
@@ -371,11 +359,11 @@ def test_a_flag_the_residual_learnt_to_matter_parts_flag_sets_the_simulation_hol
             return Observation(c.key, c.flags, True, False, tok, KV, figures, predicted={**figures, "e2e_p95": 0.5})
 
         t.refit([observe(at[k]) for k in ((32, 0.9), (64, 0.9), (16, 0.9), (64, 0.95))])
-        return t
+        return t, at
 
-    stepped = learnt(0.5)
+    stepped, at = learnt(0.5)
     assert stepped.choice.kernel.flag > 0  # a residual along the flags won leave-one-out
     assert stepped.alike(at[64, 0.85].key, at[32, 0.85].key)  # the simulation cannot tell them apart...
     assert stepped.known_answer(at[64, 0.85].key, [at[32, 0.85].key]) is None  # ...what the trials taught can
-    as_simulated = learnt(1.0)
+    as_simulated, _ = learnt(1.0)
     assert as_simulated.known_answer(at[64, 0.85].key, [at[32, 0.85].key]) == at[32, 0.85].key
