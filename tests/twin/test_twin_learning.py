@@ -16,8 +16,9 @@ from study_fakes import FakeLauncher, FakeServer, job, records_for
 from test_twin_sampler import KV, fake_simulate, fake_tok_s, run_trial, twin_study
 from test_twin_slos import fake_e2e, study_of, tell, twin
 
+from tuner.capacity import runtime_need_bytes
 from tuner.config import Job
-from tuner.flags import VllmFlags
+from tuner.flags import VllmFlags, resolve
 from tuner.load import LoadResult
 from tuner.record import CRASHED, MEASURED, TrialRecord
 from tuner.scoring import summarize
@@ -28,7 +29,7 @@ from tuner.twin.explore import expected_gain, explore, leader_bound
 from tuner.twin.model import Candidate, Observation, Predicted, Twin, candidates
 from tuner.twin.residual import GLOBAL, STEP_NEAR, along_one, flags_alike, kernels_for
 from tuner.twin.sampler import SAME_AS_ATTR
-from tuner.twin.simulate import Coefficients, SimPoint
+from tuner.twin.simulate import GIB, Coefficients, SimPoint
 
 SLOS = ["e2e_p95 <= 2.5s", "success_rate >= 0.9"]
 
@@ -367,3 +368,32 @@ def test_a_flag_the_residual_learnt_to_matter_parts_flag_sets_the_simulation_hol
     assert stepped.known_answer(at[64, 0.85].key, [at[32, 0.85].key]) is None  # ...what the trials taught can
     as_simulated, _ = learnt(1.0)
     assert as_simulated.known_answer(at[64, 0.85].key, [at[32, 0.85].key]) == at[32, 0.85].key
+
+
+def spare_by_seqs(job_: Any, flags: VllmFlags, c: Coefficients) -> SimPoint:
+    """The fake twin, each flag set's fullest batch leaving 8 - 0.1 x sequences GiB spare (64: 1.6 GiB, 32: 4.8)."""
+    point = fake_simulate(job_, flags, c)
+    seqs = flags.max_num_seqs or 0
+    r = resolve(flags, job_.gpu_profile(), job_.model_profile())
+    need = runtime_need_bytes(job_.model_profile(), r, seqs)
+    return replace(point, peak_running=seqs, headroom_bytes=need + int((8 - 0.1 * seqs) * GIB))
+
+
+def test_a_crash_only_a_large_or_contradicted_headroom_shift_explains_is_a_region_not_a_memory_error() -> None:
+    def refit(*trials: tuple[int, float, bool]) -> Twin:
+        t, at = swept(spare_by_seqs)
+        t.refit([Observation(at[s, u].key, at[s, u].flags, True, crashed, None, KV) for s, u, crashed in trials])
+        return t
+
+    # 64 sequences crash with 1.6 GiB to spare and 32 held: the runtime headroom is smaller than simulated
+    explained = refit((64, 0.95, True), (32, 0.95, False))
+    assert not explained.crashed_at and -4.8 < explained.coefficients.headroom_gib < -1.6
+    # a crash with 4.8 GiB to spare is no arithmetic error; moving the headroom that far would crash most flag sets
+    far = refit((32, 0.95, True))
+    assert far.coefficients.headroom_gib == 0.0 and len(far.crashed_at) == 1
+    # 64 sequences held at 0.9 with as little to spare as the crash at 0.95: no headroom explains both
+    contradicted = refit((64, 0.95, True), (64, 0.9, False))
+    assert contradicted.coefficients.headroom_gib == 0.0 and len(contradicted.crashed_at) == 1
+    for t in (far, contradicted):
+        # no flag set crashes by the memory arithmetic; the region's risk is where the crash was
+        assert not any(t.predict(k).crashed for k in t.pool) and t.crash_risk(t.crashed_at[0]) > 0.5

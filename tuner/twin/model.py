@@ -66,6 +66,11 @@ RESIDUAL_LENGTH = 0.08
 # Two flag sets the twin simulates with the same batch and steps (every figure within this, in logs: well inside a
 # start's noise on a GPU, a few percent) are one answer: once one is measured the other teaches nothing.
 SAME_WITHIN = 0.01
+# How far the runtime headroom may move to explain a real crash (GiB): what vLLM's memory profile plausibly misses
+# (CUDA graphs, allocator fragmentation, a sampler's buffers: a GiB or two). A crash that needs more is no memory
+# arithmetic error but a region of the space (tuner.twin.crashes); moving the headroom that far would predict a crash
+# for most of the space, which the first survivor then contradicts.
+HEADROOM_SHIFT_LIMIT_GIB = 2.0
 
 
 @dataclass(frozen=True)
@@ -415,7 +420,8 @@ class Twin:
         ]
         # Rounded, so a fit that barely moved reuses the simulations made under the last one
         kv_scale = round(statistics.median(ratios), 3) if ratios else 1.0
-        headroom = round(self._headroom(observations) / 0.05) * 0.05
+        explained = [o for o in observations if o.key not in self.crashed_at]
+        headroom = round(self._headroom(explained) / 0.05) * 0.05
         base = replace(self.coefficients, kv_scale=kv_scale, headroom_gib=headroom)
         measured = [o for o in observations if o.started and not o.crashed and o.figures]
         for o in measured:
@@ -505,15 +511,16 @@ class Twin:
 
     def _unexplained_crashes(self, observations: list[Observation]) -> list[str]:
         """The real crashes the twin's memory arithmetic cannot explain: its simulation foresaw no crash and either
-        it has no fullest batch to judge or a start with no more memory to spare held its load (a crash region,
-        not the runtime headroom the refit moves: tuner.twin.crashes)."""
+        it has no fullest batch to judge, or a start with no more memory to spare held its load, or it left more
+        memory spare than the headroom plausibly moves (a crash region, not the runtime headroom the refit moves:
+        tuner.twin.crashes)."""
         spare = [m for o in observations if o.started and not o.crashed and (m := self._margin(o)) is not None]
         out = []
         for o in observations:
             if not o.crashed or self.point(o.key).crashed:
                 continue
             margin = self._margin(o)
-            if margin is None or any(m <= margin for m in spare):
+            if margin is None or margin > HEADROOM_SHIFT_LIMIT_GIB or any(m <= margin for m in spare):
                 out.append(o.key)
         return out
 
