@@ -35,6 +35,7 @@ The twin's constants are tuned on TRAINING_SEEDS only; HELD_OUT_SEEDS are report
     .venv/bin/python benchmarks/realities.py --seeds fresh --out /tmp/realities-fresh --json fresh.json
     .venv/bin/python benchmarks/realities.py --seeds unseen --out /tmp/realities-unseen --json unseen.json
     .venv/bin/python benchmarks/realities.py --table-from /tmp/realities-held      # the table again
+    .venv/bin/python benchmarks/realities.py --table-from /tmp/others --table-from /tmp/twin   # samplers run apart
 
 Results are written a draw a file (OUT/draw-SEED.json); a draw already written is skipped, so a run resumes.
 """
@@ -618,10 +619,22 @@ def run(seeds: Iterable[int], out: Path, jobs: int, samplers: Sequence[str], run
     print(f"wall time {time.monotonic() - started:.0f} s for {len(todo)} draws", file=sys.stderr)
 
 
-def load_results(out: Path, seeds: Iterable[int] | None = None) -> list[dict[str, Any]]:
+def load_results(outs: Sequence[Path], seeds: Iterable[int] | None = None) -> list[dict[str, Any]]:
+    """The draws written to the folders `outs`, a draw's samplers joined across them (the twin run in one folder,
+    TPE and random in another: their seeds and draws are the same, so one table holds them); a sampler run in a
+    later folder replaces the same sampler of an earlier one."""
     wanted = None if seeds is None else set(seeds)
-    results = [json.loads(p.read_text()) for p in sorted(out.glob("draw-*.json"))]
-    return sorted((r for r in results if wanted is None or r["seed"] in wanted), key=lambda r: r["seed"])
+    by_seed: dict[int, dict[str, Any]] = {}
+    for out in outs:
+        for p in sorted(out.glob("draw-*.json")):
+            r = json.loads(p.read_text())
+            if wanted is not None and r["seed"] not in wanted:
+                continue
+            held = by_seed.setdefault(r["seed"], r)
+            if held is not r and "runs" in r:
+                held.setdefault("runs", {}).update(r["runs"])
+                held["seconds"] = held.get("seconds", 0.0) + r.get("seconds", 0.0)
+    return [by_seed[s] for s in sorted(by_seed)]
 
 
 def behind(result: dict[str, Any]) -> list[str]:
@@ -699,12 +712,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=RUNS, help="seeds a sampler")
     parser.add_argument("--budget", type=int, default=BUDGET, help="real trials a run")
     parser.add_argument("--json", type=Path, help="also write every draw's results to this one file")
-    parser.add_argument("--table-from", type=Path, help="print the table of an --out folder written before, and stop")
+    parser.add_argument(
+        "--table-from",
+        type=Path,
+        action="append",
+        help="print the table of --out folders written before (repeat to join samplers run apart), and stop",
+    )
     args = parser.parse_args()
     seeds = parse_seeds(args.seeds)
     if args.table_from is None:
         run(seeds, args.out, args.jobs, args.sampler or SAMPLERS, args.runs, args.budget)
-    results = load_results(args.table_from or args.out, None if args.table_from else seeds)
+    results = load_results(args.table_from or [args.out], None if args.table_from else seeds)
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
