@@ -1,0 +1,77 @@
+"""How the suite shares out its tests on several workers (pytest-xdist, `scripts/pytest-suite`): which tests must
+run on one worker, and which must not run beside any other test. A plugin of the whole suite (tests/conftest.py).
+
+- The real-vLLM tests (`tests/<package>/test_*_real.py`) share session-scoped started servers and refused starts
+  (tests/real_vllm.py): on two workers each would start its own, two more vLLM starts on a 2-core machine. They are
+  one group, on one worker, sent out first: they are the longest group by far.
+- Every other test goes with its module: a module-scoped fixture (a study run once, a recorded emulator) is built
+  once, not once a worker.
+- A test that stops or restarts a shared service (the PostgreSQL cluster every `postgres` test uses) is marked
+  `exclusive`: no scheduler can keep it apart, since the controller sees test ids and not markers, so the suite
+  runs those after the parallel run, alone (`-m exclusive`, no workers), and one reaching a worker beside others
+  fails with that reason rather than pull the database from under them.
+
+Groups are told from the test id alone because that is all the controller has: pytest 9.2 builds a node's id from
+its parts, so xdist's own `loadgroup` (which appends `@group` to the id on the worker) groups nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from xdist.workermanage import WorkerController
+
+REAL_GROUP = "real vLLM"
+# Every fixture of the real tier rests on these two: a test asking for one must be in a `_real.py` file to be grouped.
+REAL_FIXTURES = frozenset({"vllm_python", "tiny_model"})
+
+
+def group_of(nodeid: str) -> str:
+    """The work unit a test goes in: the real-vLLM group, or its module."""
+    path = nodeid.split("::", 1)[0]
+    return REAL_GROUP if path.endswith("_real.py") else path
+
+
+def in_parallel() -> bool:
+    """This process is one of several xdist workers (xdist sets the count in each worker's environment)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "load":
+        return None  # a distribution mode asked for by name is xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+        def _assign_work_unit(self, node: WorkerController) -> None:
+            # the longest group first: started last, it would be the whole tail of the run on one worker
+            if REAL_GROUP in self.workqueue:
+                self.workqueue.move_to_end(REAL_GROUP, last=False)
+            super()._assign_work_unit(node)
+
+    return GroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A real-vLLM test outside a `_real.py` file would start its own servers on another worker: refuse it here,
+    in every run, so that the serial run a contributor makes finds it too."""
+    real = [i.nodeid for i in items if REAL_FIXTURES & set(getattr(i, "fixturenames", ()))]
+    strays = [nodeid for nodeid in real if group_of(nodeid) != REAL_GROUP]
+    if strays:
+        raise pytest.UsageError(f"real-vLLM tests must sit in a test_*_real.py file (tests/xdist_groups.py): {strays}")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if in_parallel() and item.get_closest_marker("exclusive") is not None:
+        pytest.fail(
+            "marked exclusive (it stops or restarts a shared service): run it alone, `-m exclusive` without -n",
+            pytrace=False,
+        )
