@@ -51,8 +51,9 @@ def _suite(tmp_path: Path, modules: dict[str, str]) -> Path:
     (tmp_path / "pytest.ini").write_text(INI)
     (tmp_path / "record.py").write_text(RECORD)
     (tmp_path / "ran").mkdir()
-    for name, text in modules.items():
-        (tmp_path / name).write_text(text)
+    for name, text in modules.items():  # laid out as ours are: under tests/, a package's folder below it
+        (tmp_path / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / name).write_text(text)
     return tmp_path
 
 
@@ -60,24 +61,32 @@ def _workers(suite: Path, stem: str) -> set[str]:
     return {p.read_text() for p in (suite / "ran").glob(f"{stem}_*")}
 
 
-def test_a_test_goes_with_its_module_and_every_real_vllm_file_in_one_group() -> None:
-    assert group_of("tests/study/test_tune_real.py::test_x") == REAL_GROUP
-    assert group_of("tests/load/test_load_real.py::TestA::test_b[1]") == REAL_GROUP
-    assert group_of("tests/store/test_store.py::TestA::test_b[sqlite]") == "tests/store/test_store.py"
-    assert group_of("tests/store/test_store.py::test_c") == "tests/store/test_store.py"
+def test_a_test_goes_with_its_module_its_shared_folder_or_the_real_vllm_group() -> None:
+    assert group_of("tests/study/test_tune_real.py::test_x", ROOT) == REAL_GROUP
+    assert group_of("tests/load/test_load_real.py::TestA::test_b[1]", ROOT) == REAL_GROUP
+    assert group_of("tests/store/test_store.py::TestA::test_b[sqlite]", ROOT) == "tests/store/test_store.py"
+    assert group_of("tests/store/test_store.py::test_c", ROOT) == "tests/store/test_store.py"
+    # tests/ship/conftest.py runs a study for the session: its folder is one group
+    assert group_of("tests/ship/test_plan.py::test_x", ROOT) == group_of("tests/ship/test_rules.py::test_y", ROOT)
+    assert group_of("tests/ship/test_plan.py::test_x", ROOT) == "tests/ship/"
+    # the top conftest's session fixtures are cheap: the top modules stay apart
+    assert group_of("tests/test_export.py::test_x", ROOT) == "tests/test_export.py"
 
 
 def test_on_two_workers_the_real_files_share_one_and_each_module_stays_whole(tmp_path: Path) -> None:
     modules = {f"test_{stem}_real.py": _module(stem, 3) for stem in ("start", "load", "refusal")}
     modules |= {f"test_{stem}.py": _module(stem, 4) for stem in ("store", "report", "cli", "twin")}
+    shared = 'import pytest\n\n\n@pytest.fixture(scope="session")\ndef study():\n    return 1\n'
+    modules |= {"ship/conftest.py": shared} | {f"ship/test_{stem}.py": _module(stem, 2) for stem in ("plan", "rules")}
     suite = _suite(tmp_path, modules)
     run = _pytest(suite, "-n", "2")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "25 passed" in run.stdout
+    assert "29 passed" in run.stdout
     real = _workers(suite, "start") | _workers(suite, "load") | _workers(suite, "refusal")
     assert len(real) == 1 and real <= {"gw0", "gw1"}, real
     for stem in ("store", "report", "cli", "twin"):
         assert len(_workers(suite, stem)) == 1, stem
+    assert len(_workers(suite, "plan") | _workers(suite, "rules")) == 1
 
 
 def test_an_exclusive_test_fails_beside_other_workers_and_runs_alone(tmp_path: Path) -> None:

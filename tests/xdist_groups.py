@@ -4,6 +4,8 @@ run on one worker, and which must not run beside any other test. A plugin of the
 - The real-vLLM tests (`tests/<package>/test_*_real.py`) share session-scoped started servers and refused starts
   (tests/real_vllm.py): on two workers each would start its own, two more vLLM starts on a 2-core machine. They are
   one group, on one worker, sent out first: they are the longest group by far.
+- A folder whose conftest.py holds session- or package-scoped fixtures (tests/ship/: a study run by `tuner tune`)
+  is one group: on two workers each would run it. The top conftest's (tests/conftest.py) take a second or two.
 - Every other test goes with its module: a module-scoped fixture (a study run once, a recorded emulator) is built
   once, not once a worker.
 - A test that stops or restarts a shared service (the PostgreSQL cluster every `postgres` test uses) is marked
@@ -17,7 +19,9 @@ its parts, so xdist's own `loadgroup` (which appends `@group` to the id on the w
 
 from __future__ import annotations
 
+import functools
 import os
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -30,10 +34,27 @@ REAL_GROUP = "real vLLM"
 REAL_FIXTURES = frozenset({"vllm_python", "tiny_model"})
 
 
-def group_of(nodeid: str) -> str:
-    """The work unit a test goes in: the real-vLLM group, or its module."""
+def group_of(nodeid: str, root: Path) -> str:
+    """The work unit a test goes in (its id relative to `root`, the rootdir): the real-vLLM group, its folder, or its
+    module."""
     path = nodeid.split("::", 1)[0]
-    return REAL_GROUP if path.endswith("_real.py") else path
+    if path.endswith("_real.py"):
+        return REAL_GROUP
+    folder = PurePosixPath(path).parent
+    if len(folder.parts) > 1 and _shares_fixtures(root / folder / "conftest.py"):
+        return f"{folder}/"
+    return path
+
+
+@functools.cache
+def _shares_fixtures(conftest: Path) -> bool:
+    """The conftest declares a fixture every test of its folder may share across modules. Read as text: the
+    controller has test ids, not fixtures."""
+    try:
+        text = conftest.read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return 'scope="session"' in text or 'scope="package"' in text
 
 
 def in_parallel() -> bool:
@@ -49,7 +70,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid)
+            return group_of(nodeid, config.rootpath)
 
         def _assign_work_unit(self, node: WorkerController) -> None:
             # the longest group first: started last, it would be the whole tail of the run on one worker
@@ -64,7 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """A real-vLLM test outside a `_real.py` file would start its own servers on another worker: refuse it here,
     in every run, so that the serial run a contributor makes finds it too."""
     real = [i.nodeid for i in items if REAL_FIXTURES & set(getattr(i, "fixturenames", ()))]
-    strays = [nodeid for nodeid in real if group_of(nodeid) != REAL_GROUP]
+    strays = [nodeid for nodeid in real if group_of(nodeid, config.rootpath) != REAL_GROUP]
     if strays:
         raise pytest.UsageError(f"real-vLLM tests must sit in a test_*_real.py file (tests/xdist_groups.py): {strays}")
 
