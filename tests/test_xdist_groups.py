@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.xdist_groups import REAL_GROUP, group_of
+from tests.xdist_groups import REAL_GROUP, group_of, rank
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,6 +71,14 @@ def test_a_test_goes_with_its_module_its_shared_folder_or_the_real_vllm_group() 
     assert group_of("tests/ship/test_plan.py::test_x", ROOT) == "tests/ship/"
     # the top conftest's session fixtures are cheap: the top modules stay apart
     assert group_of("tests/test_export.py::test_x", ROOT) == "tests/test_export.py"
+
+
+def test_groups_go_out_real_vllm_first_then_those_with_slow_tests() -> None:
+    assert rank(REAL_GROUP, ROOT) == 0
+    assert rank("tests/study/test_study_e2e.py", ROOT) == 1  # pytest.mark.slow
+    assert rank("tests/ship/", ROOT) == 1  # a folder group: any of its files
+    assert rank("tests/store/test_store.py", ROOT) == rank("tests/test_export.py", ROOT) == 2
+    assert rank("tests/no_such_file.py", ROOT) == 2
 
 
 def test_on_two_workers_the_real_files_share_one_and_each_module_stays_whole(tmp_path: Path) -> None:
