@@ -17,7 +17,8 @@ from morning_demo import Run, build_demo_study
 REQUIRE_SERVICES = os.environ.get("TUNER_REQUIRE_SERVICES") == "1"
 
 # The real-vLLM tier's fixtures: its tests sit in the package folders they test (`tests/<package>/test_*_real.py`).
-pytest_plugins = ["tests.real_vllm"]
+# How the tests are shared out on several workers: tests/xdist_groups.py.
+pytest_plugins = ["tests.real_vllm", "tests.xdist_groups"]
 
 # The suite runs on busy machines (2 cores, real vLLM beside it): an emulator run there may lag more than a study
 # accepts (5%), and a test about something else would stop with "cannot hold time_scale". The lag is still read

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import statistics
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from pydantic import ValidationError
 
 from tuner.errors import ConfigError
 from tuner.load import Arrival, LogNormalLength, NormalLength, UniformLength, Workload
+from tuner.load.prompt_fit import UNFITTED
+from tuner.load.workload import draws
 
 
 def take(wl: Workload, n: int) -> list:  # type: ignore[type-arg]
@@ -28,6 +31,25 @@ def test_seed_reproduces_and_changes_the_sequence() -> None:
     a = take(Workload(input_len=UniformLength(low=10, high=50), seed=1), 20)
     assert a == take(Workload(input_len=UniformLength(low=10, high=50), seed=1), 20)
     assert a != take(Workload(input_len=UniformLength(low=10, high=50), seed=2), 20)
+
+
+def test_tokens_are_drawn_as_random_choice_draws_them() -> None:
+    """`draws` is the fast form of `rng.choice` a token: the same tokens from the same seed, so a seeded workload's
+    prompts (and every twin prediction and recorded figure made from them) are what they were."""
+    for size in (1, 2, 3, 7, 8, 9, 1000, 32000):
+        items = list(range(size))
+        for n in (0, 1, 50):
+            mine, theirs = random.Random(f"s{size}"), random.Random(f"s{size}")
+            assert draws(mine, items, n) == [theirs.choice(items) for _ in range(n)], (size, n)
+            assert mine.getstate() == theirs.getstate()  # the generator is left where choice leaves it
+    assert draws(random.Random(0), [], 0) == []
+    with pytest.raises(IndexError):
+        draws(random.Random(0), [], 1)
+    tokens = random.Random("tokens-5")  # the workload's own token generator for seed 5
+    specs = take(Workload(input_len=UniformLength(low=10, high=50), prefix_len=4, seed=5), 6)
+    prefix = [tokens.choice(UNFITTED.ids) for _ in range(4)]
+    before = [prefix + [tokens.choice(UNFITTED.ids) for _ in range(s.prompt_len - 4)] for s in specs]
+    assert [s.prompt for s in specs] == before
 
 
 def test_drawn_lengths_stay_in_their_bounds() -> None:

@@ -29,7 +29,8 @@ from test_study_e2e import (  # the end-to-end tests' job and helpers
 
 from tuner.launch.owner import pid_alive
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+# exclusive: the cluster these tests restart is every other `postgres` test's too (tests/xdist_groups.py)
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.exclusive]
 
 # Trials long enough that the restart lands inside one (the emulator's time runs 8x, not 40x).
 STUDY = {**JOB["study"], "grace_period": 60}  # type: ignore[dict-item]
@@ -67,8 +68,10 @@ def _online() -> bool:
 
 
 @pytest.fixture
-def cluster(postgres_url: str) -> Iterator[None]:
-    """The cluster, left running whatever the test did to it."""
+def cluster(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[None]:
+    """The cluster, left running whatever the test did to it. Only for a test marked `exclusive`, which the suite
+    runs with no other beside it."""
+    assert request.node.get_closest_marker("exclusive"), "a test that restarts the cluster must be marked exclusive"
     _cluster()
     try:
         yield

@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from test_storage_outage_postgres import _cluster, cluster, state_dir  # the cluster these tests may restart
 from test_study_e2e import JOB, assert_complete_and_stored, finish, trials_of, write_job
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.exclusive]  # it restarts the shared cluster
 __all__ = ["cluster", "state_dir"]  # fixtures, used by name
 
 DRIVER = Path(__file__).parent / "pg_restart_driver.py"
