@@ -10,7 +10,7 @@ run on one worker, and which must not run beside any other test. A plugin of the
   once, not once a worker.
 - A test that stops or restarts a shared service (the PostgreSQL cluster every `postgres` test uses) is marked
   `exclusive`: no scheduler can keep it apart, since the controller sees test ids and not markers, so the suite
-  runs those after the parallel run, alone (`-m exclusive`, no workers), and one reaching a worker beside others
+  runs those before the parallel run, alone (`-m exclusive`, no workers), and one reaching a worker beside others
   fails with that reason rather than pull the database from under them.
 
 Groups are told from the test id alone because that is all the controller has: pytest 9.2 builds a node's id from
