@@ -397,3 +397,42 @@ def test_a_crash_only_a_large_or_contradicted_headroom_shift_explains_is_a_regio
     for t in (far, contradicted):
         # no flag set crashes by the memory arithmetic; the region's risk is where the crash was
         assert not any(t.predict(k).crashed for k in t.pool) and t.crash_risk(t.crashed_at[0]) > 0.5
+
+
+def test_while_no_trial_met_the_slos_a_flag_set_alike_to_a_measured_one_is_launched_until_shown_inert() -> None:
+    # 64 sequences simulate as 32 do (32 users). Once a trial met the SLOs, the likeness stands and 64 is answered
+    # from 32's measurement; while every trial missed (as predicted), the simulation's word that the rest miss alike
+    # is what the budget can still test, until two alike trials show the flag they differ in inert.
+    def observed(c: Candidate, e2e: float) -> Observation:
+        tok = fake_tok_s(c.flags.model_copy(update={"max_num_seqs": min(c.flags.max_num_seqs or 0, 32)}))
+        figures = {"output_tok_s": tok, "e2e_p95": e2e, "success_rate": 1.0}
+        return Observation(c.key, c.flags, True, False, tok, KV, figures, predicted=figures)
+
+    t, at = swept(alike_above_32)
+    t.refit([observed(at[32, 0.9], 1.0)])
+    assert t.known_answer(at[64, 0.9].key, [at[32, 0.9].key]) == at[32, 0.9].key
+    t, at = swept(alike_above_32)
+    t.refit([observed(at[32, 0.9], 5.0)])
+    assert t.known_answer(at[64, 0.9].key, [at[32, 0.9].key]) is None
+    trials = [observed(at[32, 0.9], 5.0), observed(at[32, 0.95], 5.0), observed(at[64, 0.95], 5.0)]
+    t.refit(trials)
+    assert t.inert == {"max_num_seqs"}
+    assert t.known_answer(at[64, 0.9].key, [o.key for o in trials]) == at[32, 0.9].key
+
+
+def test_a_kv_capacity_that_differs_by_flag_set_is_taken_from_the_nearest_starts_not_their_median() -> None:
+    def started(seqs: int, util: float, kv_tokens: int) -> Observation:
+        c = at[seqs, util]
+        return Observation(c.key, c.flags, True, False, None, kv_tokens)
+
+    # Half the arithmetic's KV tokens at 0.95 utilization, all of them at 0.85 (memory outside the cache that grows
+    # with the flag): the median (0.5) holds near 0.95, the start at 0.85 holds near it
+    t, at = swept(fake_simulate)
+    t.refit([started(64, 0.95, KV // 2), started(32, 0.95, KV // 2), started(32, 0.85, KV)])
+    median = t.coefficients.kv_scale
+    assert median == 0.5
+    assert t.kv_at(at[16, 0.85].key, median) > 0.9 and t.kv_at(at[16, 0.95].key, median) < 0.55
+    # starts that agree within a percent or two: one ratio for every flag set
+    t, at = swept(fake_simulate)
+    t.refit([started(64, 0.95, int(KV * 0.9)), started(32, 0.85, int(KV * 0.91))])
+    assert not t.kv_ratios and t.kv_at(at[16, 0.85].key, t.coefficients.kv_scale) == t.coefficients.kv_scale

@@ -29,7 +29,7 @@ from tuner.flags import VllmFlags, resolve
 from tuner.scoring import LoadSummary
 from tuner.space import SearchSpace
 from tuner.store import flag_key
-from tuner.twin.crashes import crash_risk
+from tuner.twin.crashes import crash_risk, halo
 from tuner.twin.figures import chance_of_meeting, figures_of, violation_of
 from tuner.twin.residual import (
     GLOBAL,
@@ -71,6 +71,12 @@ SAME_WITHIN = 0.01
 # arithmetic error but a region of the space (tuner.twin.crashes); moving the headroom that far would predict a crash
 # for most of the space, which the first survivor then contradicts.
 HEADROOM_SHIFT_LIMIT_GIB = 2.0
+# The KV tokens real starts logged against the arithmetic's, by flag set: a ratio that differs between them by more
+# than this (a start's own KV figure is steady to a percent) is a KV capacity that depends on the flags (memory
+# outside the KV cache that grows with one of them), taken from the nearest measured flag sets, not their median.
+KV_APART = 0.03
+KV_NEAR = 0.35  # how far along a flag's range a measured start's KV ratio carries (tuner.twin.crashes.halo)
+KV_PRIOR = 0.05  # the weight of the median of every start's ratio, where no measured start is near
 
 
 @dataclass(frozen=True)
@@ -207,6 +213,9 @@ class Twin:
         self.wrong: set[str] = set()
         self.disproved: set[str] = set()
         self.inert: set[str] = set()
+        self.met_any = False  # a real trial met the SLOs
+        # each real start's KV tokens against the arithmetic's, while they differ by flag set (else empty: the median)
+        self.kv_ratios: dict[str, float] = {}
         # real starts that died under load where the twin foresaw none, and starts that held their load
         self.crashed_at: list[str] = []
         self.held_at: list[str] = []
@@ -233,7 +242,7 @@ class Twin:
         started = p.started
         if started and not exact and p.kv_tokens is not None:
             max_len = resolve(self._flags(key), self.job.gpu_profile(), self.job.model_profile()).max_model_len
-            started = p.kv_tokens * c.kv_scale >= max_len
+            started = p.kv_tokens * self.kv_at(key, c.kv_scale) >= max_len
         summary = self._summary(p) if started else None
         crashed = p.crashed or (started and not exact and self._would_crash(key, p))
         if summary is None or crashed:
@@ -270,15 +279,16 @@ class Twin:
         """The measured flag set (of `measured`) this one's simulation cannot tell apart from (`alike`), where the
         twin's likeness is to be trusted; None when it would teach something. Where the twin got a trial's verdict
         wrong its simulation missed something, perhaps in a flag it treats as inert: a flag set alike to it is a known
-        answer only where they differ in flags two alike flag sets already showed inert (measured the same)."""
+        answer only where they differ in flags two alike flag sets already showed inert (measured the same). So too
+        while no trial has met the SLOs: the simulation's word that every flag set misses alike is the one thing the
+        budget can still test, and a flag it holds inert is where the answer would hide."""
         alike = [
             other for other in measured if other != key and self.alike(key, other) and not self._parted(key, other)
         ]
         if not alike or any(other in self.disproved for other in alike):
             return None
-        if any(other in self.wrong for other in alike) and not all(
-            self._differing(key, other) <= self.inert for other in alike
-        ):
+        unvouched = not self.met_any or any(other in self.wrong for other in alike)
+        if unvouched and not all(self._differing(key, other) <= self.inert for other in alike):
             return None
         return alike[0]
 
@@ -314,6 +324,7 @@ class Twin:
         a figure), and the flags two alike flag sets differing in them showed inert (measured the same)."""
         loads = [o for o in observations if o.started and not o.crashed and o.figures]
         self.wrong = {o.key for o in loads if o.predicted and self._meets(o.predicted) != self._meets(o.figures)}
+        self.met_any = any(self._meets(o.figures) for o in loads)
         self.disproved, self.inert = set(), set()
         for i, a in enumerate(loads):
             for b in loads[i + 1 :]:
@@ -413,13 +424,16 @@ class Twin:
         self._vouch(observations)
         self.crashed_at = self._unexplained_crashes(observations)
         self.held_at = [o.key for o in observations if o.started and not o.crashed]
-        ratios = [
-            o.kv_tokens / raw
+        ratios = {
+            o.key: o.kv_tokens / raw
             for o in observations
             if o.kv_tokens and (raw := self.point(o.key).raw_kv_tokens) and raw > 0
-        ]
+        }
         # Rounded, so a fit that barely moved reuses the simulations made under the last one
-        kv_scale = round(statistics.median(ratios), 3) if ratios else 1.0
+        kv_scale = round(statistics.median(ratios.values()), 3) if ratios else 1.0
+        apart = bool(ratios) and math.log(max(ratios.values()) / min(ratios.values())) > KV_APART
+        kv_moved = (ratios if apart else {}) != self.kv_ratios
+        self.kv_ratios = ratios if apart else {}
         explained = [o for o in observations if o.key not in self.crashed_at]
         headroom = round(self._headroom(explained) / 0.05) * 0.05
         base = replace(self.coefficients, kv_scale=kv_scale, headroom_gib=headroom)
@@ -429,10 +443,21 @@ class Twin:
                 self.anchors[o.key] = self._anchor(o, base)
         new = self._fit_terms(base, [o.key for o in measured if o.key in self.anchors])
         self.spread = _spreads(measured, self.residuals)
-        if replace(new, step_scale=1.0) != replace(self.coefficients, step_scale=1.0):
+        if kv_moved or replace(new, step_scale=1.0) != replace(self.coefficients, step_scale=1.0):
             self.exact = {}
         self.coefficients = new
         return new
+
+    def kv_at(self, key: str, median: float) -> float:
+        """The KV ratio (real tokens to the arithmetic's) at flag set `key`: `median` (every start's) while the
+        starts agree, else the measured starts' ratios weighed by how near their flags are, the median the prior."""
+        if not self.kv_ratios:
+            return median
+        at = self.positions(key)
+        weights = [(halo(at, self.positions(k), KV_NEAR, KV_NEAR), r) for k, r in self.kv_ratios.items()]
+        total = KV_PRIOR + sum(w for w, _ in weights)
+        log_ratio = (KV_PRIOR * math.log(median) + sum(w * math.log(r) for w, r in weights)) / total
+        return round(math.exp(log_ratio), 3)
 
     def _figures_at(self, key: str, c: Coefficients) -> dict[str, float]:
         """The figures of flag set `key` simulated under `c` (its step scale applied to the summary)."""
@@ -531,6 +556,8 @@ class Twin:
                 self.exact[key] = self._simulate(key, replace(self.coefficients, step_scale=1.0))
 
     def _simulate(self, key: str, coefficients: Coefficients) -> SimPoint:
+        if self.kv_ratios:
+            coefficients = replace(coefficients, kv_scale=self.kv_at(key, coefficients.kv_scale))
         if coefficients == Coefficients():
             return self.point(key)
         memo = (key, coefficients)

@@ -275,9 +275,12 @@ class TwinSampler(BaseSampler):
                 )
                 if value != 1.0
             )
+            kv = f"x{c.kv_scale:.3f}"
+            if twin.kv_ratios:
+                kv = f"x{min(twin.kv_ratios.values()):.3f}..x{max(twin.kv_ratios.values()):.3f} by flag set"
             self.on_event(
                 f"twin refit to {len(done)} real trial{'s' if len(done) > 1 else ''}: step time "
-                f"x{c.step_scale:.3f}{terms}, KV tokens x{c.kv_scale:.3f}{headroom}{_residual_story(twin)}"
+                f"x{c.step_scale:.3f}{terms}, KV tokens {kv}{headroom}{_residual_story(twin)}"
             )
 
     def _restore(self, study: Study) -> None:
