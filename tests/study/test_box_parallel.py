@@ -22,6 +22,7 @@ from tuner.catalog import get_gpu, load_model
 from tuner.flags import VllmFlags, resolve
 from tuner.launch.gpu_pool import GpuPool
 from tuner.record import TrialRecord
+from tuner.twin.sampler import SAME_AS_ATTR
 
 GPUS = 8
 MODEL, L4 = load_model("llama-3.1-8b"), get_gpu("l4")
@@ -110,9 +111,18 @@ def test_parallel_runs_trials_of_mixed_shapes_side_by_side_each_replica_on_a_rea
     assert not waiting or max(waiting) > free, (waiting, held)
     # Every trial measured one replica under its share of the users, on the GPUs its shape needs; the box is the
     # replicas together.
-    trials = [t for t in _trials(tmp_path) if t.state == TrialState.COMPLETE]
+    # A proposal of a flag set another worker measures (or measured) is answered with its figures, not launched, and
+    # is not the budget's: the budget is 6 launches.
+    complete = [t for t in _trials(tmp_path) if t.state == TrialState.COMPLETE]
+    answered = [t for t in complete if TrialRecord.from_attrs(t.user_attrs).is_duplicate]
+    trials = [t for t in complete if t not in answered]
     records = [TrialRecord.from_attrs(t.user_attrs) for t in trials]
     assert len(records) == 6 and {r.outcome for r in records} == {"measured"}
+    by_number = {t.number: t for t in trials}
+    for t in answered:
+        owner = by_number[TrialRecord.from_attrs(t.user_attrs).duplicate_of or -1]
+        # a sampler's repeat, or a flag set the twin simulates as the owner's (a known answer)
+        assert t.user_attrs["flags"] == owner.user_attrs["flags"] or t.user_attrs.get(SAME_AS_ATTR) == owner.number
     for t, r in zip(trials, records, strict=True):
         tp = _tp(t)
         n = GPUS // tp

@@ -206,6 +206,35 @@ def test_after_the_hand_over_the_twin_stays_the_prior_of_the_fallbacks_draws() -
     assert any(x.startswith("trial 0: twin predicted") for x in log)
 
 
+def test_after_the_hand_over_a_fallback_that_only_repeats_gives_way_to_an_untried_flag_set() -> None:
+    # TPE in a small space draws the flag sets it measured again and again: each would be answered without a launch,
+    # and the study would end at the repeat cap with flag sets never measured. The twin's best untried one goes.
+    again = {"max_num_seqs": 8, "gpu_memory_utilization": 0.85}
+    j, sampler, log = twin(fallback=Draws([again]))
+    sampler.fell_back = True
+    study = study_of(sampler)
+    for _ in range(3):
+        tell(study, j, lambda f: (fake_tok_s(f), fake_e2e(f)))
+    keys = [flag_key(TrialRecord.from_attrs(t.user_attrs).flags) for t in study.trials]
+    assert study.trials[0].params == again
+    assert len(set(keys)) == 3  # two untried flag sets, not the repeat
+    assert sum("TPE drew only flag sets measured already" in x for x in log) == 2
+
+
+def test_after_the_hand_over_the_fallbacks_draw_stands_once_every_flag_set_was_tried() -> None:
+    j = job(space={"max_num_seqs": {"choices": [8, 16]}, "max_model_len": 4096}, sampler={"name": "twin", "seed": 1})
+    draw = {"max_num_seqs": 8}
+    sampler = TwinSampler(j.search_space(), 1, Draws([draw]), simulate_fn=fake_simulate)
+    log: list[str] = []
+    sampler.bind(j, log.append)
+    sampler.fell_back = True
+    study = study_of(sampler)
+    for _ in range(3):
+        tell(study, j, lambda f: (fake_tok_s(f), fake_e2e(f)))
+    # 8, then 16 (untried), then nothing is left untried: the fallback's repeat is proposed (answered as a repeat)
+    assert [t.params for t in study.trials] == [draw, {"max_num_seqs": 16}, draw]
+
+
 def test_the_refit_recovers_known_terms_from_a_studys_records() -> None:
     # A real server whose prefill is 40% slower and memory path 20% faster than the catalog's; four real trials of
     # different batch and chunk sizes; the refit twin's terms come back near the hidden ones, the throughput and

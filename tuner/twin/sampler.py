@@ -380,7 +380,8 @@ class TwinSampler(BaseSampler):
     def _guided(self, twin: Twin, study: Study, trial: FrozenTrial, done: list[FrozenTrial]) -> dict[str, Any]:
         """After the hand-over: a few of the fallback's draws (its own search, unchanged), and of them the one the
         refit twin expects the most feasible throughput from; the first draw where the twin sees no difference.
-        A draw the twin simulates as a trial measured already comes after every other (it would teach nothing).
+        A draw the twin simulates as a trial measured already comes after every other (it would teach nothing);
+        when every draw is tried or such, the twin's best untried flag set is proposed instead.
         A draw names every parameter: those outside the fallback's relative space come from its independent
         sampling, as Optuna would have asked it."""
         relative = self.fallback.infer_relative_search_space(study, trial)
@@ -400,8 +401,34 @@ class TwinSampler(BaseSampler):
             if best is None or score > best[0]:
                 best = (score, i, params, p)
         assert best is not None
+        if best[0] < 0:
+            # Every draw would teach nothing (TPE repeats itself in a small space): it would be answered without a
+            # launch, and a study of only such answers ends at the repeat cap with flag sets never measured.
+            instead = self._untried(twin, study, done, trial.number)
+            if instead is not None:
+                self.on_event(
+                    f"twin: TPE drew only flag sets measured already (or simulated alike); the twin's best untried "
+                    f"one instead ({_describe(twin.predict(instead.key))})"
+                )
+                self._predicted[trial.number] = twin.predict(instead.key)
+                return dict(instead.params)
         self._predicted[trial.number] = best[3]
         return best[2]
+
+    def _untried(self, twin: Twin, study: Study, done: list[FrozenTrial], number: int) -> Candidate | None:
+        """The twin's best flag set neither tried nor simulated as one measured, reserved for trial `number`; None
+        when none is left."""
+        measured = _measured_keys(done)
+        held: set[str] = set()
+        while True:
+            tried = _tried_keys(study, self.space) | held
+            left = [k for k in twin.pool if k not in tried and twin.known_answer(k, measured) is None]
+            if not left:
+                return None
+            key = self._exploit(twin, left, study, self._leader(twin, done))
+            if self._reserve is None or self._reserve(key, number):
+                return twin.pool[key]
+            held.add(key)
 
     def _choose_reserved(self, twin: Twin, study: Study, done: list[FrozenTrial], number: int) -> Candidate | None:
         """The choice, reserved for trial `number`; a candidate another running trial reserved is passed over."""
