@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 from study_fakes import FakeLauncher, FakeServer, job, records_for
 from test_twin_sampler import KV, fake_simulate, fake_tok_s, run_trial, twin_study
@@ -28,7 +29,7 @@ from tuner.twin.crashes import crash_risk, unbounding
 from tuner.twin.explore import expected_gain, explore, leader_bound
 from tuner.twin.model import Candidate, Observation, Predicted, Twin, candidates
 from tuner.twin.residual import GLOBAL, STEP_NEAR, along_one, flags_alike, kernels_for
-from tuner.twin.sampler import SAME_AS_ATTR
+from tuner.twin.sampler import PREDICTED_ATTR, SAME_AS_ATTR, _reversed_pairs
 from tuner.twin.simulate import GIB, Coefficients, SimPoint
 
 SLOS = ["e2e_p95 <= 2.5s", "success_rate >= 0.9"]
@@ -208,6 +209,25 @@ def test_verdicts_that_stay_wrong_hand_over() -> None:
     assert sampler.fell_back
     line = next(x for x in log if "falling back" in x)
     assert "its SLO verdict was wrong in" in line
+
+
+def _ranked(predicted: float, measured: float, seqs: int) -> Any:
+    attrs = {"flags": {"max_num_seqs": seqs}, "outcome": MEASURED, "output_tok_s": measured, PREDICTED_ATTR: predicted}
+    return optuna.trial.create_trial(params={}, distributions={}, values=[measured, 1.0], user_attrs=attrs)
+
+
+def test_the_ranking_the_hand_over_judges_is_the_refit_twins_not_the_one_before_the_first_trial() -> None:
+    # The baseline, predicted before any trial at 1000 tok/s, measured 770; the refit then put the next three
+    # within 2%. Before they ran, the baseline sat above all three: three pairs the wrong way round, every pair
+    # compared. The refit twin predicts the baseline from the others at 760: no pair reversed stands.
+    done = [_ranked(1000, 770, 256), _ranked(800, 800, 8), _ranked(850, 850, 16), _ranked(880, 870, 32)]
+    key_of = {t.user_attrs["output_tok_s"]: flag_key(t.user_attrs["flags"]) for t in done}
+    assert _reversed_pairs(done, lambda _key: None) == (3, 3)  # the predictions made before each trial ran
+    refit = {key_of[770]: 760.0}
+    assert _reversed_pairs(done, refit.get) is None
+    # a refit twin that still ranks them the wrong way round is still handed over from
+    wrong = {key_of[770]: 990.0, key_of[800]: 700.0}
+    assert _reversed_pairs(done, wrong.get) == (3, 5)  # the baseline still above all three, 800 below 850 and 870
 
 
 def test_a_miss_along_a_flag_the_residual_learns_does_not_hand_over() -> None:

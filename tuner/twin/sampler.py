@@ -8,10 +8,10 @@ After each real trial the record gets the twin's prediction (`twin_predicted_tok
 measured in `twin_figures`) and the log a line of predicted against measured, the SLO verdict first: a trial the
 twin said meets the SLOs and does not (or the reverse) is a wrong verdict (`twin_verdict_missed`), whatever its
 throughput error. Where the twin stays wrong after `check_after` real trials (its throughput error above
-`error_bound`, its verdicts wrong in most of the latest trials, or its ranking of the trials measured mostly
-reversed; from 3 trials, verdicts wrong that its residual cannot explain) the sampler says so and hands over to
-the fallback sampler (TPE). The twin goes on refitting after that and stays its prior: of a few flag sets the
-fallback draws, the one the twin expects the most feasible throughput from is proposed.
+`error_bound`, its verdicts wrong in most of the latest trials, or its ranking of the trials measured, each
+predicted from the others, mostly reversed; from 3 trials, verdicts wrong that its residual cannot explain) the
+sampler says so and hands over to the fallback sampler (TPE). The twin goes on refitting after that and stays its
+prior: of a few flag sets the fallback draws, the one the twin expects the most feasible throughput from is proposed.
 
 The fallback state lives in the study, not in one process: each trial's error (`twin_error`), miss
 (`twin_missed`) or wrong verdict is a trial attribute and the hand-over a study attribute (`twin_fallback`), so a
@@ -307,7 +307,7 @@ class TwinSampler(BaseSampler):
         `check_after`: its throughput error (the median of the latest trials measured in full) above the bound where a
         residual along the flags does not explain it, the latest `check_after` trials all not as it foresaw (a start,
         a crash), its SLO verdict wrong in most of them and in the latest (each given after what the trials before it
-        taught), or its ranking of the trials measured mostly reversed."""
+        taught), or its ranking of the trials measured (each predicted from the others) mostly reversed."""
         if self.fell_back or len(done) < min(self.check_after, VERDICT_AFTER):
             return False
         errors = [self.errors[t.number] for t in done if t.number in self.errors]
@@ -316,7 +316,7 @@ class TwinSampler(BaseSampler):
         unexplained = self._unexplained(twin, done[-VERDICT_AFTER:])
         wrong = sum(self.verdicts.get(t.number, False) for t in latest)
         recent = errors[-(self.check_after - 1) :]
-        reversed_pairs = _reversed_pairs(done)
+        reversed_pairs = _reversed_pairs(done, lambda key: (twin.explained(key) or {}).get(THROUGHPUT))
         if len(done) >= VERDICT_AFTER and 2 * unexplained > VERDICT_AFTER:
             why = (
                 f"its SLO verdict was wrong in {unexplained} of the last {VERDICT_AFTER} real trials and its "
@@ -562,13 +562,17 @@ def _rank(p: Predicted, expected: float) -> tuple[float, ...]:
     return (2, 0.0)
 
 
-def _reversed_pairs(done: list[FrozenTrial]) -> tuple[int, int] | None:
-    """(reversed, compared) when the twin ranked most pairs of trials measured in full the wrong way round. Only
-    pairs it predicted more than NEAR_BEST x 5 apart count: closer ones are within its own error."""
+def _reversed_pairs(done: list[FrozenTrial], again: Callable[[str], float | None]) -> tuple[int, int] | None:
+    """(reversed, compared) when the twin ranks most pairs of trials measured in full the wrong way round. Only
+    pairs it predicted more than NEAR_BEST x 5 apart count: closer ones are within its own error. A trial's
+    prediction is the refit twin's from the other trials (`again(key)`: its leave-one-out) where it has one, else
+    the one made before it ran: a ranking the refit has corrected is not held against it (the baseline, predicted
+    before any trial, would otherwise count as reversed against every trial after the first refit)."""
     points = []
     for t in done:
         r = TrialRecord.from_attrs(t.user_attrs)
-        predicted = t.user_attrs.get(PREDICTED_ATTR)
+        predicted = again(flag_key(r.flags)) if r.flags else None
+        predicted = predicted if predicted is not None else t.user_attrs.get(PREDICTED_ATTR)
         full = r.outcome == MEASURED and r.slo_stop is None and r.output_tok_s
         if full and isinstance(predicted, float | int) and predicted > 0:
             points.append((float(predicted), float(r.output_tok_s or 0.0)))
