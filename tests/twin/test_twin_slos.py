@@ -218,7 +218,7 @@ def test_after_the_hand_over_a_fallback_that_only_repeats_gives_way_to_an_untrie
     keys = [flag_key(TrialRecord.from_attrs(t.user_attrs).flags) for t in study.trials]
     assert study.trials[0].params == again
     assert len(set(keys)) == 3  # two untried flag sets, not the repeat
-    assert sum("TPE drew only flag sets measured already" in x for x in log) == 2
+    assert sum("TPE drew only flag sets tried already" in x for x in log) == 2
 
 
 def test_after_the_hand_over_the_fallbacks_draw_stands_once_every_flag_set_was_tried() -> None:

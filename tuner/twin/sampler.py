@@ -381,7 +381,7 @@ class TwinSampler(BaseSampler):
         """After the hand-over: a few of the fallback's draws (its own search, unchanged), and of them the one the
         refit twin expects the most feasible throughput from; the first draw where the twin sees no difference.
         A draw the twin simulates as a trial measured already comes after every other (it would teach nothing);
-        when every draw is tried or such, the twin's best untried flag set is proposed instead.
+        when every draw was tried already, the twin's best untried flag set is proposed instead.
         A draw names every parameter: those outside the fallback's relative space come from its independent
         sampling, as Optuna would have asked it."""
         relative = self.fallback.infer_relative_search_space(study, trial)
@@ -401,14 +401,15 @@ class TwinSampler(BaseSampler):
             if best is None or score > best[0]:
                 best = (score, i, params, p)
         assert best is not None
-        if best[0] < 0:
-            # Every draw would teach nothing (TPE repeats itself in a small space): it would be answered without a
-            # launch, and a study of only such answers ends at the repeat cap with flag sets never measured.
+        if best[0] == -1.0:
+            # Every draw was tried already (TPE repeats itself in a small space): each repeat is answered without a
+            # launch, and a study of only repeats ends at the repeat cap with flag sets never measured. (A draw the
+            # twin simulates as a measured one is untried: answered without a launch too, it still moves TPE on.)
             instead = self._untried(twin, study, done, trial.number)
             if instead is not None:
                 self.on_event(
-                    f"twin: TPE drew only flag sets measured already (or simulated alike); the twin's best untried "
-                    f"one instead ({_describe(twin.predict(instead.key))})"
+                    f"twin: TPE drew only flag sets tried already; the twin's best untried one instead "
+                    f"({_describe(twin.predict(instead.key))})"
                 )
                 self._predicted[trial.number] = twin.predict(instead.key)
                 return dict(instead.params)
