@@ -432,8 +432,9 @@ class Twin:
         # Rounded, so a fit that barely moved reuses the simulations made under the last one
         kv_scale = round(statistics.median(ratios.values()), 3) if ratios else 1.0
         apart = bool(ratios) and math.log(max(ratios.values()) / min(ratios.values())) > KV_APART
-        kv_moved = (ratios if apart else {}) != self.kv_ratios
-        self.kv_ratios = ratios if apart else {}
+        kept = ratios if apart else {}
+        kv_moved = kept != self.kv_ratios
+        self.kv_ratios = kept
         explained = [o for o in observations if o.key not in self.crashed_at]
         headroom = round(self._headroom(explained) / 0.05) * 0.05
         base = replace(self.coefficients, kv_scale=kv_scale, headroom_gib=headroom)

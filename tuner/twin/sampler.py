@@ -407,11 +407,10 @@ class TwinSampler(BaseSampler):
             # twin simulates as a measured one is untried: answered without a launch too, it still moves TPE on.)
             instead = self._untried(twin, study, done, trial.number)
             if instead is not None:
+                p = self._predicted[trial.number] = twin.predict(instead.key)
                 self.on_event(
-                    f"twin: TPE drew only flag sets tried already; the twin's best untried one instead "
-                    f"({_describe(twin.predict(instead.key))})"
+                    f"twin: TPE drew only flag sets tried already; the twin's best untried one instead ({_describe(p)})"
                 )
-                self._predicted[trial.number] = twin.predict(instead.key)
                 return dict(instead.params)
         self._predicted[trial.number] = best[3]
         return best[2]
@@ -419,41 +418,53 @@ class TwinSampler(BaseSampler):
     def _untried(self, twin: Twin, study: Study, done: list[FrozenTrial], number: int) -> Candidate | None:
         """The twin's best flag set neither tried nor simulated as one measured, reserved for trial `number`; None
         when none is left."""
-        measured = _measured_keys(done)
-        held: set[str] = set()
-        while True:
-            tried = _tried_keys(study, self.space) | held
-            left = [k for k in twin.pool if k not in tried and twin.known_answer(k, measured) is None]
-            if not left:
-                return None
-            key = self._exploit(twin, left, study, self._leader(twin, done))
-            if self._reserve is None or self._reserve(key, number):
-                return twin.pool[key]
-            held.add(key)
+
+        def best(held: AbstractSet[str]) -> Candidate | None:
+            teaching = self._left(twin, study, done, held)[1]
+            return twin.pool[self._exploit(twin, teaching, study, self._leader(twin, done))] if teaching else None
+
+        return self._reserved(number, best)
 
     def _choose_reserved(self, twin: Twin, study: Study, done: list[FrozenTrial], number: int) -> Candidate | None:
-        """The choice, reserved for trial `number`; a candidate another running trial reserved is passed over."""
+        """The choice, reserved for trial `number`; a candidate another running trial reserved is passed over, and
+        the next candidate takes this turn (exploit or explore), not the one after."""
+        choice = self._reserved(number, lambda held: self._choose(twin, study, done, held))
+        if choice is not None:
+            self._proposals += 1
+        return choice
+
+    def _reserved(self, number: int, pick: Callable[[AbstractSet[str]], Candidate | None]) -> Candidate | None:
+        """`pick(held)`'s candidate, reserved for trial `number`; one another running trial holds is added to `held`
+        and picked again."""
         held: set[str] = set()
         while True:
-            choice = self._choose(twin, study, done, held)
+            choice = pick(held)
             if choice is None or self._reserve is None or self._reserve(choice.key, number):
                 return choice
             held.add(choice.key)
-            self._proposals -= 1  # the next candidate takes this turn (exploit or explore), not the one after
+
+    def _left(
+        self, twin: Twin, study: Study, done: list[FrozenTrial], held: AbstractSet[str]
+    ) -> tuple[list[str], list[str]]:
+        """The pool's flag sets neither tried nor `held`; and of them those the twin does not simulate as one
+        measured already (those that can teach)."""
+        tried = _tried_keys(study, self.space) | held
+        untried = [key for key in twin.pool if key not in tried]
+        measured = _measured_keys(done)
+        return untried, [key for key in untried if twin.known_answer(key, measured) is None]
 
     def _choose(
         self, twin: Twin, study: Study, done: list[FrozenTrial], held: AbstractSet[str] = frozenset()
     ) -> Candidate | None:
-        tried = _tried_keys(study, self.space) | held
-        untried = [key for key in twin.pool if key not in tried]
+        """The proposal of this turn (`_proposals` + 1): the best untried candidate, or every `explore_every`-th turn
+        the exploring one."""
+        untried, teaching = self._left(twin, study, done, held)
         if not untried:
             return None
         # a flag set simulated as one measured already is proposed only when nothing else is left to learn from
-        measured = _measured_keys(done)
-        untried = [key for key in untried if twin.known_answer(key, measured) is None] or untried
-        self._proposals += 1
+        untried = teaching or untried
         best = self._exploit(twin, untried, study, self._leader(twin, done))
-        if self._proposals % self.explore_every == 0:
+        if (self._proposals + 1) % self.explore_every == 0:
             explored = self._explore(twin, untried, best, done)
             if explored is not None:
                 return twin.pool[explored]
